@@ -1,0 +1,277 @@
+"""The correctness and timing protocols, run from the trusted parent.
+
+Inputs are made here, expected outputs come from the reference kernel in its own worker, and every
+judgement (tolerance, races, guard bands, inputs, unwritten or stale timed outputs) is made here
+from the raw bytes a worker returns.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel
+
+from harness import jobs
+from harness.compare import Agreement, agreement, compare_output, degenerate_warning
+from harness.stats import geometric_mean, summarize
+from harness.task import Case, LaunchSpec, Task, make_inputs
+from harness.verdict import CaseCheck, CaseTiming, CheckReport, Reason, ReasonCode, TimingReport
+from sandbox.pool import JobTimeout, Worker, WorkerCrashed, WorkerPool
+
+
+class Settings(BaseModel):
+    warmups: int = 10
+    iterations: int = 100
+    rotation_sets: int = 4
+    cold_l2: bool = True
+    checked_fraction: float = 0.1
+    min_checked_launches: int = 3
+    run_deadline_s: float = 10.0
+    time_deadline_s: float = 45.0
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A compiled kernel ready to run: CUBIN, its symbol, and how to launch it."""
+
+    label: str
+    cubin: bytes
+    symbol: str
+    launch: LaunchSpec
+
+
+class ReferenceFailed(RuntimeError):
+    """The task's reference kernel failed: the task, not a candidate, is broken."""
+
+
+def input_seed(case: Case, set_index: int, base_seed: int | None = None) -> int:
+    """Set 0 uses the case's seed (or a fresh one); the rotation sets derive theirs from it."""
+    seed = case.seed if base_seed is None else base_seed
+    if set_index == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, 0x5EED, set_index]).generate_state(1, np.uint64)[0] >> 1)
+
+
+class Referee:
+    def __init__(self, task: Task, pool: WorkerPool, reference: Kernel, settings: Settings | None = None):
+        self.task = task
+        self.pool = pool
+        self.reference = reference
+        self.settings = settings or Settings()
+        self._expected: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+
+    # -- expected outputs --------------------------------------------------------------------
+    def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
+        key = (case.name, seed)
+        if key not in self._expected:
+            self._expected[key] = self._run_reference(case, seed)
+        return self._expected[key]
+
+    def _run_reference(self, case: Case, seed: int) -> dict[str, np.ndarray]:
+        inputs = make_inputs(self.task, case.dims, seed)
+        result = self._run(self.pool.reference, self.reference, case, inputs)
+        if result.failure is not None:
+            raise ReferenceFailed(f"reference kernel failed on case {case.name}: {result.failure.detail}")
+        problems = result.integrity.guard_violations + [f"modified input {n}" for n in result.integrity.modified_inputs]
+        if problems:
+            raise ReferenceFailed(f"reference kernel on case {case.name}: {'; '.join(problems)}")
+        first, second = result.runs
+        for spec in result.layout.outputs:
+            tol = self.task.tolerances[spec.name]
+            if agreement(first[spec.name], second[spec.name], tol.rtol, tol.atol) is Agreement.DIFFERS:
+                raise ReferenceFailed(f"reference kernel is not deterministic on case {case.name} ({spec.name})")
+        return first
+
+    # -- correctness ---------------------------------------------------------------------------
+    def check(self, kernel: Kernel, cases: list[Case], seeds: dict[str, int] | None = None) -> CheckReport:
+        """Every case twice with different poison; stops early after a fault or a timeout."""
+        results = []
+        for case in cases:
+            seed = (seeds or {}).get(case.name, case.seed)
+            result = self._check_case(kernel, case, seed)
+            results.append(result)
+            if any(r.code in (ReasonCode.CUDA_FAULT, ReasonCode.TIMEOUT, ReasonCode.WORKER_CRASHED)
+                   for r in result.reasons):
+                break
+        passed = len(results) == len(cases) and all(r.passed for r in results)
+        return CheckReport(passed=passed, cases=results)
+
+    def _check_case(self, kernel: Kernel, case: Case, seed: int) -> CaseCheck:
+        expected = self.expected(case, seed)
+        inputs = make_inputs(self.task, case.dims, seed)
+        result = self._run(self.pool.candidate, kernel, case, inputs)
+        if result.failure is not None:
+            return CaseCheck(case=case.name, role=case.role, passed=False, reasons=[result.failure])
+        reasons = _integrity_reasons(result.integrity, case.name)
+        outputs, warnings, verdict = [], [], Agreement.IDENTICAL
+        for spec in result.layout.outputs:
+            tol = self.task.tolerances[spec.name]
+            first, second = result.runs[0][spec.name], result.runs[1][spec.name]
+            check = compare_output(spec.name, expected[spec.name], first, tol.rtol, tol.atol)
+            outputs.append(check)
+            if check.warning:
+                warnings.append(f"{spec.name}: {check.warning}")
+            if not check.passed:
+                reasons.append(Reason(code=ReasonCode.MISMATCH, case=case.name, detail=_mismatch_detail(check)))
+            pair = agreement(first, second, tol.rtol, tol.atol)
+            if pair is Agreement.DIFFERS:
+                verdict = pair
+                reasons.append(Reason(code=ReasonCode.RACE, case=case.name, detail=(
+                    f"{spec.name}: two runs on the same inputs disagree beyond tolerance "
+                    "(a race or a read of uninitialized memory)")))
+            elif pair is Agreement.WITHIN_TOLERANCE and verdict is Agreement.IDENTICAL:
+                verdict = pair
+                warnings.append(f"{spec.name}: nondeterministic (runs differ within tolerance)")
+        return CaseCheck(case=case.name, role=case.role, passed=not reasons, outputs=outputs,
+                         agreement=verdict.value, reasons=reasons, warnings=warnings)
+
+    def _run(self, worker: Worker, kernel: Kernel, case: Case, inputs: dict[str, np.ndarray]) -> "_RunResult":
+        layout = jobs.Layout.for_case(self.task, case.dims)
+        geometry = kernel.launch.resolve(case)
+        guard_seed = secrets.randbits(62)
+        header, blobs = jobs.run_job(kernel.cubin, kernel.symbol, layout, geometry, inputs,
+                                     jobs.POISON_BYTES, guard_seed)
+        out_bytes = sum(a.nbytes for a in layout.outputs) * len(jobs.POISON_BYTES)
+        answer, answer_blobs, failure = self._call(worker, header, blobs, self.settings.run_deadline_s,
+                                                   out_bytes + _guard_bytes(layout, 1), case.name)
+        if failure is not None:
+            return _RunResult(layout, failure=failure)
+        n = len(layout.outputs)
+        runs = [jobs.read_arrays(answer_blobs[i * n:(i + 1) * n], layout.outputs) for i in range(len(jobs.POISON_BYTES))]
+        guards = answer_blobs[n * len(jobs.POISON_BYTES):]
+        integrity = jobs.check_integrity(answer, guards, layout, guard_seed, [inputs])
+        return _RunResult(layout, runs=runs, integrity=integrity)
+
+    def _call(self, worker: Worker, header: dict, blobs: list, deadline_s: float, max_bytes: int, case: str):
+        """(answer, blobs, None) or (None, None, the candidate's failure as a Reason)."""
+        try:
+            answer, answer_blobs = worker.call(header, blobs, deadline_s, max_bytes + (1 << 20))
+        except JobTimeout:
+            return None, None, Reason(code=ReasonCode.TIMEOUT, case=case,
+                                      detail=f"still running after {deadline_s:g} s; the worker was killed")
+        except WorkerCrashed as exc:
+            return None, None, Reason(code=ReasonCode.WORKER_CRASHED, case=case, detail=str(exc))
+        status = answer.get("status")
+        if status == "ok":
+            return answer, answer_blobs, None
+        detail = f"{answer.get('error')}: {answer.get('detail')}"
+        if status == "fault":
+            return None, None, Reason(code=ReasonCode.CUDA_FAULT, case=case, detail=detail)
+        if status == "launch_error":
+            return None, None, Reason(code=ReasonCode.LAUNCH_ERROR, case=case, detail=detail)
+        raise RuntimeError(f"worker error on case {case}: {detail}")
+
+    # -- timing --------------------------------------------------------------------------------
+    def time(self, kernel: Kernel, cases: list[Case]) -> TimingReport:
+        timings = [self._time_case(kernel, case) for case in cases]
+        passed = all(t.passed for t in timings)
+        score = geometric_mean([t.stats.median_ms for t in timings]) if passed and timings else None
+        return TimingReport(passed=passed, cases=timings, score_ms=score)
+
+    def _time_case(self, kernel: Kernel, case: Case) -> CaseTiming:
+        s = self.settings
+        seeds = [input_seed(case, i) for i in range(s.rotation_sets)]
+        input_sets = [make_inputs(self.task, case.dims, seed) for seed in seeds]
+        expected_sets = [self.expected(case, seed) for seed in seeds]
+        layout = jobs.Layout.for_case(self.task, case.dims)
+        checked = _secret_subset(s.iterations, max(s.min_checked_launches, round(s.checked_fraction * s.iterations)))
+        guard_seed = secrets.randbits(62)
+        header, blobs = jobs.time_job(kernel.cubin, kernel.symbol, layout, kernel.launch.resolve(case), input_sets,
+                                      warmups=s.warmups, iterations=s.iterations, cold_l2=s.cold_l2,
+                                      checked_launches=checked, guard_seed=guard_seed)
+        out_bytes = sum(a.nbytes for a in layout.outputs) * (len(checked) + len(input_sets))
+        answer, blobs_back, failure = self._call(self.pool.candidate, header, blobs, s.time_deadline_s,
+                                                 out_bytes + _guard_bytes(layout, len(input_sets)), case.name)
+        if failure is not None:
+            return CaseTiming(case=case.name, passed=False, reasons=[failure])
+        return self._judge_timing(case, layout, answer, blobs_back, checked, input_sets, expected_sets, guard_seed)
+
+    def _judge_timing(self, case, layout, answer, blobs, checked, input_sets, expected_sets, guard_seed) -> CaseTiming:
+        n_out, sets = len(layout.outputs), len(input_sets)
+        samples = [float(x) for x in answer.get("samples_ms", [])]
+        unwritten = answer.get("unwritten", [])
+        if len(samples) != self.settings.iterations or len(unwritten) != self.settings.iterations:
+            raise jobs.AnswerError("timing answer has the wrong number of samples")
+        reasons = _integrity_reasons(
+            jobs.check_integrity(answer, blobs[(len(checked) + sets) * n_out:], layout, guard_seed, input_sets), case.name)
+        poison_counts = [_poison_count(expected, layout, jobs.TIMING_POISON) for expected in expected_sets]
+        short = [i for i, count in enumerate(unwritten) if count != poison_counts[i % sets]]
+        if short:
+            reasons.append(Reason(code=ReasonCode.UNWRITTEN_OUTPUT, case=case.name, detail=(
+                f"{len(short)} of {len(samples)} timed launches left output elements unwritten "
+                f"(first: launch {short[0]}, {unwritten[short[0]] - poison_counts[short[0] % sets]} elements)")))
+        stale = self._stale_outputs(case, layout, blobs, checked, expected_sets)
+        if stale:
+            reasons.append(Reason(code=ReasonCode.TIMED_OUTPUT_MISMATCH, case=case.name, detail=(
+                f"{len(stale)} re-checked timed outputs are wrong (first: {stale[0]}); "
+                "a result must not depend on earlier launches")))
+        stats = summarize(samples)
+        seconds = stats.median_ms * 1e-3
+        flops, moved = self.task.flops(case.dims), self.task.bytes_moved(case.dims)
+        return CaseTiming(
+            case=case.name, passed=not reasons, stats=stats, launches=len(samples), checked_launches=len(checked) + sets,
+            unwritten_launches=len(short), event_overhead_ms=answer.get("event_overhead_ms"), reasons=reasons,
+            achieved_gbps=moved / seconds / 1e9 if moved else None,
+            achieved_tflops=flops / seconds / 1e12 if flops else None)
+
+    def _stale_outputs(self, case, layout, blobs, checked, expected_sets) -> list[str]:
+        n_out, sets = len(layout.outputs), len(expected_sets)
+        labelled = [(f"launch {i} (input set {i % sets})", i % sets) for i in checked]
+        labelled += [(f"last output of input set {s}", s) for s in range(sets)]
+        stale = []
+        for k, (label, set_index) in enumerate(labelled):
+            got = jobs.read_arrays(blobs[k * n_out:(k + 1) * n_out], layout.outputs)
+            for spec in layout.outputs:
+                tol = self.task.tolerances[spec.name]
+                check = compare_output(spec.name, expected_sets[set_index][spec.name], got[spec.name], tol.rtol, tol.atol)
+                if not check.passed:
+                    stale.append(f"{label}: {_mismatch_detail(check)}")
+        return stale
+
+
+@dataclass
+class _RunResult:
+    layout: jobs.Layout
+    runs: list[dict[str, np.ndarray]] | None = None
+    integrity: jobs.Integrity | None = None
+    failure: Reason | None = None
+
+
+def _integrity_reasons(integrity: jobs.Integrity, case: str) -> list[Reason]:
+    reasons = [Reason(code=ReasonCode.OUT_OF_BOUNDS_WRITE, case=case, detail=v) for v in integrity.guard_violations]
+    if integrity.modified_inputs:
+        reasons.append(Reason(code=ReasonCode.INPUT_MODIFIED, case=case,
+                              detail=f"inputs changed by the kernel: {', '.join(integrity.modified_inputs)}"))
+    return reasons
+
+
+def _mismatch_detail(check) -> str:
+    first = check.first_mismatches[0] if check.first_mismatches else None
+    where = f"; first at {list(first.index)}: expected {first.expected:.6g}, got {first.got:.6g}" if first else ""
+    return (f"{check.name}: {check.mismatches} of {check.elements} elements beyond tolerance "
+            f"(max abs error {check.max_abs_error:.3g}, max rel error {check.max_rel_error:.3g}){where}")
+
+
+def _poison_count(expected: dict[str, np.ndarray], layout: jobs.Layout, byte: int) -> int:
+    """Elements of a correct output that happen to equal the poison pattern (almost always 0)."""
+    total = 0
+    for spec in layout.outputs:
+        array = np.ascontiguousarray(expected[spec.name])
+        raw = array.view(np.uint8).reshape(-1, array.dtype.itemsize)
+        total += int(np.count_nonzero((raw == byte).all(axis=1)))
+    return total
+
+
+def _guard_bytes(layout: jobs.Layout, sets: int) -> int:
+    return 2 * jobs.GUARD_BYTES * len(layout.arrays) * sets
+
+
+def _secret_subset(iterations: int, count: int) -> list[int]:
+    """Launches to re-check, drawn from the OS's randomness so a kernel cannot predict them."""
+    chooser = secrets.SystemRandom()
+    return sorted(chooser.sample(range(iterations), min(count, iterations)))
+
+
+__all__ = ["Kernel", "Referee", "ReferenceFailed", "Settings", "degenerate_warning", "input_seed"]

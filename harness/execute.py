@@ -1,0 +1,244 @@
+"""What a GPU worker does with a job: buffers, poison, launches, events, read-back.
+
+Runs inside the worker process only. It judges nothing: it returns raw outputs, guard bands and
+input hashes, and the parent decides (harness/jobs.py, harness/evaluate.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+
+import numpy as np
+from harness import gpu
+from harness.cuda_check import CudaError
+from harness.jobs import canary
+
+UTILITY_SOURCE = r"""
+template <typename T>
+__device__ void count_equal(const T* data, unsigned long long n, T pattern, unsigned long long* count) {
+    unsigned long long local = 0;
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += stride)
+        local += data[i] == pattern;
+    for (int offset = 16; offset > 0; offset >>= 1)
+        local += __shfl_down_sync(0xffffffffu, local, offset);
+    if ((threadIdx.x & 31) == 0 && local) atomicAdd(count, local);
+}
+extern "C" __global__ void referee_count_1(const unsigned char* d, unsigned long long n, unsigned char p, unsigned long long* c) { count_equal(d, n, p, c); }
+extern "C" __global__ void referee_count_2(const unsigned short* d, unsigned long long n, unsigned short p, unsigned long long* c) { count_equal(d, n, p, c); }
+extern "C" __global__ void referee_count_4(const unsigned int* d, unsigned long long n, unsigned int p, unsigned long long* c) { count_equal(d, n, p, c); }
+extern "C" __global__ void referee_count_8(const unsigned long long* d, unsigned long long n, unsigned long long p, unsigned long long* c) { count_equal(d, n, p, c); }
+extern "C" __global__ void referee_empty() {}
+"""
+_COUNT_CTYPES = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
+
+
+class Utilities:
+    """The referee's own kernels and the L2 flush buffer, made once per worker."""
+
+    def __init__(self, context: gpu.Context, cubin: bytes):
+        self.context = context
+        self.module = gpu.Module(cubin)
+        self.count = {size: self.module.function(f"referee_count_{size}") for size in (1, 2, 4, 8)}
+        self.empty = self.module.function("referee_empty")
+        # Flushing twice the L2 size evicts everything a previous launch left there.
+        self.flush_bytes = 2 * context.info.l2_bytes
+        self.flush = gpu.Allocation(self.flush_bytes)
+        self.flush_value = 0
+        self.event_overhead_ms = self._event_overhead_ms()
+
+    def flush_l2(self) -> None:
+        self.flush_value ^= 0x5A
+        gpu.fill(self.flush.ptr, self.flush_value, self.flush_bytes, self.context.stream)
+        gpu.reset_persisting_l2()
+
+    def count_equal(self, ptr: int, elements: int, itemsize: int, byte: int, counter: int) -> None:
+        pattern = int.from_bytes(bytes([byte]) * itemsize, "little")
+        blocks = max(1, min((elements + 255) // 256, self.context.info.sm_count * 8))
+        args = gpu.kernel_arguments([("ptr", ptr), ("uint64", elements), (_COUNT_CTYPES[itemsize], pattern),
+                                     ("ptr", counter)])
+        gpu.launch(self.count[itemsize], (blocks, 1, 1), (256, 1, 1), 0, self.context.stream, args)
+
+    def _event_overhead_ms(self) -> float:
+        """The time an empty kernel measures between two events: the floor of any measurement."""
+        pairs = [gpu.EventPair() for _ in range(50)]
+        try:
+            for pair in pairs:
+                gpu.record(pair.start, self.context.stream)
+                gpu.launch(self.empty, (1, 1, 1), (1, 1, 1), 0, self.context.stream, 0)
+                gpu.record(pair.end, self.context.stream)
+            self.context.synchronize()
+            return statistics.median(pair.elapsed_ms() for pair in pairs)
+        finally:
+            for pair in pairs:
+                pair.destroy()
+
+
+class JobFailed(Exception):
+    """The candidate could not be run: a CUDA error (sticky or not) or a bad signature."""
+
+    def __init__(self, status: str, error: str, detail: str):
+        super().__init__(detail)
+        self.status, self.error, self.detail = status, error, detail
+
+
+class _Job:
+    """Buffers, module and function of one job; everything is released in close()."""
+
+    def __init__(self, context: gpu.Context, header: dict, cubin: bytes, sets: int):
+        self.context = context
+        self.header = header
+        self.params = header["params"]
+        self.arrays = [p for p in self.params if p["kind"] != "scalar"]
+        self.module = None
+        self.buffers: list[list[gpu.GuardedBuffer]] = []
+        try:
+            self.module = gpu.Module(cubin)
+        except CudaError as exc:
+            raise JobFailed("launch_error", exc.name, f"the CUBIN did not load: {exc}") from None
+        self.function = self._function(header["kernel"])
+        self.grid, self.block = tuple(header["launch"]["grid"]), tuple(header["launch"]["block"])
+        self.shared_bytes = int(header["launch"]["shared_bytes"])
+        self._prepare_shared()
+        seed, guard = header["guard_seed"], header["guard_bytes"]
+        for s in range(sets):
+            row = []
+            self.buffers.append(row)
+            for i, p in enumerate(self.arrays):
+                head, tail = canary(seed, s * len(self.arrays) + i, guard)
+                row.append(gpu.GuardedBuffer(p["nbytes"], guard, head, tail))
+
+    def _function(self, name: str):
+        try:
+            function = self.module.function(name)
+        except CudaError as exc:
+            raise JobFailed("launch_error", exc.name, f"kernel '{name}' is not in the module") from None
+        sizes = gpu.parameter_sizes(function)
+        wanted = [8 if p["kind"] != "scalar" else _scalar_size(p["dtype"]) for p in self.params]
+        if sizes is not None and sizes != wanted:
+            raise JobFailed("launch_error", "SIGNATURE_MISMATCH",
+                            f"kernel '{name}' takes parameters of {sizes} bytes; the task declares {wanted}")
+        return function
+
+    def _prepare_shared(self) -> None:
+        try:
+            gpu.allow_dynamic_shared(self.function, self.shared_bytes)
+        except CudaError as exc:
+            limit = self.context.info.max_shared_per_block_optin
+            raise JobFailed("launch_error", exc.name,
+                            f"{self.shared_bytes} bytes of dynamic shared memory refused (device limit {limit})") from None
+
+    def upload_inputs(self, set_index: int, blobs: list[bytes]) -> None:
+        inputs = [(i, p) for i, p in enumerate(self.arrays) if p["kind"] == "input"]
+        for (i, p), blob in zip(inputs, blobs, strict=True):
+            if len(blob) != p["nbytes"]:
+                raise ValueError(f"input {p['name']}: {len(blob)} bytes, expected {p['nbytes']}")
+            gpu.upload(self.buffers[set_index][i].ptr, np.frombuffer(blob, dtype=np.uint8))
+
+    def outputs(self, set_index: int) -> list[tuple[int, dict, gpu.GuardedBuffer]]:
+        return [(i, p, self.buffers[set_index][i]) for i, p in enumerate(self.arrays) if p["kind"] == "output"]
+
+    def poison(self, set_index: int, byte: int) -> None:
+        for _, p, buffer in self.outputs(set_index):
+            gpu.fill(buffer.ptr, byte, p["nbytes"], self.context.stream)
+
+    def launch(self, set_index: int) -> None:
+        values = []
+        arrays = iter(self.buffers[set_index])
+        for p in self.params:
+            values.append(("ptr", next(arrays).ptr) if p["kind"] != "scalar" else (p["dtype"], p["value"]))
+        gpu.launch(self.function, self.grid, self.block, self.shared_bytes, self.context.stream,
+                   gpu.kernel_arguments(values))
+
+    def read_outputs(self, set_index: int) -> list[bytes]:
+        return [gpu.download(buffer.ptr, p["nbytes"]).tobytes() for _, p, buffer in self.outputs(set_index)]
+
+    def evidence(self) -> tuple[list[dict], list[bytes]]:
+        """Input hashes per set and every guard band, read back after all launches."""
+        hashes, guards = [], []
+        for row in self.buffers:
+            digest = {}
+            for p, buffer in zip(self.arrays, row):
+                if p["kind"] == "input":
+                    digest[p["name"]] = hashlib.sha256(gpu.download(buffer.ptr, p["nbytes"]).tobytes()).hexdigest()
+                head, tail = buffer.guards()
+                guards += [head.tobytes(), tail.tobytes()]
+            hashes.append(digest)
+        return hashes, guards
+
+    def close(self) -> None:
+        for row in self.buffers:
+            for buffer in row:
+                buffer.free()
+        if self.module is not None:
+            self.module.unload()
+
+
+def _scalar_size(dtype: str) -> int:
+    return {"int8": 1, "uint8": 1, "float16": 2, "bfloat16": 2, "int32": 4, "uint32": 4, "float32": 4,
+            "int64": 8, "float64": 8}[dtype]
+
+
+def run(context: gpu.Context, header: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
+    """One launch per poison on the same inputs; the outputs of each, then the evidence."""
+    job = _Job(context, header, blobs[0], sets=1)
+    try:
+        job.upload_inputs(0, blobs[1:])
+        outputs: list[bytes] = []
+        for byte in header["poisons"]:
+            job.poison(0, byte)
+            job.launch(0)
+            context.synchronize()
+            outputs += job.read_outputs(0)
+        hashes, guards = job.evidence()
+        return {"status": "ok", "input_sha256": hashes}, outputs + guards
+    finally:
+        job.close()
+
+
+def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
+    """Warm-ups, then timed launches rotating input sets, each with its own event pair."""
+    sets, iterations = header["sets"], header["iterations"]
+    job = _Job(context, header, blobs[0], sets=sets)
+    counters = gpu.Allocation(8 * max(iterations, 1))
+    pairs = [gpu.EventPair() for _ in range(iterations)]
+    try:
+        per_set = (len(blobs) - 1) // sets
+        for s in range(sets):
+            job.upload_inputs(s, blobs[1 + s * per_set: 1 + (s + 1) * per_set])
+        gpu.fill(counters.ptr, 0, counters.nbytes, context.stream)
+        for i in range(header["warmups"]):
+            job.poison(i % sets, header["poison"])
+            job.launch(i % sets)
+        context.synchronize()
+        checked = set(header["checked_launches"])
+        checked_blobs: list[bytes] = []
+        for i in range(iterations):
+            s = i % sets
+            job.poison(s, header["poison"])
+            if header["cold_l2"]:
+                utilities.flush_l2()
+            gpu.record(pairs[i].start, context.stream)
+            job.launch(s)
+            gpu.record(pairs[i].end, context.stream)
+            for _, p, buffer in job.outputs(s):
+                utilities.count_equal(buffer.ptr, p["nbytes"] // p["itemsize"], p["itemsize"], header["poison"],
+                                      counters.ptr + 8 * i)
+            if i in checked:
+                context.synchronize()
+                checked_blobs += job.read_outputs(s)
+        context.synchronize()
+        samples_ms = [pair.elapsed_ms() for pair in pairs]
+        unwritten = np.frombuffer(gpu.download(counters.ptr, 8 * iterations).tobytes(), dtype=np.uint64)
+        last_blobs = [blob for s in range(sets) for blob in job.read_outputs(s)]
+        hashes, guards = job.evidence()
+        answer = {"status": "ok", "samples_ms": samples_ms, "unwritten": [int(u) for u in unwritten],
+                  "input_sha256": hashes, "event_overhead_ms": utilities.event_overhead_ms}
+        return answer, checked_blobs + last_blobs + guards
+    finally:
+        for pair in pairs:
+            pair.destroy()
+        counters.free()
+        job.close()
+

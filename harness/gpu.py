@@ -1,0 +1,228 @@
+"""The thin, checked driver-API layer used inside a GPU worker (never in the parent).
+
+Every call goes through `check`, which names the call and the CUDA error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+from cuda.bindings import driver
+
+from harness.cuda_check import CudaError, check
+
+# Errors after which the context is unusable: the worker must exit and be replaced.
+STICKY_ERRORS = frozenset({
+    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_ILLEGAL_INSTRUCTION", "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_INVALID_PC", "CUDA_ERROR_LAUNCH_FAILED",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT", "CUDA_ERROR_TRAP", "CUDA_ERROR_ECC_UNCORRECTABLE",
+    "CUDA_ERROR_CONTEXT_IS_DESTROYED", "CUDA_ERROR_UNKNOWN", "CUDA_ERROR_LAUNCH_TIMEOUT",
+    "CUDA_ERROR_TENSOR_MEMORY_LEAK", "CUDA_ERROR_CONTAINED",
+})
+
+PRINTF_FIFO_BYTES = 1 << 20
+MALLOC_HEAP_BYTES = 8 << 20
+
+_SCALAR_CTYPES = {
+    "int8": ctypes.c_int8, "uint8": ctypes.c_uint8, "int32": ctypes.c_int32, "uint32": ctypes.c_uint32,
+    "int64": ctypes.c_int64, "uint16": ctypes.c_uint16, "uint64": ctypes.c_uint64,
+    "float32": ctypes.c_float, "float64": ctypes.c_double,
+    "float16": ctypes.c_uint16, "bfloat16": ctypes.c_uint16,
+}
+
+
+def is_sticky(error: CudaError) -> bool:
+    return error.name in STICKY_ERRORS
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    ordinal: int
+    name: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    l2_bytes: int
+    max_shared_per_block_optin: int
+    sm_clock_khz: int
+    memory_clock_khz: int
+    memory_bus_bits: int
+    total_memory_bytes: int
+    driver_version: int
+
+    def as_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+class Context:
+    """The worker's one CUDA context (the device's primary context) and stream."""
+
+    def __init__(self, ordinal: int = 0):
+        check(driver.cuInit(0), "cuInit")
+        self.device = check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
+        self.context = check(driver.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
+        check(driver.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        # A printf or malloc flood must stay bounded in time and memory.
+        check(driver.cuCtxSetLimit(driver.CUlimit.CU_LIMIT_PRINTF_FIFO_SIZE, PRINTF_FIFO_BYTES), "cuCtxSetLimit(printf)")
+        check(driver.cuCtxSetLimit(driver.CUlimit.CU_LIMIT_MALLOC_HEAP_SIZE, MALLOC_HEAP_BYTES), "cuCtxSetLimit(heap)")
+        self.stream = check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        self.info = self._describe(ordinal)
+
+    def _attribute(self, name: str) -> int:
+        attr = getattr(driver.CUdevice_attribute, name)
+        return int(check(driver.cuDeviceGetAttribute(attr, self.device), f"cuDeviceGetAttribute({name})"))
+
+    def _describe(self, ordinal: int) -> DeviceInfo:
+        raw_name = check(driver.cuDeviceGetName(256, self.device), "cuDeviceGetName")
+        a = self._attribute
+        return DeviceInfo(
+            ordinal=ordinal,
+            name=raw_name.split(b"\0", 1)[0].decode(errors="replace"),
+            compute_capability=(a("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
+                                a("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR")),
+            sm_count=a("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT"),
+            l2_bytes=a("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE"),
+            max_shared_per_block_optin=a("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
+            sm_clock_khz=a("CU_DEVICE_ATTRIBUTE_CLOCK_RATE"),
+            memory_clock_khz=a("CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE"),
+            memory_bus_bits=a("CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH"),
+            total_memory_bytes=int(check(driver.cuDeviceTotalMem(self.device), "cuDeviceTotalMem")),
+            driver_version=int(check(driver.cuDriverGetVersion(), "cuDriverGetVersion")),
+        )
+
+    def synchronize(self) -> None:
+        check(driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+
+class Allocation:
+    """Device memory owned by one job; freed with the job."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self.ptr = int(check(driver.cuMemAlloc(max(nbytes, 1)), "cuMemAlloc"))
+
+    def free(self) -> None:
+        if self.ptr:
+            driver.cuMemFree(self.ptr)  # best effort: freeing after a sticky error fails harmlessly
+            self.ptr = 0
+
+
+class GuardedBuffer:
+    """An array's device memory between two guard bands holding a canary pattern.
+
+    The guard size is a multiple of 256 so the data pointer keeps the allocator's alignment
+    (vector loads in a candidate stay legal).
+    """
+
+    def __init__(self, nbytes: int, guard_bytes: int, head: np.ndarray, tail: np.ndarray):
+        self.nbytes = nbytes
+        self.guard_bytes = guard_bytes
+        self.allocation = Allocation(nbytes + 2 * guard_bytes)
+        self.base = self.allocation.ptr
+        self.ptr = self.base + guard_bytes
+        upload(self.base, head)
+        upload(self.ptr + nbytes, tail)
+
+    def guards(self) -> tuple[np.ndarray, np.ndarray]:
+        return download(self.base, self.guard_bytes), download(self.ptr + self.nbytes, self.guard_bytes)
+
+    def free(self) -> None:
+        self.allocation.free()
+
+
+def upload(ptr: int, array: np.ndarray) -> None:
+    data = np.ascontiguousarray(array)
+    if data.nbytes:
+        check(driver.cuMemcpyHtoD(ptr, data.ctypes.data, data.nbytes), "cuMemcpyHtoD")
+
+
+def download(ptr: int, nbytes: int) -> np.ndarray:
+    host = np.empty(nbytes, dtype=np.uint8)
+    if nbytes:
+        check(driver.cuMemcpyDtoH(host.ctypes.data, ptr, nbytes), "cuMemcpyDtoH")
+    return host
+
+
+def fill(ptr: int, byte: int, nbytes: int, stream) -> None:
+    if nbytes:
+        check(driver.cuMemsetD8Async(ptr, byte, nbytes, stream), "cuMemsetD8Async")
+
+
+class Module:
+    """A CUBIN loaded for one job, so that `__device__` state cannot outlive the job."""
+
+    def __init__(self, cubin: bytes):
+        self._image = cubin  # keep the bytes alive while the driver reads them
+        self.handle = check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
+
+    def function(self, name: str):
+        return check(driver.cuModuleGetFunction(self.handle, name.encode()), f"cuModuleGetFunction({name})")
+
+    def unload(self) -> None:
+        if self.handle is not None:
+            driver.cuModuleUnload(self.handle)
+            self.handle = None
+
+
+def parameter_sizes(function) -> list[int] | None:
+    """The byte size of each kernel parameter, or None where the driver cannot tell."""
+    if not hasattr(driver, "cuFuncGetParamInfo"):
+        return None
+    sizes = []
+    for index in range(256):
+        result = driver.cuFuncGetParamInfo(function, index)
+        if result[0] != driver.CUresult.CUDA_SUCCESS:
+            if index == 0 and result[0] == driver.CUresult.CUDA_ERROR_NOT_SUPPORTED:
+                return None
+            break
+        sizes.append(int(result[2]))
+    return sizes
+
+
+def allow_dynamic_shared(function, shared_bytes: int) -> None:
+    """Above 48 KiB a kernel must opt in before launch."""
+    if shared_bytes > 48 * 1024:
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(driver.cuFuncSetAttribute(function, attr, shared_bytes), "cuFuncSetAttribute(max dynamic shared)")
+
+
+def kernel_arguments(values: list[tuple[str, object]]) -> tuple[tuple, tuple]:
+    """(values, ctypes) for cuLaunchKernel from ("ptr", address) or (dtype, scalar) pairs."""
+    args, types = [], []
+    for dtype, value in values:
+        if dtype == "ptr":
+            args.append(int(value))
+            types.append(ctypes.c_void_p)
+        elif dtype in ("float16", "bfloat16"):
+            args.append(int(np.asarray(value).view(np.uint16)))
+            types.append(ctypes.c_uint16)
+        else:
+            args.append(value)
+            types.append(_SCALAR_CTYPES[dtype])
+    return tuple(args), tuple(types)
+
+
+def launch(function, grid, block, shared_bytes: int, stream, arguments) -> None:
+    check(driver.cuLaunchKernel(function, *grid, *block, shared_bytes, stream, arguments, 0), "cuLaunchKernel")
+
+
+class EventPair:
+    def __init__(self):
+        self.start = check(driver.cuEventCreate(0), "cuEventCreate")
+        self.end = check(driver.cuEventCreate(0), "cuEventCreate")
+
+    def elapsed_ms(self) -> float:
+        return float(check(driver.cuEventElapsedTime(self.start, self.end), "cuEventElapsedTime"))
+
+    def destroy(self) -> None:
+        driver.cuEventDestroy(self.start)
+        driver.cuEventDestroy(self.end)
+
+
+def record(event, stream) -> None:
+    check(driver.cuEventRecord(event, stream), "cuEventRecord")
+
+
+def reset_persisting_l2() -> None:
+    check(driver.cuCtxResetPersistingL2Cache(), "cuCtxResetPersistingL2Cache")

@@ -1,0 +1,174 @@
+"""Jobs sent to a GPU worker and the parent's strict reading of the answers.
+
+The parent builds a job from a task, a compiled kernel and input arrays; the worker executes it
+(harness/execute.py) and answers with raw bytes. Everything the parent concludes (outputs,
+guard bands, input integrity) is re-derived here from bytes and from what the parent itself
+sent, never taken from a worker's say-so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from harness.task import DTYPES, LaunchGeometry, Task
+
+GUARD_BYTES = 4096
+# Two poisons per check: 0xFF makes float outputs NaN, 0x7F a huge finite value. An output that
+# depends on what was in memory before the launch differs between the two runs.
+POISON_BYTES = (0xFF, 0x7F)
+TIMING_POISON = 0xFF
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    name: str
+    kind: str  # "input" | "output"
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * DTYPES[self.dtype].itemsize
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The kernel's parameters for one case: arrays (with shapes) and scalar values, in order."""
+
+    params: tuple[tuple[str, Any], ...]  # ("array", ArraySpec) | ("scalar", (name, dtype, value))
+
+    @classmethod
+    def for_case(cls, task: Task, dims) -> "Layout":
+        shapes = task.shapes(dims)
+        scalars = task.scalar_values(dims)
+        params = []
+        for p in task.params:
+            if p.kind == "scalar":
+                params.append(("scalar", (p.name, p.dtype, scalars[p.name])))
+            else:
+                params.append(("array", ArraySpec(p.name, p.kind, p.dtype, tuple(shapes[p.name]))))
+        return cls(tuple(params))
+
+    @property
+    def arrays(self) -> list[ArraySpec]:
+        return [spec for kind, spec in self.params if kind == "array"]
+
+    @property
+    def inputs(self) -> list[ArraySpec]:
+        return [a for a in self.arrays if a.kind == "input"]
+
+    @property
+    def outputs(self) -> list[ArraySpec]:
+        return [a for a in self.arrays if a.kind == "output"]
+
+    def to_wire(self) -> list[dict]:
+        wire = []
+        for kind, spec in self.params:
+            if kind == "array":
+                wire.append({"kind": spec.kind, "name": spec.name, "dtype": spec.dtype, "nbytes": spec.nbytes,
+                             "itemsize": DTYPES[spec.dtype].itemsize})
+            else:
+                name, dtype, value = spec
+                wire.append({"kind": "scalar", "name": name, "dtype": dtype, "value": value})
+        return wire
+
+
+def canary(seed: int, buffer_index: int, guard_bytes: int = GUARD_BYTES) -> tuple[np.ndarray, np.ndarray]:
+    """The head and tail guard patterns of one buffer; unpredictable to a kernel, known to the parent."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, buffer_index])))
+    pattern = rng.integers(0, 256, size=2 * guard_bytes, dtype=np.uint8)
+    return pattern[:guard_bytes], pattern[guard_bytes:]
+
+
+def sha256(array: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(array).view(np.uint8).tobytes()).hexdigest()
+
+
+def geometry_to_wire(geometry: LaunchGeometry) -> dict:
+    return {"grid": list(geometry.grid), "block": list(geometry.block), "shared_bytes": geometry.shared_bytes}
+
+
+def run_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
+            inputs: dict[str, np.ndarray], poisons: tuple[int, ...], guard_seed: int) -> tuple[dict, list]:
+    header = {"op": "run", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
+              "poisons": list(poisons), "guard_seed": guard_seed, "guard_bytes": GUARD_BYTES}
+    return header, [cubin] + [_contiguous(inputs[a.name], a) for a in layout.inputs]
+
+
+def time_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
+             input_sets: list[dict[str, np.ndarray]], *, warmups: int, iterations: int, cold_l2: bool,
+             checked_launches: list[int], guard_seed: int) -> tuple[dict, list]:
+    header = {"op": "time", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
+              "sets": len(input_sets), "warmups": warmups, "iterations": iterations, "cold_l2": cold_l2,
+              "poison": TIMING_POISON, "checked_launches": sorted(checked_launches),
+              "guard_seed": guard_seed, "guard_bytes": GUARD_BYTES}
+    blobs = [cubin]
+    for inputs in input_sets:
+        blobs += [_contiguous(inputs[a.name], a) for a in layout.inputs]
+    return header, blobs
+
+
+def _contiguous(array: np.ndarray, spec: ArraySpec) -> memoryview:
+    if array.dtype != DTYPES[spec.dtype] or tuple(array.shape) != spec.shape:
+        raise ValueError(f"input {spec.name}: expected {spec.dtype}{list(spec.shape)}, "
+                         f"got {array.dtype}{list(array.shape)}")
+    return memoryview(np.ascontiguousarray(array).view(np.uint8).reshape(-1))
+
+
+@dataclass
+class Integrity:
+    """What the parent found about memory the kernel must not touch."""
+
+    guard_violations: list[str] = field(default_factory=list)  # "c: 4 bytes after the end", ...
+    modified_inputs: list[str] = field(default_factory=list)
+
+
+class AnswerError(RuntimeError):
+    """A worker's answer does not have the shape the parent asked for."""
+
+
+def read_arrays(blobs: list[bytes], specs: list[ArraySpec]) -> dict[str, np.ndarray]:
+    if len(blobs) != len(specs):
+        raise AnswerError(f"expected {len(specs)} arrays, got {len(blobs)}")
+    arrays = {}
+    for blob, spec in zip(blobs, specs):
+        if len(blob) != spec.nbytes:
+            raise AnswerError(f"{spec.name}: expected {spec.nbytes} bytes, got {len(blob)}")
+        arrays[spec.name] = np.frombuffer(blob, dtype=DTYPES[spec.dtype]).reshape(spec.shape)
+    return arrays
+
+
+def check_integrity(header: dict, guard_blobs: list[bytes], layout: Layout, guard_seed: int,
+                    input_sets: list[dict[str, np.ndarray]]) -> Integrity:
+    """Compare guard bands with their canaries and device inputs (by hash) with what was sent."""
+    integrity = Integrity()
+    arrays = layout.arrays
+    if len(guard_blobs) != 2 * len(arrays) * len(input_sets):
+        raise AnswerError("guard band count does not match the buffers")
+    blob_index = 0
+    for set_index in range(len(input_sets)):
+        for buffer_index, spec in enumerate(arrays):
+            head, tail = canary(guard_seed, set_index * len(arrays) + buffer_index)
+            for where, expected in (("before the start", head), ("after the end", tail)):
+                got = np.frombuffer(guard_blobs[blob_index], dtype=np.uint8)
+                blob_index += 1
+                if got.shape != expected.shape:
+                    raise AnswerError(f"guard band of {spec.name} has the wrong size")
+                bad = np.flatnonzero(got != expected)
+                if bad.size:
+                    distance = (GUARD_BYTES - int(bad.max())) if where == "before the start" else int(bad.min()) + 1
+                    integrity.guard_violations.append(
+                        f"{spec.name}: {bad.size} bytes changed {where} (nearest {distance} bytes away)")
+    hashes = header.get("input_sha256")
+    if not isinstance(hashes, list) or len(hashes) != len(input_sets):
+        raise AnswerError("input hashes missing")
+    for set_index, inputs in enumerate(input_sets):
+        for spec in layout.inputs:
+            if hashes[set_index].get(spec.name) != sha256(inputs[spec.name]):
+                integrity.modified_inputs.append(spec.name)
+    integrity.modified_inputs = sorted(set(integrity.modified_inputs))
+    return integrity

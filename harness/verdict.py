@@ -1,0 +1,74 @@
+"""The typed results of checking and timing a kernel: what the agent and the audit log read."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict
+
+from harness.compare import OutputCheck
+from harness.stats import LatencyStats
+
+
+class ReasonCode(str, Enum):
+    COMPILE_ERROR = "compile_error"
+    LAUNCH_ERROR = "launch_error"          # launch refused: bad geometry, too much shared memory, wrong signature
+    CUDA_FAULT = "cuda_fault"              # sticky error: illegal address, trap, misaligned access
+    TIMEOUT = "timeout"                    # killed at its deadline
+    WORKER_CRASHED = "worker_crashed"
+    MISMATCH = "mismatch"                  # outputs differ from the reference beyond tolerance
+    RACE = "race"                          # two runs on the same inputs disagree beyond tolerance
+    OUT_OF_BOUNDS_WRITE = "out_of_bounds_write"
+    INPUT_MODIFIED = "input_modified"
+    UNWRITTEN_OUTPUT = "unwritten_output"  # timed launches that left output elements unwritten
+    TIMED_OUTPUT_MISMATCH = "timed_output_mismatch"
+
+
+class Reason(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    code: ReasonCode
+    case: str | None = None
+    detail: str
+
+
+class CaseCheck(BaseModel):
+    case: str
+    role: str
+    passed: bool
+    outputs: list[OutputCheck] = []
+    agreement: str | None = None  # of the two runs with different poison
+    reasons: list[Reason] = []
+    warnings: list[str] = []
+
+
+class CheckReport(BaseModel):
+    passed: bool
+    cases: list[CaseCheck]
+
+    @property
+    def reasons(self) -> list[Reason]:
+        return [r for c in self.cases for r in c.reasons]
+
+
+class CaseTiming(BaseModel):
+    case: str
+    passed: bool
+    stats: LatencyStats | None = None
+    achieved_gbps: float | None = None
+    achieved_tflops: float | None = None
+    launches: int = 0
+    checked_launches: int = 0
+    unwritten_launches: int = 0
+    event_overhead_ms: float | None = None
+    reasons: list[Reason] = []
+
+
+class TimingReport(BaseModel):
+    passed: bool
+    cases: list[CaseTiming]
+    score_ms: float | None = None  # geometric mean of the case medians
+
+    @property
+    def reasons(self) -> list[Reason]:
+        return [r for c in self.cases for r in c.reasons]

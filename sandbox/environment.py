@@ -1,0 +1,17 @@
+"""The environment a worker starts with: only what Python and CUDA need, no secrets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Names a worker may inherit. Tokens, API keys and credentials never match these.
+_KEEP = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES",
+         "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "VIRTUAL_ENV")
+
+
+def worker_environment(scratch: Path) -> dict[str, str]:
+    env = {name: os.environ[name] for name in _KEEP if name in os.environ}
+    env.update(HOME=str(scratch), TMPDIR=str(scratch), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
+               CUDA_CACHE_DISABLE="1")
+    return env

@@ -1,0 +1,227 @@
+"""Starting, feeding, killing and restarting GPU worker processes.
+
+The parent owns every deadline: a job that outlives its deadline gets the worker's whole process
+group killed, and the next job starts a fresh worker. A worker that reported a sticky CUDA error
+exits by itself and is replaced the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+from harness import wire
+from sandbox.environment import worker_environment
+
+log = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_S = 90.0
+WORKER_COMMAND = (sys.executable, "-m", "sandbox.worker")
+
+
+class WorkerError(RuntimeError):
+    """The worker process failed for reasons that are not the candidate's (start-up, crash, protocol)."""
+
+
+class WorkerCrashed(WorkerError):
+    """The worker died while holding a job."""
+
+
+class JobTimeout(Exception):
+    """The job outlived its deadline; the worker was killed."""
+
+
+class Worker:
+    """One GPU worker process, started lazily and replaced after a fault, a crash or a timeout."""
+
+    def __init__(self, name: str, *, device: int = 0, startup_timeout_s: float = STARTUP_TIMEOUT_S,
+                 command: Sequence[str] = WORKER_COMMAND):
+        self.name = name
+        self.command = tuple(command)
+        self.device = device
+        self.startup_timeout_s = startup_timeout_s
+        self.starts = 0
+        self.hello: dict | None = None
+        self._process: subprocess.Popen | None = None
+        self._jobs = None
+        self._reader: wire.DeadlineReader | None = None
+        self._scratch: Path | None = None
+        self._stderr = None
+
+    # -- life cycle -------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def start(self) -> dict:
+        """Start the process and wait for its 'ready' message (device facts)."""
+        self.stop()
+        self._scratch = Path(tempfile.mkdtemp(prefix=f"kernel-referee-{self.name}-"))
+        jobs_read, jobs_write = os.pipe()
+        answers_read, answers_write = os.pipe()
+        self._stderr = open(self._scratch / "stderr.log", "w+b")
+        try:
+            self._process = subprocess.Popen(
+                [*self.command, str(jobs_read), str(answers_write), str(self.device)],
+                pass_fds=(jobs_read, answers_write), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=self._stderr, cwd=self._scratch, env=worker_environment(self._scratch),
+                start_new_session=True)  # its own process group: a kill takes every child with it
+        finally:
+            os.close(jobs_read)
+            os.close(answers_write)
+        self.starts += 1
+        self._jobs = os.fdopen(jobs_write, "wb")
+        self._reader = wire.DeadlineReader(answers_read)
+        self._answers_fd = answers_read
+        try:
+            hello, _ = self._receive(time.monotonic() + self.startup_timeout_s, 1 << 20)
+        except JobTimeout:
+            raise WorkerError(f"{self.name} worker did not start within {self.startup_timeout_s:.0f} s") from None
+        if hello.get("status") != "ready":
+            self.stop()
+            raise WorkerError(f"{self.name} worker could not start: {hello.get('error')}: {hello.get('detail')}")
+        self.hello = hello
+        log.info("%s worker %d ready on %s", self.name, self._process.pid, hello["device"]["name"])
+        return hello
+
+    def ensure_started(self) -> dict:
+        if not self.alive:
+            self.start()
+        return self.hello
+
+    def kill(self) -> None:
+        """SIGKILL the worker's whole process group (it may be stuck in a kernel)."""
+        if self._process is not None and self._process.poll() is None:
+            try:
+                os.killpg(self._process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._reap()
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Ask the worker to exit; kill it if it does not."""
+        if self.alive:
+            try:
+                wire.send(self._jobs, {"op": "exit"})
+                self._process.wait(timeout=grace_s)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+    def _reap(self) -> None:
+        if self._process is not None:
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                log.error("%s worker %d did not die after SIGKILL", self.name, self._process.pid)
+        for closer in (self._jobs, self._reader, self._stderr):
+            if closer is not None:
+                try:
+                    closer.close()
+                except OSError:
+                    pass
+        if self._reader is not None:
+            try:
+                os.close(self._answers_fd)
+            except OSError:
+                pass
+        self._jobs = self._reader = self._stderr = None
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
+        self._process = None
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- jobs -------------------------------------------------------------------------------
+    def call(self, header: dict, blobs: list, deadline_s: float, max_answer_bytes: int) -> tuple[dict, list[bytes]]:
+        """Send one job and wait for its answer, at most `deadline_s` seconds after sending."""
+        self.ensure_started()
+        try:
+            wire.send(self._jobs, header, blobs)
+        except (BrokenPipeError, OSError) as exc:
+            detail = self._death_note()
+            self.kill()
+            raise WorkerCrashed(f"{self.name} worker died before taking the job ({exc}); {detail}") from None
+        answer, answer_blobs = self._receive(time.monotonic() + deadline_s, max_answer_bytes)
+        if answer.get("status") == "fault":
+            self._reap_after_fault()
+        return answer, answer_blobs
+
+    def _receive(self, deadline: float, max_bytes: int) -> tuple[dict, list[bytes]]:
+        try:
+            return self._reader.receive(deadline, max_bytes)
+        except wire.WireTimeout:
+            self.kill()
+            raise JobTimeout(f"{self.name} worker killed at its deadline") from None
+        except wire.PeerClosed:
+            detail = self._death_note()
+            self.kill()
+            raise WorkerCrashed(f"{self.name} worker died: {detail}") from None
+        except wire.WireError as exc:
+            self.kill()
+            raise WorkerError(f"{self.name} worker sent a malformed answer: {exc}") from None
+
+    def _reap_after_fault(self) -> None:
+        """The worker exits by itself after a sticky error; wait briefly, then make sure."""
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+
+    def _death_note(self) -> str:
+        code = self._process.poll() if self._process else None
+        if code is None:
+            try:
+                code = self._process.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                code = None
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        return f"{how}; stderr: {self.stderr_tail() or '(empty)'}"
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        if self._stderr is None:
+            return ""
+        try:
+            self._stderr.flush()
+            self._stderr.seek(0, os.SEEK_END)
+            size = self._stderr.tell()
+            self._stderr.seek(max(0, size - limit))
+            return self._stderr.read().decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+
+class WorkerPool:
+    """The reference kernel and the candidates never share a worker (nor a CUDA context)."""
+
+    def __init__(self, device: int = 0):
+        self.reference = Worker("reference", device=device)
+        self.candidate = Worker("candidate", device=device)
+
+    def close(self) -> None:
+        self.reference.stop()
+        self.candidate.stop()
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

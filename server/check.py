@@ -1,0 +1,155 @@
+"""`kernel-referee check`: the full protocol on a task's reference, its baseline or a given file."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from harness.compile import CompileResult, compile_kernel
+from harness.device import gpu_absent_reason
+from harness.evaluate import Kernel, Referee, Settings
+from harness.oracle import run_oracle
+from harness.compare import compare_output
+from harness.task import LaunchSpec, Task, make_inputs
+from harness.verdict import CheckReport, TimingReport
+from sandbox.pool import WorkerPool
+
+DEFAULT_ARCH = "sm_90"
+EXIT_OK, EXIT_FAILED, EXIT_NO_GPU = 0, 1, 3
+
+
+@dataclass
+class Target:
+    label: str
+    source: str
+    launch: LaunchSpec
+    compiled: CompileResult | None = None
+    check: CheckReport | None = None
+    timing: TimingReport | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.compiled and self.compiled.ok and self.check and self.check.passed
+                    and self.timing and self.timing.passed)
+
+
+def targets_for(task: Task, kernel_file: Path | None, launch: LaunchSpec | None) -> list[Target]:
+    if kernel_file is not None:
+        return [Target(str(kernel_file), kernel_file.read_text(), launch or task.launch)]
+    return [Target("reference", task.source("reference"), task.reference_launch or task.launch),
+            Target("initial", task.source("initial"), task.initial_launch or task.launch)]
+
+
+def run_check(task: Task, targets: list[Target], settings: Settings, out: TextIO, json_path: Path | None = None) -> int:
+    absent = gpu_absent_reason()
+    pool = WorkerPool() if absent is None else None
+    try:
+        arch = pool.candidate.ensure_started()["arch"] if pool else DEFAULT_ARCH
+        if pool:
+            _print_device(pool.candidate.hello, out)
+        reference = compile_kernel(task.source("reference"), task.kernel_name, arch=arch)
+        for target in targets:
+            target.compiled = compile_kernel(target.source, task.kernel_name, arch=arch)
+            _print_compile(target, out)
+        if absent is not None:
+            print(f"\nNo GPU: {absent}.\nCompiled {len(targets)} kernel(s) for {arch} above; "
+                  "running, checking and timing need an NVIDIA GPU.", file=out)
+            return EXIT_NO_GPU
+        if not reference.ok:
+            print(f"\nThe task's reference does not compile:\n{reference.log}", file=out)
+            return EXIT_FAILED
+        referee = Referee(task, pool, Kernel("reference", reference.cubin, reference.lowered_name,
+                                              task.reference_launch or task.launch), settings)
+        _print_oracle(task, referee, out)
+        for target in targets:
+            _check_and_time(task, referee, target, out)
+    finally:
+        if pool:
+            pool.close()
+    if json_path is not None:
+        _write_json(json_path, task, targets)
+    return EXIT_OK if all(t.passed for t in targets) else EXIT_FAILED
+
+
+def _check_and_time(task: Task, referee: Referee, target: Target, out: TextIO) -> None:
+    print(f"\n== {target.label}", file=out)
+    if not target.compiled.ok:
+        print("   does not compile", file=out)
+        return
+    kernel = Kernel(target.label, target.compiled.cubin, target.compiled.lowered_name, target.launch)
+    target.check = referee.check(kernel, list(task.visible_cases) + list(task.holdout_cases))
+    if target.check.passed:
+        target.timing = referee.time(kernel, list(task.performance_cases))
+    _print_table(target, out)
+
+
+def _print_device(hello: dict, out: TextIO) -> None:
+    d = hello["device"]
+    major, minor = d["compute_capability"]
+    driver = d["driver_version"]
+    print(f"GPU {d['name']} (sm_{major}{minor}, {d['sm_count']} SMs, L2 {d['l2_bytes'] / 2**20:.0f} MiB, "
+          f"CUDA driver {driver // 1000}.{driver % 1000 // 10}); event overhead "
+          f"{hello['event_overhead_ms'] * 1e3:.2f} us", file=out)
+
+
+def _print_compile(target: Target, out: TextIO) -> None:
+    c = target.compiled
+    if not c.ok:
+        print(f"{target.label}: compile FAILED ({c.compile_ms:.0f} ms)\n{c.log}", file=out)
+        return
+    r = c.resources
+    print(f"{target.label}: compiled for {c.arch} in {c.compile_ms:.0f} ms: {r.registers} registers, "
+          f"{r.spill_store_bytes + r.spill_load_bytes} spill bytes, {r.shared_bytes} B shared, "
+          f"{r.stack_bytes} B stack", file=out)
+
+
+def _print_oracle(task: Task, referee: Referee, out: TextIO) -> None:
+    if task.oracle_file is None:
+        return
+    worst = []
+    for case in list(task.visible_cases) + list(task.holdout_cases):
+        expected = referee.expected(case, case.seed)
+        truth = run_oracle(task, case.dims, make_inputs(task, case.dims, case.seed))
+        for name, array in truth.items():
+            tol = task.tolerances[name]
+            check = compare_output(name, array, expected[name].astype("float64"), tol.rtol, tol.atol)
+            worst.append(f"{case.name} {'ok' if check.passed else 'FAILS'} (max abs {check.max_abs_error:.2g})")
+    print("reference vs float64 oracle: " + "; ".join(worst), file=out)
+
+
+def _print_table(target: Target, out: TextIO) -> None:
+    timings = {t.case: t for t in (target.timing.cases if target.timing else [])}
+    header = f"{'case':<22}{'role':<13}{'check':<7}{'max abs err':>12}{'median us':>11}{'p10-p90 us':>17}" \
+             f"{'CV %':>7}{'GB/s':>9}{'TFLOP/s':>9}"
+    print(header, file=out)
+    for case in target.check.cases:
+        errors = max((o.max_abs_error for o in case.outputs), default=float("nan"))
+        line = f"{case.case:<22}{case.role:<13}{'pass' if case.passed else 'FAIL':<7}{errors:>12.2e}"
+        t = timings.get(case.case)
+        if t and t.stats:
+            s = t.stats
+            line += (f"{s.median_ms * 1e3:>11.2f}{f'{s.p10_ms * 1e3:.2f}-{s.p90_ms * 1e3:.2f}':>17}"
+                     f"{s.cv * 100:>7.2f}{t.achieved_gbps or 0:>9.1f}{t.achieved_tflops or 0:>9.3f}")
+        print(line, file=out)
+    reasons = target.check.reasons + (target.timing.reasons if target.timing else [])
+    for reason in reasons:
+        print(f"   rejected: {reason.code.value} [{reason.case}]: {reason.detail}", file=out)
+    for case in target.check.cases:
+        for warning in case.warnings:
+            print(f"   warning [{case.case}]: {warning}", file=out)
+    verdict = "PASS" if target.passed else "FAIL"
+    score = f"; score (geometric mean of medians) {target.timing.score_ms * 1e3:.2f} us" \
+        if target.timing and target.timing.score_ms else ""
+    print(f"   {verdict}{score}", file=out)
+
+
+def _write_json(path: Path, task: Task, targets: list[Target]) -> None:
+    document = {"task": task.name, "kernels": [{
+        "label": t.label, "passed": t.passed,
+        "compile": t.compiled.model_dump(mode="json") if t.compiled else None,
+        "check": t.check.model_dump(mode="json") if t.check else None,
+        "timing": t.timing.model_dump(mode="json") if t.timing else None} for t in targets]}
+    path.write_text(json.dumps(document, indent=2))

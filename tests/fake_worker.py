@@ -1,0 +1,48 @@
+"""A stand-in GPU worker speaking the real wire protocol, for CPU tests of the pool.
+
+Jobs carry a "behaviour": echo (answer with the blobs reversed), hang, crash, spawn-and-hang
+(leaves a grandchild in the process group), fault (answers a sticky fault, then exits).
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+from harness import wire
+
+
+def main(argv):
+    flags = {a for a in argv[1:] if a.startswith("--")}
+    fds = [a for a in argv[1:] if not a.startswith("--")]
+    jobs = os.fdopen(int(fds[0]), "rb")
+    answers = os.fdopen(int(fds[1]), "wb")
+    if "--fail-start" in flags:
+        wire.send(answers, {"status": "startup_error", "error": "CUDA_ERROR_NO_DEVICE", "detail": "no device"})
+        return 4
+    wire.send(answers, {"status": "ready", "device": {"name": "fake"}, "arch": "sm_90", "event_overhead_ms": 0.002,
+                        "pid": os.getpid(), "env": sorted(os.environ)})
+    while True:
+        try:
+            header, blobs = wire.receive(jobs, 1 << 30)
+        except wire.PeerClosed:
+            return 0
+        behaviour = header.get("behaviour")
+        if header.get("op") == "exit":
+            return 0
+        if behaviour == "hang":
+            time.sleep(3600)
+        if behaviour == "spawn-and-hang":
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+            wire.send(answers, {"status": "ok", "child": child.pid}, [])
+            time.sleep(3600)
+        if behaviour == "crash":
+            os._exit(9)
+        if behaviour == "fault":
+            wire.send(answers, {"status": "fault", "error": "CUDA_ERROR_ILLEGAL_ADDRESS", "detail": "boom"})
+            return 3
+        wire.send(answers, {"status": "ok", "pid": os.getpid()}, list(reversed(blobs)))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
