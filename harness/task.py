@@ -5,21 +5,20 @@ problem becomes a :class:`TaskError` carrying the file, a field path in the
 TOML (``params[2].shape[0]``, ``inputs.a.low``) and what is wrong, so a
 task author can fix a manifest without reading this code. The format is
 documented in docs/task-format.md.
+
+This module holds the models and the public API; the checks ``load_task``
+runs are in :mod:`harness.task_checks`, the C signature parser in
+:mod:`harness.csig` and the input generators in :mod:`harness.inputs`.
 """
 
 from __future__ import annotations
 
-import difflib
-import hashlib
-import io
 import math
-import re
 import tomllib
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
-from types import UnionType
-from typing import Annotated, Any, Literal, NamedTuple, NoReturn, Union, get_args, get_origin
+from typing import Annotated, Any, Literal
 
 import ml_dtypes
 import numpy as np
@@ -34,6 +33,15 @@ from pydantic import (
 )
 
 from harness import expr
+# re-exported, so the whole task API can be imported from this module
+from harness.csig import C_TYPE_SPELLINGS, C_TYPES, CParam, Signature, dtype_of_ctype, parse_signature
+
+__all__ = [
+    "DTYPES", "C_TYPES", "C_TYPE_SPELLINGS", "INTEGER_DTYPES", "WHOLE_FILE", "TaskError", "ExprText",
+    "ExprTuple", "Dim3", "PlainNumber", "Param", "Generator", "Tolerance", "LaunchGeometry",
+    "LaunchError", "LaunchSpec", "Case", "Cost", "Task", "CParam", "Signature", "dtype_of_ctype",
+    "param_shape", "scalar_value", "parse_signature", "make_inputs", "load_task",
+]
 
 DTYPES: dict[str, np.dtype] = {
     "float32": np.dtype(np.float32),
@@ -47,38 +55,8 @@ DTYPES: dict[str, np.dtype] = {
     "uint32": np.dtype(np.uint32),
 }
 
-# Canonical spellings are builtin types (or the cuda_fp16/bf16 ones) so generated
-# code compiles under NVRTC without <cstdint>.
-C_TYPES: dict[str, str] = {
-    "float32": "float",
-    "float16": "__half",
-    "bfloat16": "__nv_bfloat16",
-    "float64": "double",
-    "int8": "signed char",
-    "int32": "int",
-    "int64": "long long",
-    "uint8": "unsigned char",
-    "uint32": "unsigned int",
-}
-
-# Every spelling accepted in a kernel signature, per dtype. size_t is left out
-# on purpose: its width is not part of the kernel's contract.
-C_TYPE_SPELLINGS: dict[str, frozenset[str]] = {
-    "float32": frozenset({"float"}),
-    "float16": frozenset({"__half", "half"}),
-    "bfloat16": frozenset({"__nv_bfloat16", "nv_bfloat16"}),
-    "float64": frozenset({"double"}),
-    "int8": frozenset({"signed char", "int8_t"}),
-    "int32": frozenset({"int", "signed int", "signed", "int32_t"}),
-    "int64": frozenset(
-        {"long long", "long long int", "signed long long", "signed long long int",
-         "long", "long int", "int64_t"}
-    ),
-    "uint8": frozenset({"unsigned char", "uint8_t"}),
-    "uint32": frozenset({"unsigned int", "unsigned", "uint32_t"}),
-}
-
 INTEGER_DTYPES = frozenset(name for name, dt in DTYPES.items() if dt.kind in "iu")
+
 
 # Limits every CUDA device shares; a launch beyond them can never run.
 _MAX_BLOCK = (1024, 1024, 64)
@@ -124,7 +102,7 @@ def _dim3(value: Any) -> Any:
         return value
     if not 1 <= len(value) <= 3:
         raise ValueError(f"needs 1 to 3 entries (x, y, z), got {len(value)}")
-    return tuple(_expr_text(item) for item in value) + ("1",) * (3 - len(value))
+    return _expr_tuple(value) + ("1",) * (3 - len(value))
 
 
 def _plain_number(value: Any) -> Any:
@@ -336,10 +314,8 @@ class Task(BaseModel):
         return {p.name: scalar_value(p, dims) for p in self.scalar_params}
 
     def nbytes(self, dims: Mapping[str, int]) -> dict[str, int]:
-        return {
-            name: math.prod(shape) * DTYPES[self._param(name).dtype].itemsize
-            for name, shape in self.shapes(dims).items()
-        }
+        return {p.name: math.prod(param_shape(p, dims)) * DTYPES[p.dtype].itemsize
+                for p in self.array_params}
 
     def flops(self, dims: Mapping[str, int]) -> float | None:
         return None if self.cost.flops is None else float(expr.evaluate(self.cost.flops, dims))
@@ -359,9 +335,6 @@ class Task(BaseModel):
         names |= {self.oracle_file} if self.oracle_file else set()
         names |= {g.file for g in self.inputs.values() if g.kind == "npy" and g.file}
         return sorted({self.root / name for name in names})
-
-    def _param(self, name: str) -> Param:
-        return next(p for p in self.params if p.name == name)
 
 
 def param_shape(param: Param, dims: Mapping[str, int]) -> tuple[int, ...]:
@@ -386,128 +359,21 @@ def scalar_value(param: Param, dims: Mapping[str, int]) -> int | float:
     return value
 
 
-# -------------------------------------------------------------- C signatures
-
-class CParam(NamedTuple):
-    name: str
-    ctype: str          # the base type as spelled, words joined by one space
-    pointer: bool
-    const: bool         # for pointers: the pointee is const
-
-
-class Signature(NamedTuple):
-    name: str
-    params: tuple[CParam, ...]
-
-
-_QUALIFIERS = frozenset({"const", "__restrict__", "__restrict"})
-
-
-def parse_signature(text: str) -> Signature:
-    """Read ``extern "C" __global__ void NAME(TYPE a, ...)``; raises ValueError."""
-    head, paren, rest = text.partition("(")
-    if not paren or not rest.rstrip().rstrip(";").rstrip().endswith(")"):
-        raise ValueError("expected extern \"C\" __global__ void NAME(TYPE a, ...)")
-    body = rest.rstrip().rstrip(";").rstrip()[:-1]
-    if "(" in body or ")" in body:
-        raise ValueError("the parameter list cannot contain parentheses")
-    words = head.split()
-    if words[:2] != ["extern", '"C"']:
-        raise ValueError('must start with extern "C" so the kernel name is not mangled')
-    if words[2:3] != ["__global__"]:
-        raise ValueError('expected __global__ after extern "C"')
-    if len(words) != 5 or words[3] != "void":
-        raise ValueError("a kernel must return void: extern \"C\" __global__ void NAME(...)")
-    name = words[4]
-    if not _is_identifier(name):
-        raise ValueError(f"kernel name {name!r} is not a C identifier")
-    pieces = [] if body.strip() in ("", "void") else body.split(",")
-    return Signature(name, tuple(_parse_c_param(p, i + 1) for i, p in enumerate(pieces)))
-
-
-def _parse_c_param(text: str, position: int) -> CParam:
-    tokens = text.replace("*", " * ").split()
-    if not tokens or not _is_identifier(tokens[-1]) or tokens[-1] in _QUALIFIERS:
-        raise ValueError(f"parameter {position} ({text.strip()!r}) needs a type and a name")
-    name, before = tokens[-1], tokens[:-1]
-    if before.count("*") > 1:
-        raise ValueError(f"parameter {name!r}: pointers to pointers are not supported")
-    pointer = "*" in before
-    stars = before.index("*") if pointer else len(before)
-    base, after = before[:stars], before[stars + 1:]
-    bad = [t for t in after if t not in _QUALIFIERS] + [t for t in base if not _is_identifier(t)]
-    if bad or any(t.startswith("__restrict") for t in base):
-        raise ValueError(f"parameter {name!r}: cannot read {text.strip()!r}")
-    type_words = [t for t in base if t != "const"]
-    if not type_words:
-        raise ValueError(f"parameter {name!r} has no type")
-    return CParam(name, " ".join(type_words), pointer, "const" in base)
-
-
-def _is_identifier(text: str) -> bool:
-    return text.isascii() and text.isidentifier()
-
-
-def dtype_of_ctype(ctype: str) -> str | None:
-    return next((d for d, spellings in C_TYPE_SPELLINGS.items() if ctype in spellings), None)
-
-
 # -------------------------------------------------------------------- inputs
 
 def make_inputs(task: Task, dims: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
     """Deterministic inputs for (task, dims, seed); each input gets its own stream."""
+    from harness.inputs import draw  # it builds on the models above
+
     shapes = task.shapes(dims)
     arrays: dict[str, np.ndarray] = {}
     for param in task.input_params:
         # keying the stream by name keeps an input's values stable when others are added
         entropy = [seed, zlib.crc32(param.name.encode())]
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
-        array = _draw(task, param, task.inputs[param.name], shapes[param.name], rng)
+        array = draw(task, param, shapes[param.name], rng)
         arrays[param.name] = np.ascontiguousarray(array)
     return arrays
-
-
-def _draw(task: Task, param: Param, gen: Generator, shape: tuple[int, ...],
-          rng: np.random.Generator) -> np.ndarray:
-    dtype = DTYPES[param.dtype]
-    if gen.kind == "uniform":
-        return rng.uniform(gen.low, gen.high, shape).astype(dtype)
-    if gen.kind == "normal":
-        mean = 0.0 if gen.mean is None else gen.mean
-        return rng.normal(mean, gen.std, shape).astype(dtype)
-    if gen.kind == "integers":
-        return rng.integers(gen.low, gen.high, shape, dtype=np.int64).astype(dtype)
-    assert gen.file is not None and gen.sha256 is not None
-    return _read_npy(task.root / "task.toml", f"inputs.{param.name}", task.root / gen.file,
-                     gen.sha256, dtype, shape)
-
-
-def _read_npy(file: Path, field: str, path: Path, sha256: str, dtype: np.dtype,
-              shape: tuple[int, ...]) -> np.ndarray:
-    """Load a pinned .npy; the hash is checked again in case the file changed since load."""
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise TaskError(file, f"{field}.file", f"cannot read {path}: {err.strerror or err}") from None
-    digest = hashlib.sha256(raw).hexdigest()
-    if digest != sha256.lower():
-        raise TaskError(file, f"{field}.sha256",
-                        f"does not match {path.name} (its SHA-256 is {digest})")
-    try:
-        array = np.load(io.BytesIO(raw), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
-        raise TaskError(file, f"{field}.file", f"{path.name} is not a readable .npy: {err}") from None
-    if not isinstance(array, np.ndarray):
-        raise TaskError(file, f"{field}.file", f"{path.name} is not a single .npy array")
-    if array.dtype.kind == "V" and dtype.kind == "V" and array.dtype.itemsize == dtype.itemsize:
-        # .npy has no code for ml_dtypes types; bfloat16 arrays come back as raw 2-byte voids
-        array = array.view(dtype)
-    if array.dtype != dtype:
-        raise TaskError(file, f"{field}.file", f"{path.name} holds {array.dtype}, expected {dtype.name}")
-    if array.shape != tuple(shape):
-        raise TaskError(file, f"{field}.file",
-                        f"{path.name} has shape {array.shape}, expected {tuple(shape)}")
-    return array
 
 
 # ------------------------------------------------------------------- loading
@@ -540,6 +406,8 @@ class _Manifest(BaseModel):
 
 def load_task(path: str | Path) -> Task:
     """Load and fully check the task in folder ``path`` (or at ``path`` = its task.toml)."""
+    from harness import task_checks  # it builds on the models above
+
     path = Path(path)
     file = path if path.suffix == ".toml" and not path.is_dir() else path / "task.toml"
     file = file.resolve()
@@ -547,7 +415,7 @@ def load_task(path: str | Path) -> Task:
     try:
         manifest = _Manifest.model_validate(data)
     except ValidationError as err:
-        raise _from_validation_error(file, err) from None
+        raise task_checks.schema_error(file, err, _Manifest) from None
     task = Task(
         root=file.parent, name=manifest.name, description=manifest.description,
         kernel_name=manifest.kernel.name, signature=manifest.kernel.signature,
@@ -557,7 +425,7 @@ def load_task(path: str | Path) -> Task:
         reference_launch=manifest.reference_launch, initial_launch=manifest.initial_launch,
         cost=manifest.cost, cases=tuple(manifest.cases),
     )
-    _Checker(task, file).run()
+    task_checks.check_task(task, file)
     return task
 
 
@@ -578,391 +446,3 @@ def _read_toml(file: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as err:
         raise TaskError(file, WHOLE_FILE, f"invalid TOML: {err}") from None
 
-
-_PLAIN_MESSAGES = {
-    "missing": "missing required key",
-    "model_type": "must be a table",
-    "dict_type": "must be a table",
-    "list_type": "must be an array",
-    "tuple_type": "must be an array",
-}
-
-
-def _from_validation_error(file: Path, err: ValidationError) -> TaskError:
-    first = err.errors(include_url=False)[0]
-    kind, value = first["type"], first.get("input")
-    message = _PLAIN_MESSAGES.get(kind) or first["msg"].removeprefix("Value error, ")
-    if kind == "extra_forbidden":
-        message = _unknown_key_message(first["loc"])
-    if kind not in ("missing", "extra_forbidden", "value_error"):
-        shown = repr(value)
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        message += f" (got {type(value).__name__} {shown})"
-    return TaskError(file, _field_path(first["loc"]) or WHOLE_FILE, message)
-
-
-def _unknown_key_message(loc: tuple[int | str, ...]) -> str:
-    allowed = _keys_at(loc[:-1])
-    if not allowed:
-        return "unknown key"
-    close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown key (allowed here: {', '.join(allowed)}){hint}"
-
-
-def _keys_at(loc: tuple[int | str, ...]) -> list[str]:
-    """The keys the manifest schema accepts in the table at ``loc``."""
-    node: Any = _Manifest
-    for part in loc:
-        node = _unwrap(node)
-        if isinstance(node, type) and issubclass(node, BaseModel):
-            field = node.model_fields.get(str(part))
-            node = field.annotation if field else None
-        elif get_origin(node) in (list, tuple, dict):
-            args = [a for a in get_args(node) if a is not Ellipsis]
-            node = args[-1] if args else None
-        else:
-            return []
-    node = _unwrap(node)
-    return list(node.model_fields) if isinstance(node, type) and issubclass(node, BaseModel) else []
-
-
-def _unwrap(annotation: Any) -> Any:
-    """Strip Annotated[...] and the None of X | None."""
-    while True:
-        if get_origin(annotation) is Annotated:
-            annotation = get_args(annotation)[0]
-        elif get_origin(annotation) in (Union, UnionType):
-            members = [a for a in get_args(annotation) if a is not type(None)]
-            if len(members) != 1:
-                return annotation
-            annotation = members[0]
-        else:
-            return annotation
-
-
-def _field_path(loc: tuple[int | str, ...]) -> str:
-    """("params", 2, "shape", 0) -> "params[2].shape[0]"."""
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        else:
-            key = part if _is_identifier(part) else f'"{part}"'
-            path += f".{key}" if path else key
-    return path
-
-
-# -------------------------------------------------------------------- checks
-
-_GENERATOR_FIELDS = {
-    "uniform": ("low", "high"),
-    "normal": ("mean", "std"),
-    "integers": ("low", "high"),
-    "npy": ("file", "sha256"),
-}
-
-
-# Task and case names never reach C code but do end up in file names and reports.
-_LABEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-
-
-class _Checker:
-    """The semantic checks pydantic cannot express; each failure names its TOML field."""
-
-    def __init__(self, task: Task, file: Path):
-        self.task = task
-        self.file = file
-
-    def fail(self, field: str, message: str) -> NoReturn:
-        raise TaskError(self.file, field, message)
-
-    def run(self) -> None:
-        self.check_names()
-        self.check_params()
-        self.check_generators()
-        self.check_tolerances()
-        self.check_cases()
-        self.check_expressions()
-        for case in self.task.cases:
-            self.check_case_values(case)
-        self.check_npy_contents()
-        self.check_signature()
-        self.check_files()
-
-    def identifier(self, field: str, text: str) -> None:
-        if not _is_identifier(text):
-            self.fail(field, f"{text!r} is not a C identifier "
-                             "(ASCII letters, digits and _, not starting with a digit)")
-
-    def label(self, field: str, text: str) -> None:
-        if not _LABEL.fullmatch(text):
-            self.fail(field, f"{text!r} is not a valid name (1 to 64 ASCII letters, digits, "
-                             "_ . -, starting with a letter, digit or _)")
-
-    def check_names(self) -> None:
-        task = self.task
-        self.label("name", task.name)
-        self.identifier("kernel.name", task.kernel_name)
-        for table, names, check in (("params", [p.name for p in task.params], self.identifier),
-                                    ("cases", [c.name for c in task.cases], self.label)):
-            for i, name in enumerate(names):
-                check(f"{table}[{i}].name", name)
-                if name in names[:i]:
-                    self.fail(f"{table}[{i}].name", f"duplicate name {name!r}")
-        for i, case in enumerate(task.cases):
-            for dim in case.dims:
-                self.identifier(_field_path(("cases", i, "dims", dim)), dim)
-
-    def check_params(self) -> None:
-        for i, p in enumerate(self.task.params):
-            field = f"params[{i}]"
-            if p.dtype not in DTYPES:
-                self.fail(f"{field}.dtype",
-                          f"unknown dtype {p.dtype!r} (allowed: {', '.join(DTYPES)})")
-            if p.is_array and p.value is not None:
-                self.fail(f"{field}.value",
-                          f"{p.kind} {p.name!r} is an array: give it a shape, not a value")
-            if p.is_array and not p.shape:
-                self.fail(f"{field}.shape", f"array {p.name!r} needs at least one shape entry")
-            if not p.is_array and p.shape:
-                self.fail(f"{field}.shape", f"scalar {p.name!r} takes a value, not a shape")
-            if not p.is_array and p.value is None:
-                self.fail(f"{field}.value", f"scalar {p.name!r} needs a value expression")
-        if not self.task.output_params:
-            self.fail("params", 'no parameter has kind = "output"; a kernel must write an output')
-
-    def check_correspondence(self, table: str, given: Mapping[str, Any], kind: str,
-                             what: str) -> None:
-        """``given`` must have exactly one entry per parameter of ``kind``."""
-        params = {p.name: p for p in self.task.params}
-        for name in given:
-            if name not in params:
-                self.fail(f"{table}.{name}", f"there is no parameter named {name!r}")
-            if params[name].kind != kind:
-                self.fail(f"{table}.{name}", f"{name!r} is {params[name].kind}, not {kind}; "
-                                             f"only {kind}s take {what}")
-        for p in self.task.params:
-            if p.kind == kind and p.name not in given:
-                self.fail(table, f"{kind} {p.name!r} has no {what}; add [{table}.{p.name}]")
-
-    def check_tolerances(self) -> None:
-        self.check_correspondence("tolerance", self.task.tolerances, "output", "tolerance")
-
-    def check_generators(self) -> None:
-        self.check_correspondence("inputs", self.task.inputs, "input", "generator")
-        for p in self.task.input_params:
-            self.check_generator(f"inputs.{p.name}", self.task.inputs[p.name], p)
-
-    def check_generator(self, field: str, gen: Generator, param: Param) -> None:
-        takes = _GENERATOR_FIELDS[gen.kind]
-        for key in ("low", "high", "mean", "std", "file", "sha256"):
-            if getattr(gen, key) is not None and key not in takes:
-                self.fail(f"{field}.{key}", f'{key} does not apply to kind = "{gen.kind}" '
-                                            f"(it takes: {', '.join(takes)})")
-        for key in takes:
-            if getattr(gen, key) is None:
-                self.fail(f"{field}.{key}", f'kind = "{gen.kind}" needs {key}')
-        is_int = param.dtype in INTEGER_DTYPES
-        if is_int != (gen.kind == "integers") and gen.kind != "npy":
-            need = ("an integer dtype" if gen.kind == "integers"
-                    else 'a float dtype (use kind = "integers")')
-            self.fail(f"{field}.kind", f'kind = "{gen.kind}" needs {need}, but {param.name!r} '
-                                       f"is {param.dtype}")
-        if gen.kind == "npy":
-            self.check_npy(field, gen)
-        elif gen.kind == "integers":
-            self.check_integer_range(field, gen, param.dtype)
-        else:
-            self.check_float_range(field, gen, param.dtype)
-
-    def check_float_range(self, field: str, gen: Generator, dtype: str) -> None:
-        if gen.kind == "uniform" and not gen.low < gen.high:
-            self.fail(f"{field}.high", f"high ({gen.high}) must be greater than low ({gen.low})")
-        if gen.kind == "normal" and not gen.std > 0:
-            self.fail(f"{field}.std", f"std must be > 0, got {gen.std}")
-        limit = float(ml_dtypes.finfo(DTYPES[dtype]).max)
-        for key in _GENERATOR_FIELDS[gen.kind]:
-            if abs(getattr(gen, key)) > limit:
-                self.fail(f"{field}.{key}", f"{getattr(gen, key)} is outside the {dtype} range "
-                                            f"(largest magnitude {limit:g})")
-
-    def check_integer_range(self, field: str, gen: Generator, dtype: str) -> None:
-        for key in ("low", "high"):
-            if not isinstance(getattr(gen, key), int):
-                self.fail(f"{field}.{key}", f'kind = "integers" needs an integer {key}, '
-                                            f"got {getattr(gen, key)!r}")
-        if not gen.low < gen.high:
-            self.fail(f"{field}.high", f"high ({gen.high}, exclusive) must be greater than "
-                                       f"low ({gen.low})")
-        info = np.iinfo(DTYPES[dtype])
-        if gen.low < info.min:
-            self.fail(f"{field}.low", f"{gen.low} is below the {dtype} minimum {info.min}")
-        if gen.high - 1 > info.max:
-            self.fail(f"{field}.high", f"high is exclusive, and high - 1 = {gen.high - 1} is above "
-                                       f"the {dtype} maximum {info.max}")
-
-    def check_npy(self, field: str, gen: Generator) -> None:
-        if not (len(gen.sha256) == 64 and all(c in "0123456789abcdefABCDEF" for c in gen.sha256)):
-            self.fail(f"{field}.sha256", "must be 64 hexadecimal digits (the file's SHA-256)")
-        self.task_file(f"{field}.file", gen.file)
-
-    def check_npy_contents(self) -> None:
-        """Hash, dtype and shape of each .npy, once every case's shapes are known to evaluate."""
-        for p in self.task.input_params:
-            gen = self.task.inputs[p.name]
-            if gen.kind != "npy":
-                continue
-            first, *others = self.task.cases
-            shape = param_shape(p, first.dims)
-            _read_npy(self.file, f"inputs.{p.name}", self.task.root / gen.file, gen.sha256,
-                      DTYPES[p.dtype], shape)
-            for case in others:
-                if param_shape(p, case.dims) != shape:
-                    self.fail(f"inputs.{p.name}.file", f"{gen.file} has one shape, but {p.name!r} "
-                              f"is {shape} for case {first.name!r} and "
-                              f"{param_shape(p, case.dims)} for case {case.name!r}")
-
-    def task_file(self, field: str, name: str) -> Path:
-        """A file named by the manifest: relative, inside the task folder, present."""
-        root = self.task.root
-        if Path(name).is_absolute() or name.startswith(("/", "\\")):
-            self.fail(field, f"{name!r} must be a path relative to the task folder")
-        path = (root / name).resolve()
-        if not path.is_relative_to(root):
-            self.fail(field, f"{name!r} escapes the task folder")
-        if not path.is_file():
-            self.fail(field, f"{name!r} does not exist in {root}")
-        return path
-
-    def check_files(self) -> None:
-        self.task_file("kernel.reference", self.task.reference_file)
-        self.task_file("kernel.initial", self.task.initial_file)
-        if self.task.oracle_file is not None:
-            self.task_file("oracle", self.task.oracle_file)
-
-    def launch_specs(self) -> list[tuple[str, LaunchSpec]]:
-        specs = [("launch", self.task.launch), ("reference_launch", self.task.reference_launch),
-                 ("initial_launch", self.task.initial_launch)]
-        return [(field, spec) for field, spec in specs if spec is not None]
-
-    def check_cases(self) -> None:
-        names = [c.name for c in self.task.cases]
-        if not self.task.performance_cases:
-            self.fail("cases", 'no case has role = "performance"; at least one is needed '
-                               "to time the kernel")
-        for field, spec in self.launch_specs():
-            for key in spec.per_case:
-                if key not in names:
-                    self.fail(f"{field}.per_case.{key}",
-                              f"there is no case named {key!r} (cases: {', '.join(names)})")
-
-    def expressions(self) -> list[tuple[str, str]]:
-        """(field, text) for every expression in the manifest."""
-        found = []
-        for i, p in enumerate(self.task.params):
-            found += [(f"params[{i}].shape[{j}]", s) for j, s in enumerate(p.shape)]
-            found += [(f"params[{i}].value", p.value)] if p.value is not None else []
-        for field, spec in self.launch_specs():
-            overrides = [(f"{field}.per_case.{k}", v) for k, v in spec.per_case.items()]
-            for where, s in [(field, spec), *overrides]:
-                found += [(f"{where}.grid[{j}]", t) for j, t in enumerate(s.grid)]
-                found += [(f"{where}.block[{j}]", t) for j, t in enumerate(s.block)]
-                found.append((f"{where}.shared_bytes", s.shared_bytes))
-        for key in ("flops", "bytes"):
-            if getattr(self.task.cost, key) is not None:
-                found.append((f"cost.{key}", getattr(self.task.cost, key)))
-        return found
-
-    def check_expressions(self) -> None:
-        known = list(dict.fromkeys(d for c in self.task.cases for d in c.dims))
-        used: dict[str, str] = {}
-        for field, text in self.expressions():
-            try:
-                names = expr.parse(text).names
-            except expr.ExprError as err:
-                self.fail(field, str(err))
-            for name in sorted(names - set(known)):
-                self.fail(field, f"unknown name {name!r} in {text!r}: names must be dimensions "
-                                 f"defined by the cases (dims: {', '.join(known) or 'none'})")
-            for name in sorted(names):
-                used.setdefault(name, field)
-        for i, case in enumerate(self.task.cases):
-            for name, where in used.items():
-                if name not in case.dims:
-                    self.fail(f"cases[{i}].dims", f"case {case.name!r} does not define "
-                                                  f"dimension {name!r} (used by {where})")
-            for name in case.dims:
-                if name not in used:
-                    self.fail(_field_path(("cases", i, "dims", name)),
-                              f"unknown dimension {name!r}: no expression uses it "
-                              f"(dims: {', '.join(used)})")
-
-    def check_case_values(self, case: Case) -> None:
-        """Evaluate every expression for ``case`` so a bad case fails at load, not at run."""
-        for i, p in enumerate(self.task.params):
-            try:
-                if not p.is_array:
-                    scalar_value(p, case.dims)
-            except ValueError as err:
-                self.fail(f"params[{i}].value", f"{err} (case {case.name!r})")
-            for j, text in enumerate(p.shape):
-                try:
-                    size = expr.evaluate_int(text, case.dims)
-                except expr.ExprError as err:
-                    self.fail(f"params[{i}].shape[{j}]", f"{err} (case {case.name!r})")
-                if size < 1:
-                    self.fail(f"params[{i}].shape[{j}]", f"{text!r} is {size} for case "
-                                                        f"{case.name!r}; shapes must be >= 1")
-        for field, spec in self.launch_specs():
-            try:
-                spec.resolve(case)
-            except LaunchError as err:
-                sub = f".per_case.{case.name}" if case.name in spec.per_case else ""
-                self.fail(f"{field}{sub}.{err.where}", err.reason)
-        for key in ("flops", "bytes"):
-            text = getattr(self.task.cost, key)
-            try:
-                value = None if text is None else expr.evaluate(text, case.dims)
-            except expr.ExprError as err:
-                self.fail(f"cost.{key}", f"{err} (case {case.name!r})")
-            if value is not None and value < 0:
-                self.fail(f"cost.{key}", f"{text!r} is {value} for case {case.name!r}; must be >= 0")
-
-    def check_signature(self) -> None:
-        task = self.task
-        try:
-            sig = parse_signature(task.signature)
-        except ValueError as err:
-            self.fail("kernel.signature", str(err))
-        if sig.name != task.kernel_name:
-            self.fail("kernel.signature", f"declares kernel {sig.name!r} but kernel.name is "
-                                          f"{task.kernel_name!r}")
-        if len(sig.params) != len(task.params):
-            names = ", ".join(p.name for p in task.params)
-            self.fail("kernel.signature", f"has {len(sig.params)} parameters but params lists "
-                                          f"{len(task.params)} ({names})")
-        for i, (cparam, param) in enumerate(zip(sig.params, task.params)):
-            self.check_c_param(i, cparam, param)
-
-    def check_c_param(self, i: int, c: CParam, p: Param) -> None:
-        field = "kernel.signature"
-        if c.name != p.name:
-            self.fail(field, f"parameter {i + 1} is {c.name!r} but params[{i}] is {p.name!r}; "
-                             "names and order must match")
-        if c.pointer != p.is_array:
-            shape = "a pointer" if c.pointer else "not a pointer"
-            self.fail(field, f"{c.name!r} is {shape} but params[{i}] is {p.kind}; arrays are "
-                             "passed as pointers and scalars by value")
-        if c.ctype not in C_TYPE_SPELLINGS[p.dtype]:
-            actual = dtype_of_ctype(c.ctype)
-            actual = f"which is {actual}" if actual else "which is not a supported C type"
-            others = ", ".join(sorted(C_TYPE_SPELLINGS[p.dtype] - {C_TYPES[p.dtype]}))
-            others = f" (or {others})" if others else ""
-            self.fail(field, f"{c.name!r} is declared {c.ctype!r}, {actual}; params[{i}] is "
-                             f"{p.dtype}, which needs {C_TYPES[p.dtype]!r}{others}")
-        if p.kind == "output" and c.const:
-            self.fail(field, f"output {c.name!r} is declared const; the kernel must write it")
-        if p.kind == "input" and not c.const:
-            self.fail(field, f"input {c.name!r} must be declared const (const {c.ctype}* {c.name}) "
-                             "so the kernel cannot overwrite it")

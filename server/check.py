@@ -44,6 +44,16 @@ def targets_for(task: Task, kernel_file: Path | None, launch: LaunchSpec | None)
 
 
 def run_check(task: Task, targets: list[Target], settings: Settings, out: TextIO, json_path: Path | None = None) -> int:
+    gpu: dict | None = None
+    try:
+        code, gpu = _run(task, targets, settings, out)
+    finally:
+        if json_path is not None:
+            _write_json(json_path, task, targets, gpu)
+    return code
+
+
+def _run(task: Task, targets: list[Target], settings: Settings, out: TextIO) -> tuple[int, dict | None]:
     absent = gpu_absent_reason()
     pool = WorkerPool() if absent is None else None
     try:
@@ -57,21 +67,20 @@ def run_check(task: Task, targets: list[Target], settings: Settings, out: TextIO
         if absent is not None:
             print(f"\nNo GPU: {absent}.\nCompiled {len(targets)} kernel(s) for {arch} above; "
                   "running, checking and timing need an NVIDIA GPU.", file=out)
-            return EXIT_NO_GPU
+            return EXIT_NO_GPU, None
         if not reference.ok:
             print(f"\nThe task's reference does not compile:\n{reference.log}", file=out)
-            return EXIT_FAILED
+            return EXIT_FAILED, pool.candidate.hello
         referee = Referee(task, pool, Kernel("reference", reference.cubin, reference.lowered_name,
                                               task.reference_launch or task.launch), settings)
         _print_oracle(task, referee, out)
         for target in targets:
             _check_and_time(task, referee, target, out)
+        hello = pool.candidate.hello
     finally:
         if pool:
             pool.close()
-    if json_path is not None:
-        _write_json(json_path, task, targets)
-    return EXIT_OK if all(t.passed for t in targets) else EXIT_FAILED
+    return (EXIT_OK if all(t.passed for t in targets) else EXIT_FAILED), hello
 
 
 def _check_and_time(task: Task, referee: Referee, target: Target, out: TextIO) -> None:
@@ -101,9 +110,10 @@ def _print_compile(target: Target, out: TextIO) -> None:
         print(f"{target.label}: compile FAILED ({c.compile_ms:.0f} ms)\n{c.log}", file=out)
         return
     r = c.resources
-    print(f"{target.label}: compiled for {c.arch} in {c.compile_ms:.0f} ms: {r.registers} registers, "
-          f"{r.spill_store_bytes + r.spill_load_bytes} spill bytes, {r.shared_bytes} B shared, "
-          f"{r.stack_bytes} B stack", file=out)
+    report = "no resource report" if r is None else (
+        f"{r.registers} registers, {r.spill_store_bytes + r.spill_load_bytes} spill bytes, "
+        f"{r.shared_bytes} B shared, {r.stack_bytes} B stack")
+    print(f"{target.label}: compiled for {c.arch} in {c.compile_ms:.0f} ms: {report}", file=out)
 
 
 def _print_oracle(task: Task, referee: Referee, out: TextIO) -> None:
@@ -146,8 +156,8 @@ def _print_table(target: Target, out: TextIO) -> None:
     print(f"   {verdict}{score}", file=out)
 
 
-def _write_json(path: Path, task: Task, targets: list[Target]) -> None:
-    document = {"task": task.name, "kernels": [{
+def _write_json(path: Path, task: Task, targets: list[Target], gpu: dict | None) -> None:
+    document = {"task": task.name, "gpu": gpu, "kernels": [{
         "label": t.label, "passed": t.passed,
         "compile": t.compiled.model_dump(mode="json") if t.compiled else None,
         "check": t.check.model_dump(mode="json") if t.check else None,

@@ -74,7 +74,7 @@ def test_write_into_an_input_is_rejected(referee, matmul_task, arch):
 
 
 def test_kernel_that_never_returns_is_killed_and_the_next_job_runs(referee, matmul_task, arch):
-    source = kernel("c[row * n + col] = sum; volatile int spin = 1; while (spin) { }")
+    source = kernel("c[row * n + col] = sum; while (clock64() >= 0) { }")
     worker = referee.pool.candidate
     starts = worker.starts
     referee.settings = Settings(warmups=3, iterations=40, run_deadline_s=3)

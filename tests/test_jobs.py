@@ -1,0 +1,96 @@
+"""The parent's strict reading of worker answers: guard bands, input hashes, array shapes."""
+
+import numpy as np
+import pytest
+
+from harness import jobs
+from harness.task import load_task
+from tests.test_cli import MATMUL
+
+DIMS = {"m": 3, "n": 4, "k": 5}
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task(MATMUL)
+
+
+@pytest.fixture(scope="module")
+def layout(task):
+    return jobs.Layout.for_case(task, DIMS)
+
+
+def _clean_guards(layout, seed, sets=1):
+    blobs = []
+    for s in range(sets):
+        for i in range(len(layout.arrays)):
+            head, tail = jobs.canary(seed, s * len(layout.arrays) + i)
+            blobs += [head.tobytes(), tail.tobytes()]
+    return blobs
+
+
+def _hashes(inputs):
+    return {"input_sha256": [{name: jobs.sha256(a) for name, a in inputs.items()}]}
+
+
+def test_layout_follows_the_signature_order(layout):
+    assert [a.name for a in layout.arrays] == ["a", "b", "c"]
+    assert [a.nbytes for a in layout.arrays] == [60, 80, 48]
+    assert layout.to_wire()[3] == {"kind": "scalar", "name": "m", "dtype": "int32", "value": 3}
+
+
+def test_canaries_are_secret_per_seed_and_buffer():
+    a = jobs.canary(1, 0)
+    assert not np.array_equal(a[0], jobs.canary(2, 0)[0])
+    assert not np.array_equal(a[0], jobs.canary(1, 1)[0])
+    assert np.array_equal(a[1], jobs.canary(1, 0)[1])
+    assert a[0].nbytes == jobs.GUARD_BYTES and jobs.GUARD_BYTES % 256 == 0  # keeps data 256-byte aligned
+
+
+def test_untouched_memory_is_clean(task, layout):
+    inputs = {"a": np.ones((3, 5), np.float32), "b": np.ones((5, 4), np.float32)}
+    integrity = jobs.check_integrity(_hashes(inputs), _clean_guards(layout, 7), layout, 7, [inputs])
+    assert integrity.guard_violations == [] and integrity.modified_inputs == []
+
+
+@pytest.mark.parametrize("blob, byte, where, distance", [
+    (5, 0, "after the end", 1),                      # c's tail guard, first byte: one past the end
+    (5, 8, "after the end", 9),
+    (4, jobs.GUARD_BYTES - 1, "before the start", 1),  # c's head guard, last byte: one before
+])
+def test_a_changed_guard_byte_is_named(layout, blob, byte, where, distance):
+    inputs = {"a": np.ones((3, 5), np.float32), "b": np.ones((5, 4), np.float32)}
+    guards = [bytearray(g) for g in _clean_guards(layout, 7)]
+    guards[blob][byte] ^= 0xFF
+    integrity = jobs.check_integrity(_hashes(inputs), [bytes(g) for g in guards], layout, 7, [inputs])
+    assert integrity.guard_violations == [f"c: 1 bytes changed {where} (nearest {distance} bytes away)"]
+
+
+def test_a_changed_input_is_named(layout):
+    inputs = {"a": np.ones((3, 5), np.float32), "b": np.ones((5, 4), np.float32)}
+    answer = _hashes({"a": inputs["a"], "b": inputs["b"] * 2})
+    integrity = jobs.check_integrity(answer, _clean_guards(layout, 7), layout, 7, [inputs])
+    assert integrity.modified_inputs == ["b"]
+
+
+def test_answers_of_the_wrong_shape_are_refused(layout):
+    with pytest.raises(jobs.AnswerError, match="expected 48 bytes"):
+        jobs.read_arrays([b"\0" * 47], layout.outputs)
+    with pytest.raises(jobs.AnswerError, match="expected 1 arrays"):
+        jobs.read_arrays([], layout.outputs)
+    with pytest.raises(jobs.AnswerError, match="guard band count"):
+        jobs.check_integrity({"input_sha256": [{}]}, [], layout, 7, [{}])
+
+
+def test_outputs_are_read_with_the_parents_dtype(layout):
+    values = np.arange(12, dtype=np.float32)
+    arrays = jobs.read_arrays([values.tobytes()], layout.outputs)
+    assert arrays["c"].dtype == np.float32 and arrays["c"].shape == (3, 4)
+    assert arrays["c"][2, 3] == 11
+
+
+def test_jobs_refuse_inputs_that_do_not_match_the_layout(task, layout):
+    geometry = task.launch.resolve(task.cases[0])
+    with pytest.raises(ValueError, match="input a: expected float32"):
+        jobs.run_job(b"cubin", "matmul_f32", layout, geometry,
+                     {"a": np.ones((3, 5), np.float64), "b": np.ones((5, 4), np.float32)}, (0xFF,), 1)
