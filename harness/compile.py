@@ -20,7 +20,12 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Sequence
 
-from cuda.bindings import nvrtc
+# NVRTC 13.0 answers repeated compiles from the user's ~/.nv/ComputeCache with an empty program
+# log, which loses the ptxas resource report and makes compile times meaningless. The referee keeps
+# its own cache (CompileCache), so the shared one is turned off before NVRTC is loaded.
+os.environ["CUDA_CACHE_DISABLE"] = "1"
+
+from cuda.bindings import nvrtc  # noqa: E402
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.cuda_check import check

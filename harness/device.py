@@ -1,13 +1,33 @@
-"""Is there a usable NVIDIA GPU here, and if not, why not (in words a user can act on)."""
+"""Is there a usable NVIDIA GPU here, and if not, why not (in words a user can act on).
+
+The question is asked in a short-lived child process, so that the parent never loads the driver
+and owns no CUDA state that a sticky error could break.
+"""
 
 from __future__ import annotations
 
 import functools
+import json
+import subprocess
+import sys
+
+_PROBE = "import json, harness.device as d; print(json.dumps({'absent': d.probe_in_this_process()}))"
 
 
 @functools.cache
 def gpu_absent_reason() -> str | None:
     """None when a CUDA device is usable; otherwise the reason, e.g. no driver library."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return "the CUDA driver did not answer within 120 s"
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])["absent"]
+    except (IndexError, ValueError, KeyError):
+        return f"the GPU probe failed: {done.stderr.strip()[-500:] or 'no output'}"
+
+
+def probe_in_this_process() -> str | None:
     try:
         from cuda.bindings import driver
     except ImportError as exc:  # pragma: no cover - a broken install

@@ -35,4 +35,5 @@ def referee(matmul_task, pool, arch):
 def build(source: str, task, arch: str, label: str = "candidate", launch=None) -> Kernel:
     compiled = compile_kernel(source, task.kernel_name, arch=arch)
     assert compiled.ok, compiled.log
+    assert compiled.resources is not None and compiled.resources.registers > 0
     return Kernel(label, compiled.cubin, compiled.lowered_name, launch or task.launch)
