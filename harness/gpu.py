@@ -66,6 +66,9 @@ class Context:
         # A printf or malloc flood must stay bounded in time and memory.
         check(driver.cuCtxSetLimit(driver.CUlimit.CU_LIMIT_PRINTF_FIFO_SIZE, PRINTF_FIFO_BYTES), "cuCtxSetLimit(printf)")
         check(driver.cuCtxSetLimit(driver.CUlimit.CU_LIMIT_MALLOC_HEAP_SIZE, MALLOC_HEAP_BYTES), "cuCtxSetLimit(heap)")
+        # No L2 set-aside for persisting accesses: a candidate's evict-last hints cannot pin lines
+        # across the flush (devices without the feature refuse the call, which changes nothing).
+        driver.cuCtxSetLimit(driver.CUlimit.CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)
         self.stream = check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
         self.info = self._describe(ordinal)
 
@@ -142,6 +145,20 @@ def download(ptr: int, nbytes: int) -> np.ndarray:
     if nbytes:
         check(driver.cuMemcpyDtoH(host.ctypes.data, ptr, nbytes), "cuMemcpyDtoH")
     return host
+
+
+def copy(destination: int, source: int, nbytes: int, stream) -> None:
+    if nbytes:
+        check(driver.cuMemcpyDtoDAsync(destination, source, nbytes, stream), "cuMemcpyDtoDAsync")
+
+
+def completed(event) -> bool:
+    """Whether the work before `event` has finished (without waiting)."""
+    result = driver.cuEventQuery(event)[0]
+    if result == driver.CUresult.CUDA_ERROR_NOT_READY:
+        return False
+    check((result,), "cuEventQuery")
+    return True
 
 
 def fill(ptr: int, byte: int, nbytes: int, stream) -> None:

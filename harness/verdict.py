@@ -61,7 +61,9 @@ class CaseTiming(BaseModel):
     checked_launches: int = 0
     unwritten_launches: int = 0
     event_overhead_ms: float | None = None
+    host_kept_up: bool | None = None  # the whole timed loop was queued before the GPU reached it
     reasons: list[Reason] = []
+    warnings: list[str] = []
 
 
 class TimingReport(BaseModel):

@@ -147,7 +147,8 @@ def _print_table(target: Target, out: TextIO) -> None:
     reasons = target.check.reasons + (target.timing.reasons if target.timing else [])
     for reason in reasons:
         print(f"   rejected: {reason.code.value} [{reason.case}]: {reason.detail}", file=out)
-    for case in target.check.cases:
+    cases = target.check.cases + (target.timing.cases if target.timing else [])
+    for case in cases:
         for warning in case.warnings:
             print(f"   warning [{case.case}]: {warning}", file=out)
     verdict = "PASS" if target.passed else "FAIL"
