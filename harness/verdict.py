@@ -55,6 +55,7 @@ class CaseTiming(BaseModel):
     case: str
     passed: bool
     stats: LatencyStats | None = None
+    samples_ms: list[float] = []
     achieved_gbps: float | None = None
     achieved_tflops: float | None = None
     launches: int = 0

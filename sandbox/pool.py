@@ -101,6 +101,15 @@ class Worker:
             self.start()
         return self.hello
 
+    def interrupt(self) -> None:
+        """SIGKILL the process group from another thread; the thread waiting on the job sees it die."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def kill(self) -> None:
         """SIGKILL the worker's whole process group (it may be stuck in a kernel)."""
         if self._process is not None and self._process.poll() is None:

@@ -1,0 +1,195 @@
+"""The MCP layer: tools, resources and a prompt over one Run. Thin: check, call one function, map errors."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Annotated, Any, Callable
+
+import anyio
+import anyio.from_thread
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+from mcp.types import ToolAnnotations
+from pydantic import Field
+
+from harness.compile import MAX_SOURCE_BYTES, CompileRefused
+from server import attempt, probes
+from server.models import (AttemptAnswer, CheckAnswer, CompileAnswer, FinishAnswer, LaunchInput, TaskDescription,
+                           TimeAnswer, Usage)
+from server.run import Refusal, Run
+
+log = logging.getLogger(__name__)
+
+INSTRUCTIONS = """kernel-referee judges one CUDA kernel. Read describe_task, write a kernel with the exact
+signature, compile_kernel it, check it with run_cases / validate, measure it with time_kernel, and spend one
+of the limited attempts with record_attempt only when you believe it is correct and faster. Probes are free
+but limited per attempt window; attempts are final. Hidden inputs and hidden shapes decide at the end."""
+
+Source = Annotated[str | None, Field(description="CUDA C++ source defining the kernel (or give `candidate`)",
+                                     max_length=MAX_SOURCE_BYTES)]
+CandidateId = Annotated[str | None, Field(description="an id returned by compile_kernel", max_length=64)]
+Launch = Annotated[LaunchInput | None, Field(description="launch geometry; default: the candidate's or the task's")]
+Cases = Annotated[list[Annotated[str, Field(max_length=100)]] | None,
+                  Field(description="case names (default: all)", max_length=64)]
+Options = Annotated[list[Annotated[str, Field(max_length=200)]] | None,
+                    Field(description="NVRTC options from the allow-list, e.g. -maxrregcount=64, --use_fast_math",
+                          max_length=32)]
+
+PROBE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
+_CANDIDATE_ID = re.compile(r"c[0-9a-f]{15}")
+
+
+def build_server(run: Run, **server_options: Any) -> MCPServer:
+    server = MCPServer(name="kernel-referee", instructions=INSTRUCTIONS, **server_options)
+    gate = anyio.Lock()  # one call at a time: the run, its workers and its budget are not shared
+
+    async def call(ctx: Context | None, tool: str, arguments: dict, work: Callable, *, needs_budget=True):
+        async with gate:
+            report = _progress_bridge(ctx)
+
+            def in_thread():
+                with run._mutex:
+                    run.guard(tool, arguments, needs_budget=needs_budget)
+                    return work(report)
+
+            try:
+                return await anyio.to_thread.run_sync(in_thread, abandon_on_cancel=True)
+            except anyio.get_cancelled_exc_class():
+                run.executor.abort()  # the abandoned thread sees its worker die and ends quickly
+                raise
+            except (Refusal, CompileRefused) as exc:
+                raise ToolError(str(exc)) from None
+
+    def candidate(candidate_id, source, options=None, launch=None):
+        return run.candidate(candidate_id, source, options,
+                             launch.model_dump(mode="json", exclude_defaults=True) if launch else None)
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    async def describe_task() -> TaskDescription:
+        """The task: signature, parameters, visible cases, tolerances, default launch, the device, the baseline's
+        latency per case, the best so far, and the budget. Start here."""
+        return await call(None, "describe_task", {}, lambda _: probes.describe(run), needs_budget=False)
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,
+                                             open_world_hint=False))
+    async def compile_kernel(source: Annotated[str, Field(max_length=MAX_SOURCE_BYTES)], options: Options = None,
+                             launch: Launch = None) -> CompileAnswer:
+        """Compile a kernel with NVRTC for the run's GPU. Returns a candidate id (source + options + launch) to
+        pass to the other tools, the trimmed compiler log, registers, spills and shared memory. Free, rate-limited."""
+        args = {"source_bytes": len(source.encode()), "options": options}
+        return await call(None, "compile_kernel", args,
+                          lambda _: probes.compile_candidate(run, candidate(None, source, options, launch)))
+
+    @server.tool(annotations=PROBE)
+    async def run_cases(ctx: Context, candidate_id: CandidateId = None, source: Source = None, launch: Launch = None,
+                        cases: Cases = None) -> CheckAnswer:
+        """Run a candidate once per chosen visible case and compare with the reference: pass/fail and a mismatch
+        digest per case. A probe: costs no attempt, limited per attempt window."""
+        return await call(ctx, "run_cases", {"candidate": candidate_id, "cases": cases}, lambda _: probes.check_cases(
+            run, "run_cases", candidate(candidate_id, source, None, launch), cases))
+
+    @server.tool(annotations=PROBE)
+    async def validate(ctx: Context, candidate_id: CandidateId = None, source: Source = None,
+                       launch: Launch = None) -> CheckAnswer:
+        """The full correctness protocol on every visible case: two runs with different poison, guard bands,
+        input integrity. A probe."""
+        return await call(ctx, "validate", {"candidate": candidate_id}, lambda _: probes.check_cases(
+            run, "validate", candidate(candidate_id, source, None, launch), None))
+
+    @server.tool(annotations=PROBE)
+    async def time_kernel(ctx: Context, candidate_id: CandidateId = None, source: Source = None,
+                          launch: Launch = None, cases: Cases = None) -> TimeAnswer:
+        """Time a valid candidate on the performance cases beside the baseline and the best (median with
+        interval, GB/s, TFLOP/s, speedups). Refuses a candidate that fails validation. A probe."""
+        return await call(ctx, "time_kernel", {"candidate": candidate_id, "cases": cases},
+                          lambda report: probes.time_candidate(run, candidate(candidate_id, source, None, launch),
+                                                               cases, report))
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                                             open_world_hint=False))
+    async def record_attempt(ctx: Context, rationale: Annotated[str, Field(min_length=1, max_length=4000)],
+                             candidate_id: CandidateId = None, source: Source = None, launch: Launch = None,
+                             usage: Usage | None = None) -> AttemptAnswer:
+        """Spend one attempt (the budget is fixed and cannot be reset): full validation on the visible cases and
+        on fresh secret inputs, timing side by side with the best and the baseline, a verdict with reasons.
+        Use it only for a candidate you believe is correct and faster."""
+        usage_data = usage.model_dump(mode="json", exclude_none=True) if usage else None
+        return await call(ctx, "record_attempt", {"candidate": candidate_id, "rationale": rationale},
+                          lambda report: attempt.record_attempt(run, candidate(candidate_id, source, None, launch),
+                                                                rationale, usage_data, report))
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False,
+                                             open_world_hint=False))
+    async def finish(ctx: Context, reason: Annotated[str, Field(min_length=1, max_length=1000)]) -> FinishAnswer:
+        """End the run now (remaining attempts are forfeited). The best is then checked on hidden holdout
+        cases; the summary says what counted."""
+        return await call(ctx, "finish", {"reason": reason},
+                          lambda report: attempt.finish(run, f"agent finished: {reason}", report))
+
+    _resources(server, run)
+    _prompt(server)
+    return server
+
+
+def _resources(server: MCPServer, run: Run) -> None:
+    def read(name: str) -> str:
+        path = run.dir / name
+        if not path.exists():
+            raise ResourceNotFoundError(f"{name} does not exist yet")
+        return path.read_text()
+
+    @server.resource("referee://task", mime_type="application/toml", description="the task manifest")
+    def task_resource() -> str:
+        return read("task/task.toml")
+
+    @server.resource("referee://history.json", mime_type="application/json", description="every attempt")
+    def history_resource() -> str:
+        return read("history.json")
+
+    @server.resource("referee://summary.json", mime_type="application/json", description="the run so far")
+    def summary_resource() -> str:
+        return read("summary.json")
+
+    @server.resource("referee://best.cu", mime_type="text/x-cuda", description="the best valid kernel")
+    def best_resource() -> str:
+        return read("best.cu")
+
+    @server.resource("referee://compile-logs/{candidate}", mime_type="text/plain", description="a full compiler log")
+    def compile_log(candidate: str) -> str:
+        if not _CANDIDATE_ID.fullmatch(candidate):
+            raise ResourceNotFoundError("candidate ids look like c0123456789abcde")
+        return read(f"compile-logs/{candidate}.log")
+
+
+def _prompt(server: MCPServer) -> None:
+    @server.prompt()
+    def optimize_kernel() -> str:
+        """How to optimize the task's kernel with this referee."""
+        return (
+            "You are optimizing one CUDA kernel under a referee.\n"
+            "1. Call describe_task: note the signature (keep it exact), the tolerances, the visible cases, the "
+            "baseline's latency and the device's figures.\n"
+            "2. Write a candidate. compile_kernel it and read registers, spills and shared memory.\n"
+            "3. Probe for free (within the window's limit): run_cases on a few cases, then validate.\n"
+            "4. time_kernel to see the speedup against the baseline and the best, with intervals.\n"
+            "5. Only when validate passes and time_kernel shows a gain beyond noise, call record_attempt with a "
+            "short rationale. Attempts are limited and final; they are checked on fresh secret inputs.\n"
+            "6. Stop with finish when you cannot improve. The best is then checked on hidden shapes: handle every "
+            "shape correctly, not only the visible ones.")
+
+
+def _progress_bridge(ctx: Context | None):
+    """A callback usable from the worker thread that forwards progress to the client, best effort."""
+    if ctx is None:
+        return None
+
+    def report(done: float, total: float, message: str) -> None:
+        try:
+            anyio.from_thread.run(ctx.report_progress, done, total, message)
+        except Exception:  # noqa: BLE001 - progress is informative; a closed stream must not fail the call
+            log.debug("progress not delivered", exc_info=True)
+
+    return report
+
+

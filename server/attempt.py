@@ -1,0 +1,234 @@
+"""Official attempts: the baseline (attempt 0), record_attempt, interrupted attempts, finish.
+
+An attempt claims its slot (attempts/NNN.cu, written atomically) before any GPU work, so the budget
+is counted exactly once even if the server dies mid-attempt; a resumed run records such a slot as
+rejected ("interrupted").
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Any
+
+from harness.stats import Speedup, geomean_speedup, speedup, summarize
+from harness.verdict import Reason, ReasonCode
+from server.audit import write_bytes_atomic
+from server.models import AttemptAnswer, CaseLatency, FinishAnswer
+from server.run import Candidate, Progress, Refusal, Run, now_iso
+from server.summary import attempt_entry, best_attempt, set_best, write_history, write_summary
+
+
+def _claim_slot(run: Run, number: int, candidate: Candidate) -> None:
+    path = run.dir / "attempts" / f"{number:03d}.cu"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_suffix(".claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    os.close(fd)
+    run.audit.record_file(path.relative_to(run.dir), write_bytes_atomic(path, candidate.source.encode()))
+    os.unlink(path.with_suffix(".claim"))
+
+
+def record_baseline(run: Run, progress: Progress | None) -> None:
+    baseline = run._register(run.task.source("initial"), (), run.task.initial_launch or run.task.launch)
+    _claim_slot(run, 0, baseline)
+    run.audit.append("attempt_started", {"attempt": 0, "candidate": baseline.id})
+    entry, gpu_seconds = _evaluate(run, 0, baseline, {"baseline": None}, fresh=False, progress=progress)
+    if entry["verdict"] == "rejected":
+        raise RuntimeError("the task's baseline initial.cu fails the protocol: "
+                           + "; ".join(r["detail"] for r in entry["reasons"])[:2000])
+    entry["verdict"] = "baseline"
+    run.history.append(entry)
+    run.audit.append("baseline_done", {"gpu_seconds": round(gpu_seconds, 6), "score_ms": entry["score_ms"]})
+    set_best(run, 0)
+    write_history(run)
+    write_summary(run, status="running")
+
+
+def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict | None,
+                   progress: Progress | None) -> AttemptAnswer:
+    left = run.settings.max_attempts - run.attempts_used
+    if left <= 0:
+        raise Refusal("the attempt budget is spent; the run is finished. Read referee://summary.json.")
+    number = run.attempts_used + 1
+    _claim_slot(run, number, candidate)
+    run.audit.append("attempt_started", {"attempt": number, "candidate": candidate.id, "rationale": rationale,
+                                         "usage": usage})
+    run.probes_in_window, run.gpu_seconds_in_window = 0, 0.0
+    best = best_attempt(run)
+    references = {"best": best, "baseline": run.history[0]} if best["attempt"] != 0 else {"baseline": run.history[0]}
+    entry, gpu_seconds = _evaluate(run, number, candidate, references, fresh=True, progress=progress)
+    entry.update(rationale=rationale, usage=usage, parent=best["attempt"])
+    if entry["verdict"] != "rejected":
+        faster = Speedup.model_validate(entry["speedup_vs_best"])
+        entry["verdict"] = "valid-faster" if faster.beyond_noise else "valid-not-faster"
+    run.history.append(entry)
+    run.gpu_seconds_total += gpu_seconds
+    run.audit.append("attempt_done", {"attempt": number, "verdict": entry["verdict"],
+                                      "gpu_seconds": round(gpu_seconds, 6)})
+    if entry["verdict"] == "valid-faster":
+        set_best(run, number)
+    write_history(run)
+    holdout = None
+    if run.attempts_used >= run.settings.max_attempts:
+        holdout = finish(run, "budget exhausted", progress).holdout
+    else:
+        write_summary(run, status="running")
+    return AttemptAnswer(attempt=number, candidate=candidate.id, verdict=entry["verdict"],
+                         reasons=[Reason.model_validate(r) for r in entry["reasons"]], cases=_latencies(entry),
+                         score_ms=entry["score_ms"], speedup_vs_baseline=entry["speedup_vs_baseline"],
+                         speedup_vs_best=entry["speedup_vs_best"], best_attempt=run.summary["best_attempt"],
+                         budget=run.budget(), holdout=holdout)
+
+
+def _evaluate(run: Run, number: int, candidate: Candidate, references: dict, *, fresh: bool,
+              progress: Progress | None) -> tuple[dict, float]:
+    """Compile, check (visible and, for attempts, fresh secret inputs), then time side by side."""
+    clock = _GpuClock()
+    entry = attempt_entry(run, number, candidate)
+    kernel, compiled = run.kernel(candidate)
+    entry["compile"] = _compile_summary(compiled)
+    if kernel is None:
+        return _reject(entry, [Reason(code=ReasonCode.COMPILE_ERROR, detail=compiled.log)]), 0.0
+    visible = list(run.task.visible_cases)
+    _say(progress, 1, 4, "checking the visible cases")
+    check = clock.run(run.executor.check, kernel, visible)
+    entry["validation"] = {"visible": check.model_dump(mode="json")}
+    reasons = list(check.reasons)
+    if check.passed and fresh:
+        _say(progress, 2, 4, "checking fresh inputs from secret seeds")
+        seeds = {case.name: secrets.randbits(31) for case in visible}
+        fresh_check = clock.run(run.executor.check, kernel, visible, seeds)
+        entry["validation"]["fresh"] = {"seeds": seeds, **fresh_check.model_dump(mode="json")}
+        reasons += [r.model_copy(update={"detail": f"fresh inputs: {r.detail}"}) for r in fresh_check.reasons]
+    if reasons or not check.passed:
+        return _reject(entry, reasons), clock.seconds
+    _say(progress, 3, 4, "timing side by side with the best and the baseline")
+    timing, timing_reasons = _interleaved(run, kernel, references, clock)
+    if timing_reasons:
+        return _reject(entry, timing_reasons), clock.seconds
+    _fill_timing(run, entry, timing)
+    return entry, clock.seconds
+
+
+def _interleaved(run: Run, kernel, references: dict, clock) -> tuple[dict, list[Reason]]:
+    """Samples of the candidate and each reference attempt, in alternating blocks, merged per case."""
+    cases = list(run.task.performance_cases)
+    kernels = {"candidate": kernel}
+    for label, entry in references.items():
+        if entry is not None:
+            kernels[label] = run.kernel(run.candidates[entry["candidate"]])[0]
+    samples: dict[str, dict[str, list[float]]] = {label: {c.name: [] for c in cases} for label in kernels}
+    extra: dict[str, Any] = {}
+    for _ in range(run.settings.timing_rounds):
+        for label, k in kernels.items():
+            report = clock.run(run.executor.time, k, cases)
+            if not report.passed:
+                if label == "candidate":
+                    return {}, report.reasons
+                raise RuntimeError(f"the {label} failed its own timing: {report.reasons}")
+            for case in report.cases:
+                samples[label][case.case] += case.samples_ms
+                extra.setdefault(label, {})[case.case] = case
+    return {"samples": samples, "cases": extra}, []
+
+
+def _fill_timing(run: Run, entry: dict, timing: dict) -> None:
+    stats = {label: {case: summarize(values) for case, values in per_case.items()}
+             for label, per_case in timing["samples"].items()}
+    cases = [c.name for c in run.task.performance_cases]
+    entry["timing"] = {}
+    for name in cases:
+        measured = timing["cases"]["candidate"][name]
+        entry["timing"][name] = {"stats": stats["candidate"][name].model_dump(mode="json"),
+                                 "samples_ms": timing["samples"]["candidate"][name],
+                                 "achieved_gbps": measured.achieved_gbps, "achieved_tflops": measured.achieved_tflops,
+                                 "baseline_stats": stats["baseline"][name].model_dump(mode="json") if "baseline" in stats else None,
+                                 "best_stats": stats.get("best", stats.get("baseline", {})).get(name).model_dump(mode="json")
+                                 if stats.get("best", stats.get("baseline")) else None}
+    from harness.stats import geometric_mean
+
+    entry["score_ms"] = geometric_mean([stats["candidate"][c].median_ms for c in cases])
+    if "baseline" in stats:
+        entry["speedup_vs_baseline"] = geomean_speedup(
+            [(stats["baseline"][c], stats["candidate"][c]) for c in cases]).model_dump(mode="json")
+        best = stats.get("best", stats["baseline"])
+        entry["speedup_vs_best"] = geomean_speedup([(best[c], stats["candidate"][c]) for c in cases]).model_dump(mode="json")
+        for c in cases:
+            entry["timing"][c]["speedup_vs_baseline"] = speedup(stats["baseline"][c], stats["candidate"][c]).model_dump(mode="json")
+            entry["timing"][c]["speedup_vs_best"] = speedup(best[c], stats["candidate"][c]).model_dump(mode="json")
+
+
+def _latencies(entry: dict) -> list[CaseLatency]:
+    return [CaseLatency(case=name, stats=t["stats"], achieved_gbps=t["achieved_gbps"],
+                        achieved_tflops=t["achieved_tflops"],
+                        baseline_median_ms=(t.get("baseline_stats") or {}).get("median_ms"),
+                        speedup_vs_baseline=t.get("speedup_vs_baseline"), speedup_vs_best=t.get("speedup_vs_best"))
+            for name, t in (entry.get("timing") or {}).items()]
+
+
+def _reject(entry: dict, reasons: list[Reason]) -> dict:
+    entry["verdict"] = "rejected"
+    entry["reasons"] = [r.model_dump(mode="json") for r in reasons]
+    entry["finished"] = now_iso()
+    return entry
+
+
+def _compile_summary(compiled) -> dict:
+    r = compiled.resources
+    return {"ok": compiled.ok, "compile_ms": compiled.compile_ms, "cache_hit": compiled.cache_hit,
+            "log": compiled.log, "resources": r.model_dump(mode="json") if r else None}
+
+
+def _say(progress: Progress | None, done: float, total: float, message: str) -> None:
+    if progress:
+        progress(done, total, message)
+
+
+class _GpuClock:
+    """Wall time spent waiting on the GPU side: the run's GPU time."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def run(self, fn, *args):
+        import time
+
+        started = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+
+def settle_interrupted(run: Run) -> None:
+    """A claimed slot with no history entry: the server stopped during it. It stays counted."""
+    recorded = {entry["attempt"] for entry in run.history}
+    for path in sorted((run.dir / "attempts").glob("[0-9][0-9][0-9].cu")):
+        number = int(path.stem)
+        if number in recorded or number == 0:
+            continue
+        entry = {"attempt": number, "candidate": None, "source_file": f"attempts/{path.name}",
+                 "started": None, "finished": now_iso(), "verdict": "rejected",
+                 "reasons": [Reason(code=ReasonCode.WORKER_CRASHED, detail=(
+                     "interrupted: the server stopped during this attempt; the attempt stays counted")
+                 ).model_dump(mode="json")]}
+        run.history.append(entry)
+        run.audit.append("attempt_interrupted", {"attempt": number})
+    run.history.sort(key=lambda e: e["attempt"])
+    if len(run.history) != len(recorded):
+        write_history(run)
+        if run.attempts_used >= run.settings.max_attempts and not run.finished:
+            finish(run, "budget exhausted", None)
+        else:
+            write_summary(run, status=run.summary.get("status", "running"))
+
+
+def finish(run: Run, reason: str, progress: Progress | None) -> FinishAnswer:
+    """End the run: the best must pass the holdout cases, or the next valid attempt that does."""
+    from server.holdout import holdout_verdict
+
+    holdout, disqualified, final = holdout_verdict(run, progress)
+    set_best(run, final)
+    run.audit.append("finished", {"reason": reason, "best_attempt": final, "disqualified": disqualified})
+    write_summary(run, status="finished", stop_reason=reason, holdout=holdout, disqualified=disqualified)
+    return FinishAnswer(stop_reason=reason, best_attempt=final, disqualified=disqualified, holdout=holdout)

@@ -1,0 +1,415 @@
+"""The audit store of one run folder: atomic file writes and a hash-chained event log.
+
+`events.jsonl` holds one canonical JSON record per line; each record carries the hash of the one
+before it, so editing, removing or reordering a record breaks the chain at that line. Files the
+run writes are recorded with their sha256, and `verify_run` checks them, `lock.json` and
+`summary.json` against the log.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import secrets
+import threading
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import BaseModel
+
+log = logging.getLogger(__name__)
+
+GENESIS = "0" * 64
+LOG_NAME = "events.jsonl"
+RECORD_FIELDS = frozenset({"seq", "time", "kind", "data", "prev", "hash"})
+_HEX = frozenset("0123456789abcdef")
+
+
+class AuditError(Exception):
+    """The audit log or a recorded file does not match what was written."""
+
+
+# -- hashing and atomic writes ----------------------------------------------------------------
+
+def canonical_json(value: Any) -> bytes:
+    """The one byte form of a JSON value that hashes are computed over."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode()
+
+
+def sha256_file(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _is_sha256(text: object) -> bool:
+    return isinstance(text, str) and len(text) == 64 and set(text) <= _HEX
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    # A regular file may accept fewer bytes than asked (disk nearly full); the next write raises.
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> str:
+    """Replace `path` with `data` so that a crash or a full disk leaves the old file or the new one.
+
+    Returns the sha256 of `data`. On failure the temporary file is removed and the error raised.
+    """
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    # os.open rather than mkstemp: mkstemp's 0600 mode would outlive the rename.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            log.warning("could not remove temporary file %s", tmp)
+        raise
+    # Without this the rename itself may be lost in a crash.
+    _fsync_dir(path.parent)
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_json_atomic(path: Path, value: Any, *, indent: int | None = 2) -> str:
+    """`write_bytes_atomic` of `value` as strict JSON (no NaN) with a final newline."""
+    text = json.dumps(value, indent=indent, ensure_ascii=False, allow_nan=False) + "\n"
+    return write_bytes_atomic(path, text.encode())
+
+
+# -- the log ----------------------------------------------------------------------------------
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _record_hash(record: dict) -> str:
+    return hashlib.sha256(canonical_json({k: v for k, v in record.items() if k != "hash"})).hexdigest()
+
+
+def _split_tail(f, size: int) -> tuple[bytes | None, bytes]:
+    """The last complete line of a file (without its newline) and any torn bytes after it."""
+    buf, pos = b"", size
+    while pos > 0:
+        step = min(1 << 16, pos)
+        pos -= step
+        f.seek(pos)
+        buf = f.read(step) + buf
+        last = buf.rfind(b"\n")
+        if last != -1 and (pos == 0 or buf.rfind(b"\n", 0, last) != -1):
+            break
+    last = buf.rfind(b"\n")
+    if last == -1:
+        return None, buf
+    return buf[buf.rfind(b"\n", 0, last) + 1:last], buf[last + 1:]
+
+
+class AuditLog:
+    """events.jsonl: one JSON object per line, each holding the hash of the previous one."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.run_dir = self.path.parent
+        self._lock = threading.Lock()
+        self._broken: str | None = None
+        self._seq, self._head = -1, GENESIS
+        created = not self.path.exists()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            if created:
+                _fsync_dir(self.run_dir)
+            torn = self._load_tail()
+            if torn:
+                self._repair(torn)
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def _load_tail(self) -> bytes:
+        """Learn the last seq and hash; returns the bytes of a torn last line, if any."""
+        with open(self.path, "rb") as f:
+            line, torn = _split_tail(f, os.fstat(f.fileno()).st_size)
+        if line is None:
+            return torn
+        try:
+            last = json.loads(line)
+            seq, head = last["seq"], last["hash"]
+        except (ValueError, TypeError, KeyError) as e:
+            raise AuditError(f"{self.path.name}: the last record is unreadable ({e})") from e
+        if not isinstance(seq, int) or isinstance(seq, bool) or not _is_sha256(head):
+            raise AuditError(f"{self.path.name}: the last record has no valid seq and hash")
+        self._seq, self._head = seq, head
+        return torn
+
+    def _repair(self, torn: bytes) -> None:
+        """Set a torn last line aside, cut it off, and say so in the log."""
+        n = 1
+        while self.path.with_name(f"{self.path.name}.torn-{n}").exists():
+            n += 1
+        aside = self.path.with_name(f"{self.path.name}.torn-{n}")
+        # Saved before the cut, so a crash in between loses nothing; reopening repeats the repair.
+        digest = write_bytes_atomic(aside, torn)
+        os.ftruncate(self._fd, os.fstat(self._fd).st_size - len(torn))
+        os.fsync(self._fd)
+        log.warning("%s: torn last line (%d bytes) moved to %s", self.path, len(torn), aside.name)
+        self.append("log_repaired", {"path": aside.name, "sha256": digest, "bytes": len(torn)})
+
+    def append(self, kind: str, data: dict) -> dict:
+        """Append one record, durably; on failure the log is left as it was and the error raised."""
+        with self._lock:
+            if self._fd < 0:
+                raise AuditError(f"{self.path.name} is closed")
+            if self._broken:
+                raise AuditError(f"{self.path.name} is in an unknown state ({self._broken}); reopen it")
+            # A normalized copy: what is returned is exactly what reading the line back gives.
+            record = {"seq": self._seq + 1, "time": _now(), "kind": kind,
+                      "data": json.loads(canonical_json(data)), "prev": self._head}
+            record["hash"] = _record_hash(record)
+            self._write_line(canonical_json(record) + b"\n")
+            self._seq, self._head = record["seq"], record["hash"]
+            return record
+
+    def _write_line(self, line: bytes) -> None:
+        size = os.fstat(self._fd).st_size
+        try:
+            # One write on an O_APPEND fd: a crash leaves a prefix of the line, never a mix.
+            written = os.write(self._fd, line)
+            if written != len(line):
+                raise OSError(errno.EIO, f"short write to {self.path.name} ({written} of {len(line)} bytes)")
+            os.fsync(self._fd)
+        except BaseException as e:
+            try:
+                os.ftruncate(self._fd, size)
+            except OSError as cut:
+                self._broken = f"could not undo a failed append: {cut}"
+            log.error("%s: append failed: %s", self.path, e)
+            raise
+
+    def record_file(self, path: Path, sha256: str, *, kind: str = "file_written") -> dict:
+        """Record that the run wrote `path` (absolute, or relative to the run folder) with this hash."""
+        if not _is_sha256(sha256):
+            raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+        path = Path(path)
+        if path.is_absolute():
+            path = path.resolve().relative_to(self.run_dir.resolve())
+        if _inside(self.run_dir, path.as_posix()) is None:
+            raise ValueError(f"{path} is not inside the run folder")
+        return self.append(kind, {"path": path.as_posix(), "sha256": sha256})
+
+    @property
+    def head(self) -> str:
+        """Hash of the last record; GENESIS while the log is empty."""
+        return self._head
+
+    @property
+    def count(self) -> int:
+        return self._seq + 1
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __enter__(self) -> AuditLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# -- verification -----------------------------------------------------------------------------
+
+class VerifyReport(BaseModel):
+    ok: bool
+    records: int
+    head: str | None
+    problems: list[str]
+    first_broken_line: int | None
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_line(raw: bytes) -> tuple[dict | None, str | None]:
+    """The record on one line, or why there is none."""
+    try:
+        record = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except ValueError:
+        return None, "not JSON"
+    if not isinstance(record, dict) or set(record) != RECORD_FIELDS:
+        return None, "not an audit record (wrong fields)"
+    types_ok = (isinstance(record["seq"], int) and not isinstance(record["seq"], bool)
+                and isinstance(record["time"], str) and isinstance(record["kind"], str)
+                and isinstance(record["data"], dict) and _is_sha256(record["prev"])
+                and _is_sha256(record["hash"]))
+    return (record, None) if types_ok else (None, "not an audit record (wrong field types)")
+
+
+def _link_problem(n: int, record: dict, raw: bytes, before: dict | None) -> str | None:
+    """What is wrong with line n's own contents or its link to line n-1 (None: line n-1 is unreadable)."""
+    if _record_hash(record) != record["hash"]:
+        return "hash does not match its contents (record edited)"
+    # Catches edits that parse to the same value, e.g. 1e+20 rewritten as 1e020.
+    if canonical_json(record) != raw:
+        return "not in canonical form (record edited)"
+    if n == 1:
+        if record["prev"] != GENESIS or record["seq"] != 0:
+            return "does not start the chain (records removed before it)"
+        return None
+    if before is None:
+        return None
+    if record["prev"] != before["hash"]:
+        return f"prev does not match line {n - 1}'s hash (record removed or reordered)"
+    if record["seq"] != before["seq"] + 1:
+        return f"seq is {record['seq']}, expected {before['seq'] + 1} (record removed or reordered)"
+    return None
+
+
+def _read_chain(path: Path) -> tuple[VerifyReport, list[tuple[int, dict]]]:
+    """The chain's report and every record that parsed, with its 1-based line number."""
+    name = path.name
+    if not path.exists():
+        return VerifyReport(ok=False, records=0, head=None, problems=[f"{name}: missing"],
+                            first_broken_line=None), []
+    raw = path.read_bytes()
+    if not raw:
+        return VerifyReport(ok=False, records=0, head=None, problems=[f"{name}: empty"],
+                            first_broken_line=None), []
+    lines = raw.split(b"\n")
+    torn = lines.pop()
+    problems: list[tuple[int, str]] = []
+    parsed: list[tuple[int, dict]] = []
+    before: dict | None = None
+    for n, line in enumerate(lines, start=1):
+        record, why = _parse_line(line)
+        if record is not None:
+            why = _link_problem(n, record, line, before)
+            parsed.append((n, record))
+        if why:
+            problems.append((n, why))
+        before = record
+    if torn:
+        problems.append((len(lines) + 1, "torn (no trailing newline; reopening the log repairs it)"))
+    head = parsed[-1][1]["hash"] if parsed and parsed[-1][0] == len(lines) else None
+    return VerifyReport(ok=not problems, records=len(parsed), head=head,
+                        problems=[f"{name} line {n}: {why}" for n, why in problems],
+                        first_broken_line=problems[0][0] if problems else None), parsed
+
+
+def verify_chain(path: Path, *, expected_head: str | None = None) -> VerifyReport:
+    """Recompute every hash and link of the log at `path`.
+
+    A log cut cleanly at a line boundary is a valid shorter chain; pass `expected_head` (a head
+    kept elsewhere) to catch that too.
+    """
+    report, _ = _read_chain(Path(path))
+    if expected_head is not None and report.head != expected_head:
+        report.problems.append(f"{Path(path).name}: head is {report.head}, expected {expected_head} "
+                               "(records removed from the end)")
+        report.ok = False
+    return report
+
+
+def _inside(run_dir: Path, relative: str) -> Path | None:
+    """run_dir/relative, or None when `relative` would leave the run folder."""
+    pure = PurePosixPath(relative)
+    if not relative or pure.is_absolute() or ".." in pure.parts:
+        return None
+    return run_dir / pure
+
+
+def _file_state(run_dir: Path, relative: str, sha256: str) -> str | None:
+    """None when run_dir/relative holds exactly `sha256`, else "outside", "missing" or "differs"."""
+    target = _inside(run_dir, relative)
+    if target is None:
+        return "outside"
+    if not target.is_file():
+        return "missing"
+    return None if sha256_file(target) == sha256 else "differs"
+
+
+def _recorded_files(run_dir: Path, parsed: list[tuple[int, dict]]) -> list[str]:
+    last: dict[str, tuple[int, str]] = {}
+    for n, record in parsed:
+        data = record["data"]
+        if isinstance(data.get("path"), str) and isinstance(data.get("sha256"), str):
+            last[data["path"]] = (n, data["sha256"])
+    says = {"outside": "path leaves the run folder", "missing": "missing",
+            "differs": "sha256 differs from the last recorded write"}
+    problems = []
+    for relative, (n, sha256) in last.items():
+        state = _file_state(run_dir, relative, sha256)
+        if state:
+            problems.append(f"{relative}: {says[state]} ({LOG_NAME} line {n})")
+    return problems
+
+
+def _read_json(path: Path) -> tuple[Any, str | None]:
+    try:
+        return json.loads(path.read_bytes()), None
+    except (OSError, ValueError) as e:
+        return None, f"{path.name}: unreadable ({e})"
+
+
+def _lock_problems(run_dir: Path) -> list[str]:
+    path = run_dir / "lock.json"
+    if not path.exists():
+        return []
+    lock, why = _read_json(path)
+    if why:
+        return [why]
+    files = lock.get("files") if isinstance(lock, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        return ["lock.json: no 'files' mapping of path to sha256"]
+    says = {"outside": "path leaves the run folder (lock.json)", "missing": "missing (listed in lock.json)",
+            "differs": "differs from lock.json"}
+    states = ((relative, _file_state(run_dir, relative, sha256)) for relative, sha256 in files.items())
+    return [f"{relative}: {says[state]}" for relative, state in states if state]
+
+
+def _summary_problems(run_dir: Path, hashes: set[str]) -> list[str]:
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return []
+    summary, why = _read_json(path)
+    if why:
+        return [why]
+    if not isinstance(summary, dict) or "chain_head" not in summary:
+        return []
+    if summary["chain_head"] not in hashes:
+        return [f"summary.json: chain_head {summary['chain_head']} is not a record of {LOG_NAME}"]
+    return []
+
+
+def verify_run(run_dir: Path) -> VerifyReport:
+    """The chain, then every recorded file, lock.json's files and summary.json's chain_head."""
+    run_dir = Path(run_dir)
+    report, parsed = _read_chain(run_dir / LOG_NAME)
+    problems = list(report.problems)
+    problems += _recorded_files(run_dir, parsed)
+    problems += _lock_problems(run_dir)
+    problems += _summary_problems(run_dir, {record["hash"] for _, record in parsed})
+    return report.model_copy(update={"ok": not problems, "problems": problems})

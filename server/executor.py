@@ -1,0 +1,96 @@
+"""The GPU side of a run, behind one small interface so the run logic can be tested without a GPU.
+
+`GpuExecutor` owns the worker pool, the reference kernel and the compile cache. Tests stand in a
+fake with the same methods (tests/fake_executor.py).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import threading
+from typing import Protocol
+
+import numpy as np
+
+from harness.compile import CompileCache, CompileResult, compile_kernel, nvrtc_version
+from harness.evaluate import Kernel, Referee, Settings
+from harness.task import Case, Task
+from harness.verdict import CheckReport, TimingReport
+from sandbox.pool import WorkerPool
+
+
+class ExecutorError(RuntimeError):
+    """The GPU side cannot work (no device, the reference does not compile, a worker cannot start)."""
+
+
+class Executor(Protocol):
+    def start(self) -> dict: ...                     # environment facts; starts the workers
+    def compile(self, source: str, options: tuple[str, ...]) -> CompileResult: ...
+    def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]: ...
+    def preload(self, case: Case, seed: int, outputs: dict[str, np.ndarray]) -> None: ...
+    def check(self, kernel: Kernel, cases: list[Case], seeds: dict[str, int] | None = None,
+              against_oracle: bool = False) -> CheckReport: ...
+    def time(self, kernel: Kernel, cases: list[Case]) -> TimingReport: ...
+    def abort(self) -> None: ...                     # kill the candidate's job in flight (from another thread)
+    def close(self) -> None: ...
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+class GpuExecutor:
+    def __init__(self, task: Task, settings: Settings | None = None, cache: CompileCache | None = None):
+        self.task = task
+        self.settings = settings or Settings()
+        self.cache = cache or CompileCache()
+        self.pool = WorkerPool()
+        self.referee: Referee | None = None
+        self.facts: dict | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> dict:
+        if self.facts is not None:
+            return self.facts
+        hello = self.pool.candidate.ensure_started()
+        self.arch = hello["arch"]
+        reference = self.compile(self.task.source("reference"), ())
+        if not reference.ok:
+            raise ExecutorError(f"the task's reference does not compile:\n{reference.log}")
+        kernel = Kernel("reference", reference.cubin, reference.lowered_name, self.task.reference_launch or self.task.launch)
+        self.referee = Referee(self.task, self.pool, kernel, self.settings)
+        device = hello["device"]
+        driver = device["driver_version"]
+        self.facts = {
+            "gpu": device["name"], "compute_capability": device["compute_capability"], "arch": self.arch,
+            "sm_count": device["sm_count"], "l2_bytes": device["l2_bytes"], "sm_clock_khz": device["sm_clock_khz"],
+            "memory_clock_khz": device["memory_clock_khz"], "memory_bus_bits": device["memory_bus_bits"],
+            "driver_cuda_version": f"{driver // 1000}.{driver % 1000 // 10}", "nvrtc": nvrtc_version(),
+            "cuda_bindings": package_version("cuda-bindings"), "event_overhead_ms": hello["event_overhead_ms"],
+        }
+        return self.facts
+
+    def compile(self, source: str, options: tuple[str, ...]) -> CompileResult:
+        return compile_kernel(source, self.task.kernel_name, options=options, arch=self.arch, cache=self.cache)
+
+    def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
+        return self.referee.expected(case, seed)
+
+    def preload(self, case: Case, seed: int, outputs: dict[str, np.ndarray]) -> None:
+        self.referee.preload(case, seed, outputs)
+
+    def check(self, kernel: Kernel, cases: list[Case], seeds: dict[str, int] | None = None,
+              against_oracle: bool = False) -> CheckReport:
+        return self.referee.check(kernel, cases, seeds, against_oracle)
+
+    def time(self, kernel: Kernel, cases: list[Case]) -> TimingReport:
+        return self.referee.time(kernel, cases)
+
+    def abort(self) -> None:
+        self.pool.candidate.interrupt()
+
+    def close(self) -> None:
+        self.pool.close()

@@ -1,0 +1,74 @@
+"""What a run is locked to: the task copy, the expected outputs, the harness source, the environment.
+
+lock.json is written once when a run starts. Before every tool call the task copy and the expected
+outputs are hashed again; any difference is tampering and the call is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import harness
+import sandbox
+import server
+from server.audit import sha256_file
+
+# What the verdicts depend on: a resumed run must be judged by the same code.
+_LOCKED_PACKAGES = (harness, sandbox, server)
+
+
+def hash_files(root: Path, folders: tuple[str, ...]) -> dict[str, str]:
+    """sha256 of every file under root/folder, keyed by its path relative to root."""
+    hashes = {}
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*")):
+            if path.is_file():
+                hashes[path.relative_to(root).as_posix()] = sha256_file(path)
+    return hashes
+
+
+def harness_source() -> dict[str, str]:
+    """sha256 of every Python module of the referee itself, keyed by package-relative path."""
+    hashes = {}
+    for package in _LOCKED_PACKAGES:
+        base = Path(package.__file__).parent
+        for path in sorted(base.rglob("*.py")):
+            hashes[f"{package.__name__}/{path.relative_to(base).as_posix()}"] = sha256_file(path)
+    return hashes
+
+
+def digest(hashes: dict[str, str]) -> str:
+    text = "\n".join(f"{name} {value}" for name, value in sorted(hashes.items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def make_lock(run_dir: Path, environment: dict, sandboxed: bool) -> dict:
+    files = hash_files(run_dir, ("task", "expected"))
+    source = harness_source()
+    return {"files": files, "files_sha256": digest(files), "harness": source, "harness_sha256": digest(source),
+            "environment": environment, "sandbox": sandboxed}
+
+
+def tampered_files(run_dir: Path, lock: dict) -> list[str]:
+    """Locked files that changed, vanished or appeared since the run began."""
+    now = hash_files(run_dir, ("task", "expected"))
+    locked = lock["files"]
+    changed = [f"{name} changed" for name, value in locked.items() if name in now and now[name] != value]
+    missing = [f"{name} missing" for name in locked if name not in now]
+    added = [f"{name} added" for name in now if name not in locked]
+    return changed + missing + added
+
+
+def harness_changes(lock: dict) -> list[str]:
+    now = harness_source()
+    locked = lock["harness"]
+    return sorted({name for name in set(now) | set(locked) if now.get(name) != locked.get(name)})
+
+
+def environment_changes(lock: dict, environment: dict) -> list[str]:
+    """Facts that differ from the locked environment; the GPU itself must not differ."""
+    keys = ("gpu", "compute_capability", "driver_cuda_version", "nvrtc", "cuda_bindings", "sm_clock_khz")
+    before = lock["environment"]
+    return [f"{key}: {before.get(key)} -> {environment.get(key)}" for key in keys
+            if before.get(key) != environment.get(key)]

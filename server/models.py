@@ -1,0 +1,143 @@
+"""Typed answers of the tools: what an agent reads (and what the output schemas advertise)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.compare import OutputCheck
+from harness.stats import LatencyStats, Speedup
+from harness.verdict import Reason
+
+Verdict = Literal["baseline", "valid-faster", "valid-not-faster", "rejected"]
+
+
+class Budget(BaseModel):
+    max_attempts: int
+    attempts_used: int
+    attempts_left: int
+    probes_left_in_window: int
+    probe_gpu_seconds_left_in_window: float
+    finished: bool
+    stop_reason: str | None = None
+
+
+class Resources(BaseModel):
+    registers: int | None = None
+    spill_bytes: int = 0
+    shared_bytes: int = 0
+    stack_bytes: int = 0
+
+
+class CompileAnswer(BaseModel):
+    candidate: str
+    ok: bool
+    log: str
+    log_resource: str | None = None
+    resources: Resources | None = None
+    compile_ms: float
+    cache_hit: bool
+
+
+class CaseStatus(BaseModel):
+    case: str
+    passed: bool
+    outputs: list[OutputCheck] = []
+    reasons: list[Reason] = []
+    warnings: list[str] = []
+
+
+class CheckAnswer(BaseModel):
+    candidate: str
+    passed: bool
+    cases: list[CaseStatus]
+    budget: Budget
+
+
+class CaseLatency(BaseModel):
+    case: str
+    stats: LatencyStats
+    achieved_gbps: float | None = None
+    achieved_tflops: float | None = None
+    baseline_median_ms: float | None = None
+    speedup_vs_baseline: Speedup | None = None
+    speedup_vs_best: Speedup | None = None
+
+
+class TimeAnswer(BaseModel):
+    candidate: str
+    cases: list[CaseLatency]
+    score_ms: float
+    speedup_vs_baseline: Speedup
+    speedup_vs_best: Speedup
+    budget: Budget
+
+
+class AttemptAnswer(BaseModel):
+    attempt: int
+    candidate: str
+    verdict: Verdict
+    reasons: list[Reason]
+    cases: list[CaseLatency] = []
+    score_ms: float | None = None
+    speedup_vs_baseline: Speedup | None = None
+    speedup_vs_best: Speedup | None = None
+    best_attempt: int
+    budget: Budget
+    holdout: dict[str, Any] | None = None
+
+
+class FinishAnswer(BaseModel):
+    stop_reason: str
+    best_attempt: int
+    disqualified: list[int]
+    holdout: dict[str, Any]
+    summary_resource: str = "referee://summary.json"
+
+
+class TaskCase(BaseModel):
+    name: str
+    role: str
+    dims: dict[str, int]
+    baseline_median_ms: float | None = None
+
+
+class TaskDescription(BaseModel):
+    name: str
+    description: str
+    kernel_name: str
+    signature: str
+    parameters: list[dict[str, Any]]
+    cases: list[TaskCase]
+    tolerances: dict[str, dict[str, float]]
+    launch_default: dict[str, Any]
+    device: dict[str, Any]
+    baseline_score_ms: float | None
+    best_attempt: int
+    best_score_ms: float | None
+    budget: Budget
+
+
+class LaunchInput(BaseModel):
+    """Launch geometry: each entry an integer or an expression of the case dimensions
+    (arithmetic, ceil_div, min, max), e.g. grid ["ceil_div(n, 64)", "ceil_div(m, 64)"]."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grid: list[str | int] = Field(min_length=1, max_length=3)
+    block: list[str | int] = Field(min_length=1, max_length=3)
+    shared_bytes: str | int = 0
+    per_case: dict[str, "LaunchInput"] = Field(default_factory=dict, max_length=64)
+
+
+class Usage(BaseModel):
+    """What the client spent to produce this attempt, kept in the audit log as given."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = Field(default=None, max_length=200)
+    calls: int | None = Field(default=None, ge=0)
+    input_tokens: int | None = Field(default=None, ge=0)
+    output_tokens: int | None = Field(default=None, ge=0)
+    cost_usd: float | None = Field(default=None, ge=0)

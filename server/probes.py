@@ -1,0 +1,115 @@
+"""The free but counted tools: describe, compile, run_cases, validate, time_kernel."""
+
+from __future__ import annotations
+
+import time
+
+from harness.stats import geometric_mean, geomean_speedup, speedup
+from harness.verdict import CheckReport
+from server.models import (CaseLatency, CaseStatus, CheckAnswer, CompileAnswer, Resources, TaskCase,
+                           TaskDescription, TimeAnswer)
+from server.run import Candidate, Progress, Refusal, Run
+from server.summary import best_attempt, entry_of
+
+
+def describe(run: Run) -> TaskDescription:
+    task, baseline, best = run.task, entry_of(run, 0), best_attempt(run)
+    base_timing = baseline.get("timing") or {}
+    cases = [TaskCase(name=c.name, role=c.role, dims=c.dims,
+                      baseline_median_ms=(base_timing.get(c.name) or {}).get("stats", {}).get("median_ms"))
+             for c in task.visible_cases]
+    params = [{"name": p.name, "kind": p.kind, "dtype": p.dtype, "shape": list(p.shape), "value": p.value}
+              for p in task.params]
+    return TaskDescription(
+        name=task.name, description=task.description, kernel_name=task.kernel_name, signature=task.signature,
+        parameters=params, cases=cases,
+        tolerances={k: v.model_dump() for k, v in task.tolerances.items()},
+        launch_default=task.launch.model_dump(mode="json"), device=run.environment,
+        baseline_score_ms=baseline.get("score_ms"), best_attempt=best["attempt"], best_score_ms=best.get("score_ms"),
+        budget=run.budget())
+
+
+def compile_candidate(run: Run, candidate: Candidate) -> CompileAnswer:
+    run.charge_compile()
+    _, compiled = run.kernel(candidate)
+    r = compiled.resources
+    resources = None if r is None else Resources(registers=r.registers, spill_bytes=r.spill_store_bytes + r.spill_load_bytes,
+                                                 shared_bytes=r.shared_bytes, stack_bytes=r.stack_bytes)
+    return CompileAnswer(candidate=candidate.id, ok=compiled.ok, log=compiled.log,
+                         log_resource=f"referee://compile-logs/{candidate.id}", resources=resources,
+                         compile_ms=compiled.compile_ms, cache_hit=compiled.cache_hit)
+
+
+def _compiled_kernel(run: Run, candidate: Candidate):
+    kernel, compiled = run.kernel(candidate)
+    if kernel is None:
+        raise Refusal(f"candidate {candidate.id} does not compile:\n{compiled.log}")
+    return kernel
+
+
+def _statuses(report: CheckReport) -> list[CaseStatus]:
+    return [CaseStatus(case=c.case, passed=c.passed, outputs=c.outputs, reasons=c.reasons, warnings=c.warnings)
+            for c in report.cases]
+
+
+def check_cases(run: Run, tool: str, candidate: Candidate, case_names: list[str] | None) -> CheckAnswer:
+    """run_cases (chosen visible cases) and validate (all visible cases): the correctness protocol."""
+    run.charge_probe()
+    cases = run.cases_named(case_names)
+    kernel = _compiled_kernel(run, candidate)
+    started = time.perf_counter()
+    report = run.executor.check(kernel, cases)
+    run.probe_done(tool, time.perf_counter() - started, {"candidate": candidate.id, "passed": report.passed})
+    return CheckAnswer(candidate=candidate.id, passed=report.passed, cases=_statuses(report), budget=run.budget())
+
+
+def time_candidate(run: Run, candidate: Candidate, case_names: list[str] | None, progress: Progress | None) -> TimeAnswer:
+    """Validate first (a wrong kernel is never timed), then time it beside the best and the baseline."""
+    run.charge_probe()
+    cases = run.cases_named(case_names, performance_only=True)
+    kernel = _compiled_kernel(run, candidate)
+    started = time.perf_counter()
+    try:
+        if progress:
+            progress(0, 3, "validating on the visible cases")
+        check = run.executor.check(kernel, list(run.task.visible_cases))
+        if not check.passed:
+            details = "; ".join(f"{r.code.value} [{r.case}]: {r.detail}" for r in check.reasons[:3])
+            raise Refusal(f"not timed: candidate {candidate.id} fails validation ({details}). Fix it first; "
+                          "validate or run_cases show the mismatches.")
+        if progress:
+            progress(1, 3, "timing beside the best and the baseline")
+        measured = {label: run.executor.time(k, cases) for label, k in _side_by_side(run, kernel).items()}
+    finally:
+        run.probe_done("time_kernel", time.perf_counter() - started, {"candidate": candidate.id})
+    if not measured["candidate"].passed:
+        details = "; ".join(f"{r.code.value}: {r.detail}" for r in measured["candidate"].reasons[:3])
+        raise Refusal(f"timing rejected candidate {candidate.id}: {details}")
+    return _time_answer(run, candidate, measured)
+
+
+def _side_by_side(run: Run, kernel) -> dict:
+    kernels = {"candidate": kernel, "baseline": run.kernel(run.candidates[entry_of(run, 0)["candidate"]])[0]}
+    best = best_attempt(run)
+    if best["attempt"] != 0:
+        kernels["best"] = run.kernel(run.candidates[best["candidate"]])[0]
+    return kernels
+
+
+def _time_answer(run: Run, candidate: Candidate, measured: dict) -> TimeAnswer:
+    stats = {label: {c.case: c.stats for c in report.cases} for label, report in measured.items()}
+    best = stats.get("best", stats["baseline"])
+    rows = []
+    for case in measured["candidate"].cases:
+        rows.append(CaseLatency(case=case.case, stats=case.stats, achieved_gbps=case.achieved_gbps,
+                                achieved_tflops=case.achieved_tflops,
+                                baseline_median_ms=stats["baseline"][case.case].median_ms,
+                                speedup_vs_baseline=speedup(stats["baseline"][case.case], case.stats),
+                                speedup_vs_best=speedup(best[case.case], case.stats)))
+    names = [r.case for r in rows]
+    return TimeAnswer(
+        candidate=candidate.id, cases=rows, score_ms=geometric_mean([stats["candidate"][n].median_ms for n in names]),
+        speedup_vs_baseline=geomean_speedup([(stats["baseline"][n], stats["candidate"][n]) for n in names]),
+        speedup_vs_best=geomean_speedup([(best[n], stats["candidate"][n]) for n in names]), budget=run.budget())
+
+

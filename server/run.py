@@ -1,0 +1,330 @@
+"""A run: one task, one budget of attempts, one audit folder, resumable and locked.
+
+Everything here is synchronous and GPU-agnostic (it talks to an Executor). The MCP layer calls one
+method per tool, from a worker thread, and turns `Refusal` into a tool error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import shutil
+import stat
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+
+from harness.evaluate import Kernel, Settings, input_seed
+from harness.task import Case, LaunchSpec, Task, load_task
+from server import lock as locking
+from server.audit import AuditLog, write_bytes_atomic, write_json_atomic
+from server.executor import Executor
+from server.models import Budget
+
+log = logging.getLogger(__name__)
+Progress = Callable[[float, float, str], None]
+
+
+class Refusal(Exception):
+    """A call the run refuses; the message says what is left and what to do."""
+
+
+class RunError(RuntimeError):
+    """A run that cannot be created or resumed (broken task, tampered folder, changed harness)."""
+
+
+class RunSettings(BaseModel):
+    max_attempts: int = 7
+    probes_per_window: int = 20
+    probe_gpu_seconds_per_window: float = 120.0
+    compiles_per_minute: int = 30
+    timing_rounds: int = 2
+    sandbox: bool = True
+    timing: Settings = Settings()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: str
+    source: str
+    options: tuple[str, ...]
+    launch: LaunchSpec
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _next_run_dir(results: Path) -> Path:
+    results.mkdir(parents=True, exist_ok=True)
+    taken = [int(p.name[4:]) for p in results.glob("run-[0-9][0-9][0-9]*") if p.name[4:].isdigit()]
+    number = max(taken, default=0) + 1
+    while True:
+        candidate = results / f"run-{number:03d}"
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            number += 1
+
+
+def _make_read_only(root: Path) -> None:
+    for path in sorted(root.rglob("*"), reverse=True):
+        path.chmod(stat.S_IRUSR | stat.S_IRGRP | (stat.S_IXUSR | stat.S_IXGRP if path.is_dir() else 0))
+    root.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP)
+
+
+def expected_path(case: Case, set_index: int, output: str) -> str:
+    return f"expected/{case.name}/{set_index}/{output}.npy"
+
+
+class Run:
+    """Budget, probes, lock and history of one run folder. Create with `create` or `resume`."""
+
+    def __init__(self, run_dir: Path, task: Task, settings: RunSettings, executor: Executor, environment: dict):
+        self.dir = run_dir
+        self.task = task
+        self.settings = settings
+        self.executor = executor
+        self.environment = environment
+        self.audit = AuditLog(run_dir / "events.jsonl")
+        self.lock_record = json.loads((run_dir / "lock.json").read_text()) if (run_dir / "lock.json").exists() else None
+        self.history: list[dict] = []
+        self.candidates: dict[str, Candidate] = {}
+        self.summary: dict[str, Any] = {}
+        self.probes_in_window = 0
+        self.gpu_seconds_in_window = 0.0
+        self.gpu_seconds_total = 0.0
+        self.compiles_total = 0
+        self.probes_total = 0
+        self._compile_times: deque[float] = deque()
+        self._mutex = threading.Lock()
+
+    # -- creation and resumption ---------------------------------------------------------------
+    @classmethod
+    def create(cls, task_dir: Path, results: Path, settings: RunSettings, executor: Executor,
+               progress: Progress | None = None) -> "Run":
+        load_task(task_dir)  # refuse a broken task before making a folder
+        run_dir = _next_run_dir(results)
+        shutil.copytree(task_dir, run_dir / "task", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        _make_read_only(run_dir / "task")
+        task = load_task(run_dir / "task")
+        environment = executor.start()
+        run = cls(run_dir, task, settings, executor, environment)
+        run.audit.append("run_created", {"task": task.name, "settings": settings.model_dump(mode="json")})
+        run._write_json("run.json", {"task": task.name, "created": now_iso(), "settings": settings.model_dump(mode="json")})
+        run._write_expected(progress)
+        run.lock_record = locking.make_lock(run_dir, environment, settings.sandbox)
+        run._write_json("lock.json", run.lock_record)
+        from server.attempt import record_baseline
+
+        record_baseline(run, progress)
+        return run
+
+    @classmethod
+    def resume(cls, run_dir: Path, executor: Executor) -> "Run":
+        run_json = json.loads((run_dir / "run.json").read_text())
+        lock_record = json.loads((run_dir / "lock.json").read_text())
+        problems = locking.tampered_files(run_dir, lock_record)
+        if problems:
+            raise RunError(f"{run_dir} was tampered with: {'; '.join(problems)}")
+        changed = locking.harness_changes(lock_record)
+        if changed:
+            raise RunError(f"the referee's code changed since {run_dir.name} began ({', '.join(changed[:5])}); "
+                           "judge it with the version that started it")
+        task = load_task(run_dir / "task")
+        environment = executor.start()
+        settings = RunSettings.model_validate(run_json["settings"])
+        run = cls(run_dir, task, settings, executor, environment)
+        differences = locking.environment_changes(lock_record, environment)
+        if any(d.startswith(("gpu:", "compute_capability:")) for d in differences):
+            raise RunError(f"{run_dir.name} began on another GPU: {'; '.join(differences)}")
+        run.audit.append("run_resumed", {"environment_changes": differences})
+        run._load_state()
+        return run
+
+    def _write_expected(self, progress: Progress | None) -> None:
+        cases = list(self.task.cases)
+        sets = self.settings.timing.rotation_sets
+        for index, case in enumerate(cases):
+            if progress:
+                progress(index, len(cases), f"reference outputs for {case.name}")
+            for s in range(sets):
+                outputs = self.executor.expected(case, input_seed(case, s))
+                for name, array in outputs.items():
+                    buffer = io.BytesIO()
+                    np.save(buffer, array, allow_pickle=False)
+                    path = self.dir / expected_path(case, s, name)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    write_bytes_atomic(path, buffer.getvalue())
+        self.audit.append("expected_outputs_written", {"cases": [c.name for c in cases], "sets": sets})
+
+    def _load_state(self) -> None:
+        for case in self.task.cases:
+            for s in range(self.settings.timing.rotation_sets):
+                outputs = {p.name: np.load(self.dir / expected_path(case, s, p.name), allow_pickle=False)
+                           for p in self.task.output_params}
+                self.executor.preload(case, input_seed(case, s), outputs)
+        history = self.dir / "history.json"
+        self.history = json.loads(history.read_text())["attempts"] if history.exists() else []
+        self.summary = json.loads((self.dir / "summary.json").read_text()) if (self.dir / "summary.json").exists() else {}
+        for path in sorted((self.dir / "candidates").glob("*.json")):
+            data = json.loads(path.read_text())
+            self.candidates[data["id"]] = Candidate(data["id"], data["source"], tuple(data["options"]),
+                                                    LaunchSpec.model_validate(data["launch"]))
+        self._count_window()
+        from server.attempt import settle_interrupted
+
+        settle_interrupted(self)
+
+    def _count_window(self) -> None:
+        """Probes since the last attempt, from the audit log: a restart does not reset them."""
+        for line in (self.dir / "events.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            if record["kind"] == "attempt_started":
+                self.probes_in_window, self.gpu_seconds_in_window = 0, 0.0
+            elif record["kind"] == "probe_done":
+                self.probes_in_window += 1
+                self.probes_total += 1
+                self.gpu_seconds_in_window += record["data"].get("gpu_seconds", 0.0)
+            if record["kind"] in ("probe_done", "attempt_done", "baseline_done"):
+                self.gpu_seconds_total += record["data"].get("gpu_seconds", 0.0)
+            if record["kind"] == "compiled":
+                self.compiles_total += 1
+
+    # -- files ---------------------------------------------------------------------------------
+    def _write_json(self, name: str, value) -> None:
+        path = self.dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.audit.record_file(path.relative_to(self.dir), write_json_atomic(path, value))
+
+    def write_text(self, name: str, text: str) -> None:
+        path = self.dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.audit.record_file(path.relative_to(self.dir), write_bytes_atomic(path, text.encode()))
+
+    # -- guards --------------------------------------------------------------------------------
+    def guard(self, tool: str, arguments: dict, *, needs_budget: bool = True) -> None:
+        """Before every call: log it, check the lock, refuse when the run is over."""
+        self.audit.append("call", {"tool": tool, "arguments": arguments})
+        problems = locking.tampered_files(self.dir, self.lock_record)
+        if problems:
+            self.audit.append("tamper", {"tool": tool, "problems": problems})
+            raise Refusal(f"refused: the run's locked files changed ({'; '.join(problems)}). The task copy and "
+                          "the expected outputs must stay as they were when the run began; this is logged.")
+        if needs_budget and self.finished:
+            raise Refusal(f"the run is finished ({self.summary.get('stop_reason')}); no more probes or attempts. "
+                          "Read referee://summary.json for the result.")
+
+    @property
+    def finished(self) -> bool:
+        return self.summary.get("status") == "finished"
+
+    @property
+    def attempts_used(self) -> int:
+        """Attempt slots claimed (a claimed slot counts even if the server died during it)."""
+        return len([p for p in (self.dir / "attempts").glob("[0-9][0-9][0-9].cu") if p.stem != "000"])
+
+    def budget(self) -> Budget:
+        s = self.settings
+        return Budget(max_attempts=s.max_attempts, attempts_used=self.attempts_used,
+                      attempts_left=max(0, s.max_attempts - self.attempts_used),
+                      probes_left_in_window=max(0, s.probes_per_window - self.probes_in_window),
+                      probe_gpu_seconds_left_in_window=max(0.0, s.probe_gpu_seconds_per_window - self.gpu_seconds_in_window),
+                      finished=self.finished, stop_reason=self.summary.get("stop_reason"))
+
+    def charge_probe(self) -> None:
+        s = self.settings
+        if self.probes_in_window >= s.probes_per_window or self.gpu_seconds_in_window >= s.probe_gpu_seconds_per_window:
+            left = s.max_attempts - self.attempts_used
+            raise Refusal(f"probe limit reached for this attempt window ({s.probes_per_window} probes or "
+                          f"{s.probe_gpu_seconds_per_window:g} GPU seconds). Record an attempt with record_attempt "
+                          f"({left} left) to open a new window, or call finish.")
+
+    def probe_done(self, tool: str, gpu_seconds: float, result: dict) -> None:
+        self.probes_in_window += 1
+        self.probes_total += 1
+        self.gpu_seconds_in_window += gpu_seconds
+        self.gpu_seconds_total += gpu_seconds
+        self.audit.append("probe_done", {"tool": tool, "gpu_seconds": round(gpu_seconds, 6), **result})
+
+    def charge_compile(self) -> None:
+        now = time.monotonic()
+        while self._compile_times and now - self._compile_times[0] > 60:
+            self._compile_times.popleft()
+        if len(self._compile_times) >= self.settings.compiles_per_minute:
+            wait = 60 - (now - self._compile_times[0])
+            raise Refusal(f"compile rate limit: {self.settings.compiles_per_minute} compiles per minute; "
+                          f"try again in {wait:.0f} s (reuse candidate ids instead of recompiling)")
+        self._compile_times.append(now)
+
+    # -- candidates ----------------------------------------------------------------------------
+    def candidate(self, candidate: str | None, source: str | None, options: list[str] | None = None,
+                  launch: dict | None = None) -> Candidate:
+        """The candidate named by id, or made from source; a launch given here overrides the id's."""
+        if (candidate is None) == (source is None):
+            raise Refusal("give exactly one of `candidate` (an id from compile_kernel) or `source`")
+        if candidate is not None:
+            if candidate not in self.candidates:
+                raise Refusal(f"unknown candidate id {candidate[:40]!r}: compile_kernel returns ids "
+                              f"({len(self.candidates)} known in this run)")
+            known = self.candidates[candidate]
+            source, options = known.source, list(known.options) if options is None else options
+            spec = known.launch if launch is None else self._launch(launch)
+        else:
+            spec = self.task.launch if launch is None else self._launch(launch)
+        return self._register(source, tuple(options or ()), spec)
+
+    def _launch(self, launch: dict) -> LaunchSpec:
+        try:
+            spec = LaunchSpec.model_validate(launch)
+            for case in self.task.visible_cases:
+                spec.resolve(case)
+        except (ValidationError, ValueError) as exc:
+            raise Refusal(f"invalid launch geometry: {exc}".replace("\n", " ")[:800]) from None
+        return spec
+
+    def _register(self, source: str, options: tuple[str, ...], launch: LaunchSpec) -> Candidate:
+        identity = json.dumps({"source": source, "options": options, "launch": launch.model_dump(mode="json")},
+                              sort_keys=True)
+        cid = "c" + hashlib.sha256(identity.encode()).hexdigest()[:15]
+        if cid not in self.candidates:
+            self.candidates[cid] = Candidate(cid, source, options, launch)
+            self._write_json(f"candidates/{cid}.json", {"id": cid, "source": source, "options": list(options),
+                                                        "launch": launch.model_dump(mode="json")})
+        return self.candidates[cid]
+
+    def kernel(self, candidate: Candidate) -> tuple[Kernel | None, Any]:
+        """(Kernel, compile result); the Kernel is None when the source does not compile."""
+        compiled = self.executor.compile(candidate.source, candidate.options)
+        if not compiled.cache_hit:
+            self.compiles_total += 1
+            self.audit.append("compiled", {"candidate": candidate.id, "ok": compiled.ok,
+                                           "compile_ms": round(compiled.compile_ms, 3)})
+            self.write_text(f"compile-logs/{candidate.id}.log", compiled.full_log)
+        if not compiled.ok:
+            return None, compiled
+        return Kernel(candidate.id, compiled.cubin, compiled.lowered_name, candidate.launch), compiled
+
+    def cases_named(self, names: list[str] | None, *, performance_only: bool = False) -> list[Case]:
+        pool = list(self.task.performance_cases if performance_only else self.task.visible_cases)
+        if not names:
+            return pool
+        by_name = {c.name: c for c in pool}
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            kind = "performance" if performance_only else "visible"
+            raise Refusal(f"unknown case(s) {unknown[:5]}; the {kind} cases are {sorted(by_name)}")
+        return [by_name[n] for n in names]
+
+    def close(self) -> None:
+        self.audit.close()

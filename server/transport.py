@@ -1,0 +1,199 @@
+"""How the MCP server is reached: stdio for a local agent, or streamable HTTP guarded by a bearer token.
+
+The MCP server takes its auth settings at construction, so the factory asks this module for them
+(`http_auth`) and then hands the built server to `run`.
+
+Over HTTP the SDK checks the bearer token before the Host/Origin headers: a request with no valid
+token gets 401 whatever its Host, and only an authenticated request can see 421 (Host) or 403
+(Origin). Nothing here writes to stdout, which belongs to the stdio protocol.
+"""
+
+from __future__ import annotations
+
+import copy
+import hmac
+import ipaddress
+import os
+import secrets
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from mcp.server.auth.provider import AccessToken, TokenVerifier
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import MCPServer
+from mcp.server.transport_security import TransportSecuritySettings
+
+TOKEN_ENV = "KERNEL_REFEREE_TOKEN"
+SCOPE = "kernel-referee"
+CLIENT_ID = "kernel-referee-client"
+MCP_PATH = "/mcp"
+MIN_TOKEN_LENGTH = 16
+
+_LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+_WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+class StaticTokenVerifier(TokenVerifier):
+    """Accepts exactly one token, the one the user was shown or set in the environment."""
+
+    def __init__(self, token: str) -> None:
+        if not token:
+            raise ValueError("the bearer token must not be empty")
+        self._expected = token.encode("utf-8")
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        # Bytes, because compare_digest refuses non-ASCII str and a client may send anything.
+        presented = token.encode("utf-8", errors="surrogatepass")
+        if not hmac.compare_digest(presented, self._expected):
+            return None
+        return AccessToken(token=token, client_id=CLIENT_ID, scopes=[SCOPE], expires_at=None)
+
+
+def resolve_token(env: Mapping[str, str] = os.environ) -> tuple[str, bool]:
+    """The token to require: the environment's if set, else a fresh random one (then generated is True)."""
+    token = env.get(TOKEN_ENV, "").strip()
+    if not token:
+        return secrets.token_urlsafe(32), True
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise ValueError(
+            f"{TOKEN_ENV} is {len(token)} characters long; use at least {MIN_TOKEN_LENGTH} "
+            f"(e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))'), or unset it to get a generated one"
+        )
+    if not (token.isascii() and token.isprintable()) or " " in token:
+        raise ValueError(f"{TOKEN_ENV} must be printable ASCII without spaces, so it can travel in an HTTP header")
+    return token, False
+
+
+def _url_host(host: str) -> str:
+    """The host as written inside a URL: IPv6 literals need brackets."""
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]"
+    return host
+
+
+def base_url(host: str, port: int) -> str:
+    return f"http://{_url_host(host)}:{port}"
+
+
+def mcp_url(host: str, port: int) -> str:
+    """The endpoint a client connects to."""
+    return base_url(host, port) + MCP_PATH
+
+
+def http_auth(token: str, host: str, port: int) -> dict[str, Any]:
+    """Keyword arguments for MCPServer(...) that make every HTTP request carry `Authorization: Bearer TOKEN`.
+
+    No resource_server_url: the server is not an OAuth resource server, so it publishes no
+    protected-resource metadata that would send clients looking for an authorization server.
+    """
+    auth = AuthSettings(issuer_url=base_url(host, port), resource_server_url=None, required_scopes=[SCOPE])
+    return {"token_verifier": StaticTokenVerifier(token), "auth": auth}
+
+
+def is_loopback(host: str) -> bool:
+    if host.strip("[]") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def transport_security(host: str, port: int, extra_hosts: Sequence[str] = ()) -> TransportSecuritySettings:
+    """Host/Origin checks against DNS rebinding, pinned to the port actually served.
+
+    Always explicit: the SDK turns these checks on by itself only for three literal loopback
+    spellings, and leaves every other bind address (0.0.0.0, a LAN address) unprotected.
+    """
+    names = list(_LOOPBACK_NAMES)
+    if host not in _WILDCARD_HOSTS:
+        names.append(_url_host(host))
+    if not is_loopback(host):
+        names += [socket.gethostname(), socket.getfqdn()]
+    names += [_url_host(name) for name in extra_hosts]
+    names = list(dict.fromkeys(names))
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[f"{name}:{port}" for name in names],
+        allowed_origins=[f"http://{name}:{port}" for name in names],
+    )
+
+
+def _check_http_args(server: MCPServer, host: str, port: int, allow_remote: bool) -> None:
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is not a TCP port (1-65535)")
+    if not is_loopback(host) and not allow_remote:
+        raise ValueError(
+            f"refusing to serve on {host!r}: the token travels in clear over plain HTTP and the server runs "
+            f"code on this machine's GPU, so only loopback (127.0.0.1, localhost, ::1) is served unless "
+            f"allow_remote is set"
+        )
+    if server.settings.auth is None:
+        raise ValueError("the HTTP transport needs bearer-token auth: build the server with MCPServer(**http_auth(...))")
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _announce(host: str, port: int, token: str | None, token_generated: bool) -> None:
+    """Tell the user where to connect, on stderr; the token itself only when nobody else knows it."""
+    url = mcp_url(host, port)
+    shown = token if (token and token_generated) else f"${TOKEN_ENV}"
+    _stderr(f"kernel-referee: serving MCP over streamable HTTP at {url}")
+    if token_generated:
+        _stderr(f"kernel-referee: generated bearer token (set {TOKEN_ENV} to choose your own): {token}")
+    _stderr("kernel-referee: to connect Claude Code:")
+    _stderr(f'claude mcp add --transport http kernel-referee {url} --header "Authorization: Bearer {shown}"')
+    if not is_loopback(host):
+        _stderr("kernel-referee: warning: serving beyond loopback over plain HTTP; the token can be sniffed")
+
+
+def _stderr_log_config() -> dict[str, Any]:
+    """uvicorn's logging, with access lines sent to stderr: by default they go to stdout."""
+    import uvicorn.config
+
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    for handler in config["handlers"].values():
+        handler["stream"] = "ext://sys.stderr"
+    return config
+
+
+def _serve_http(server: MCPServer, host: str, port: int, security: TransportSecuritySettings) -> None:
+    # Not server.run("streamable-http"): that uses uvicorn's default logging, which writes to stdout.
+    import uvicorn
+
+    app = server.streamable_http_app(streamable_http_path=MCP_PATH, transport_security=security, host=host)
+    config = uvicorn.Config(
+        app, host=host.strip("[]"), port=port, log_level=server.settings.log_level.lower(),
+        log_config=_stderr_log_config(),
+    )
+    uvicorn.Server(config).run()
+
+
+def run(
+    server: MCPServer,
+    transport: Literal["stdio", "http"],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    token: str | None = None,
+    token_generated: bool = False,
+    allow_remote: bool = False,
+    extra_hosts: Sequence[str] = (),
+) -> None:
+    """Serve until stopped. `token` is only shown to the user; the server checks the one given to http_auth.
+
+    `extra_hosts` are further names (without port) that clients use to reach a remote server, as
+    they will appear in the Host header.
+    """
+    if transport == "stdio":
+        server.run("stdio")
+        return
+    if transport != "http":
+        raise ValueError(f"unknown transport {transport!r}: use 'stdio' or 'http'")
+    _check_http_args(server, host, port, allow_remote)
+    _announce(host, port, token, token_generated)
+    _serve_http(server, host, port, transport_security(host, port, extra_hosts))

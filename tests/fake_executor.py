@@ -1,0 +1,103 @@
+"""A stand-in for the GPU side of a run: real NVRTC compiles, verdicts and latencies read from
+markers in the kernel source.
+
+Markers (in a comment anywhere in the source):
+  fake: wrong          mismatch on every case
+  fake: wrong-fresh    mismatch only on fresh (secret-seed) inputs
+  fake: wrong-holdout  mismatch only on holdout cases
+  fake: unwritten      timing finds unwritten outputs
+  fake: latency_us=N   median latency N microseconds (default 100)
+  fake: die            the process kills itself during timing (a server killed mid-attempt)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+
+import numpy as np
+
+from harness.compile import CompileCache, compile_kernel
+from harness.evaluate import Kernel
+from harness.stats import geometric_mean, summarize
+from harness.task import Case, Task
+from harness.verdict import CaseCheck, CaseTiming, CheckReport, Reason, ReasonCode, TimingReport
+
+
+def markers(source: str) -> dict[str, str]:
+    return {m.group(1): m.group(2) for m in re.finditer(r"fake: ([a-z-]+)(?:=([0-9.]+))?", source)}
+
+
+class FakeExecutor:
+    def __init__(self, task: Task, gpu: str = "Fake GPU"):
+        self.task = task
+        self.gpu = gpu
+        self.cache = CompileCache()
+        self.sources: dict[bytes, str] = {}
+        self.preloaded: dict[tuple[str, int], dict] = {}
+        self.calls: list[str] = []
+        self.aborted = 0
+
+    def start(self) -> dict:
+        return {"gpu": self.gpu, "compute_capability": [9, 0], "arch": "sm_90", "driver_cuda_version": "13.0",
+                "nvrtc": "13.x", "cuda_bindings": "13.x", "sm_clock_khz": 1980000, "event_overhead_ms": 0.002}
+
+    def compile(self, source: str, options: tuple[str, ...]):
+        result = compile_kernel(source, self.task.kernel_name, options=options, arch="sm_90", cache=self.cache)
+        if result.ok:
+            self.sources[hashlib.sha256(result.cubin).digest()] = source
+        return result
+
+    def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
+        key = (case.name, seed)
+        if key in self.preloaded:
+            return self.preloaded[key]
+        shapes = self.task.shapes(case.dims)
+        rng = np.random.default_rng(seed)
+        return {p.name: rng.standard_normal(shapes[p.name]).astype(np.float32) for p in self.task.output_params}
+
+    def preload(self, case: Case, seed: int, outputs: dict) -> None:
+        self.preloaded[(case.name, seed)] = outputs
+
+    def _source(self, kernel: Kernel) -> str:
+        return self.sources[hashlib.sha256(kernel.cubin).digest()]
+
+    def check(self, kernel: Kernel, cases: list[Case], seeds: dict | None = None,
+              against_oracle: bool = False) -> CheckReport:
+        self.calls.append("check")
+        marks = markers(self._source(kernel))
+        results = []
+        for case in cases:
+            wrong = ("wrong" in marks or (seeds and "wrong-fresh" in marks)
+                     or (case.role == "holdout" and "wrong-holdout" in marks))
+            reasons = [Reason(code=ReasonCode.MISMATCH, case=case.name, detail="c: 12 of 100 elements beyond tolerance")] \
+                if wrong else []
+            results.append(CaseCheck(case=case.name, role=case.role, passed=not wrong, reasons=reasons,
+                                     agreement="identical"))
+        return CheckReport(passed=all(r.passed for r in results), cases=results)
+
+    def time(self, kernel: Kernel, cases: list[Case]) -> TimingReport:
+        self.calls.append("time")
+        marks = markers(self._source(kernel))
+        if "die" in marks:
+            os.kill(os.getpid(), signal.SIGKILL)
+        latency_ms = float(marks.get("latency_us", 100)) / 1000
+        rng = np.random.default_rng(len(self.calls))
+        timings = []
+        for case in cases:
+            samples = list(latency_ms * (1 + 0.003 * rng.standard_normal(50)))
+            reasons = [Reason(code=ReasonCode.UNWRITTEN_OUTPUT, case=case.name, detail="3 of 50 timed launches left "
+                              "output elements unwritten")] if "unwritten" in marks else []
+            timings.append(CaseTiming(case=case.name, passed=not reasons, stats=summarize(samples), samples_ms=samples,
+                                      launches=50, achieved_gbps=100.0, achieved_tflops=1.0, reasons=reasons))
+        passed = all(t.passed for t in timings)
+        return TimingReport(passed=passed, cases=timings,
+                            score_ms=geometric_mean([t.stats.median_ms for t in timings]) if passed else None)
+
+    def abort(self) -> None:
+        self.aborted += 1
+
+    def close(self) -> None:
+        pass
