@@ -139,9 +139,13 @@ def _resources(server: MCPServer, run: Run) -> None:
             raise ResourceNotFoundError(f"{name} does not exist yet")
         return path.read_text()
 
-    @server.resource("referee://task", mime_type="application/toml", description="the task manifest")
+    @server.resource("referee://task", mime_type="application/toml",
+                     description="the task manifest, without its holdout cases")
     def task_resource() -> str:
-        return read("task/task.toml")
+        manifest = probes.public_manifest(run)
+        if manifest is None:
+            raise ResourceNotFoundError("the manifest names holdout cases; describe_task gives the visible task")
+        return manifest
 
     @server.resource("referee://history.json", mime_type="application/json", description="every attempt")
     def history_resource() -> str:

@@ -56,7 +56,12 @@ def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict |
     run.probes_in_window, run.gpu_seconds_in_window = 0, 0.0
     best = best_attempt(run)
     references = {"best": best, "baseline": run.history[0]} if best["attempt"] != 0 else {"baseline": run.history[0]}
-    entry, gpu_seconds = _evaluate(run, number, candidate, references, fresh=True, progress=progress)
+    try:
+        entry, gpu_seconds = _evaluate(run, number, candidate, references, fresh=True, progress=progress)
+    except Exception as exc:
+        # The slot stays counted; record it now rather than at the next resume, then let the error through.
+        settle_interrupted(run, f"failed inside the referee ({type(exc).__name__}: {exc})"[:1000])
+        raise
     entry.update(rationale=rationale, usage=usage, parent=best["attempt"])
     if entry["verdict"] != "rejected":
         faster = Speedup.model_validate(entry["speedup_vs_best"])
@@ -200,8 +205,8 @@ class _GpuClock:
             self.seconds += time.perf_counter() - started
 
 
-def settle_interrupted(run: Run) -> None:
-    """A claimed slot with no history entry: the server stopped during it. It stays counted."""
+def settle_interrupted(run: Run, why: str = "the server stopped during this attempt") -> None:
+    """A claimed slot with no history entry: the server stopped (or failed) during it. It stays counted."""
     recorded = {entry["attempt"] for entry in run.history}
     for path in sorted((run.dir / "attempts").glob("[0-9][0-9][0-9].cu")):
         number = int(path.stem)
@@ -210,7 +215,7 @@ def settle_interrupted(run: Run) -> None:
         entry = {"attempt": number, "candidate": None, "source_file": f"attempts/{path.name}",
                  "started": None, "finished": now_iso(), "verdict": "rejected",
                  "reasons": [Reason(code=ReasonCode.WORKER_CRASHED, detail=(
-                     "interrupted: the server stopped during this attempt; the attempt stays counted")
+                     f"interrupted: {why}; the attempt stays counted")
                  ).model_dump(mode="json")]}
         run.history.append(entry)
         run.audit.append("attempt_interrupted", {"attempt": number})

@@ -27,6 +27,22 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--iterations", type=int, default=Settings().iterations)
     check.add_argument("--no-cold-l2", action="store_true", help="time with a warm L2 (default: flushed)")
     check.add_argument("--json", type=Path, help="also write the full results as JSON here")
+
+    serve = commands.add_parser("serve", help="start (or resume) a run and serve it to an agent over MCP")
+    source = serve.add_mutually_exclusive_group(required=True)
+    source.add_argument("--task", type=Path, help="task folder: start a new run")
+    source.add_argument("--run", type=Path, help="run folder: resume it (budget and history continue)")
+    serve.add_argument("--results", type=Path, default=Path("results"), help="where new runs go (default ./results)")
+    serve.add_argument("--max-attempts", type=int, default=7)
+    serve.add_argument("--probes-per-window", type=int, default=20, help="probes allowed between two attempts")
+    serve.add_argument("--warmups", type=int, default=Settings().warmups)
+    serve.add_argument("--iterations", type=int, default=Settings().iterations)
+    serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    serve.add_argument("--host", default="127.0.0.1", help="HTTP only; loopback by default")
+    serve.add_argument("--port", type=int, default=8765, help="HTTP only")
+
+    verify = commands.add_parser("verify", help="check a run folder's hash chain and recorded files")
+    verify.add_argument("run", type=Path)
     return parser
 
 
@@ -54,6 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "check":
             return _check(args)
+        if args.command == "serve":
+            from server.serve import serve
+
+            return serve(args)
+        if args.command == "verify":
+            from server.serve import verify
+
+            return verify(args, sys.stdout)
     except (TaskError, CompileRefused, OSError) as exc:
         print(f"kernel-referee: {exc}", file=sys.stderr)
         return 2

@@ -43,11 +43,11 @@ def digest(hashes: dict[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def make_lock(run_dir: Path, environment: dict, sandboxed: bool) -> dict:
+def make_lock(run_dir: Path, environment: dict) -> dict:
     files = hash_files(run_dir, ("task", "expected"))
     source = harness_source()
     return {"files": files, "files_sha256": digest(files), "harness": source, "harness_sha256": digest(source),
-            "environment": environment, "sandbox": sandboxed}
+            "environment": environment}
 
 
 def tampered_files(run_dir: Path, lock: dict) -> list[str]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
+import tomllib
 
 from harness.stats import geometric_mean, geomean_speedup, speedup
 from harness.verdict import CheckReport
@@ -27,6 +29,23 @@ def describe(run: Run) -> TaskDescription:
         launch_default=task.launch.model_dump(mode="json"), device=run.environment,
         baseline_score_ms=baseline.get("score_ms"), best_attempt=best["attempt"], best_score_ms=best.get("score_ms"),
         budget=run.budget())
+
+
+def public_manifest(run: Run) -> str | None:
+    """task.toml without its holdout cases, which the agent never sees; None if they cannot be cut out cleanly."""
+    text = (run.dir / "task" / "task.toml").read_text()
+    hidden = {case.name for case in run.task.holdout_cases}
+
+    def is_hidden(block: str) -> bool:
+        if not block.lstrip().startswith("[[cases]]"):
+            return False
+        try:
+            return tomllib.loads(block)["cases"][0].get("name") in hidden
+        except (tomllib.TOMLDecodeError, KeyError, IndexError, AttributeError):
+            return False
+
+    public = "".join(block for block in re.split(r"(?m)^(?=[ \t]*\[)", text) if not is_hidden(block))
+    return None if any(name in public for name in hidden) else public
 
 
 def compile_candidate(run: Run, candidate: Candidate) -> CompileAnswer:

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
+from harness.compile import _check_source, check_options
 from harness.evaluate import Kernel, Settings, input_seed
 from harness.task import Case, LaunchSpec, Task, load_task
 from server import lock as locking
@@ -48,8 +49,11 @@ class RunSettings(BaseModel):
     probe_gpu_seconds_per_window: float = 120.0
     compiles_per_minute: int = 30
     timing_rounds: int = 2
-    sandbox: bool = True
     timing: Settings = Settings()
+
+    @classmethod
+    def of_run(cls, run_dir: Path) -> "RunSettings":
+        return cls.model_validate(json.loads((run_dir / "run.json").read_text())["settings"])
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,7 @@ class Run:
         run.audit.append("run_created", {"task": task.name, "settings": settings.model_dump(mode="json")})
         run._write_json("run.json", {"task": task.name, "created": now_iso(), "settings": settings.model_dump(mode="json")})
         run._write_expected(progress)
-        run.lock_record = locking.make_lock(run_dir, environment, settings.sandbox)
+        run.lock_record = locking.make_lock(run_dir, environment)
         run._write_json("lock.json", run.lock_record)
         from server.attempt import record_baseline
 
@@ -132,7 +136,6 @@ class Run:
 
     @classmethod
     def resume(cls, run_dir: Path, executor: Executor) -> "Run":
-        run_json = json.loads((run_dir / "run.json").read_text())
         lock_record = json.loads((run_dir / "lock.json").read_text())
         problems = locking.tampered_files(run_dir, lock_record)
         if problems:
@@ -143,10 +146,11 @@ class Run:
                            "judge it with the version that started it")
         task = load_task(run_dir / "task")
         environment = executor.start()
-        settings = RunSettings.model_validate(run_json["settings"])
+        settings = RunSettings.of_run(run_dir)
         run = cls(run_dir, task, settings, executor, environment)
         differences = locking.environment_changes(lock_record, environment)
         if any(d.startswith(("gpu:", "compute_capability:")) for d in differences):
+            run.close()  # its audit log is open
             raise RunError(f"{run_dir.name} began on another GPU: {'; '.join(differences)}")
         run.audit.append("run_resumed", {"environment_changes": differences})
         run._load_state()
@@ -294,6 +298,9 @@ class Run:
         return spec
 
     def _register(self, source: str, options: tuple[str, ...], launch: LaunchSpec) -> Candidate:
+        # Refused by policy (CompileRefused) before anything is recorded or an attempt slot is claimed.
+        check_options(options)
+        _check_source(source)
         identity = json.dumps({"source": source, "options": options, "launch": launch.model_dump(mode="json")},
                               sort_keys=True)
         cid = "c" + hashlib.sha256(identity.encode()).hexdigest()[:15]
@@ -310,6 +317,8 @@ class Run:
             self.compiles_total += 1
             self.audit.append("compiled", {"candidate": candidate.id, "ok": compiled.ok,
                                            "compile_ms": round(compiled.compile_ms, 3)})
+        if not compiled.cache_hit or not (self.dir / f"compile-logs/{candidate.id}.log").exists():
+            # A cache hit may be a new candidate (same source, another launch): its log resource must exist too.
             self.write_text(f"compile-logs/{candidate.id}.log", compiled.full_log)
         if not compiled.ok:
             return None, compiled

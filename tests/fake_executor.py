@@ -27,7 +27,7 @@ from harness.verdict import CaseCheck, CaseTiming, CheckReport, Reason, ReasonCo
 
 
 def markers(source: str) -> dict[str, str]:
-    return {m.group(1): m.group(2) for m in re.finditer(r"fake: ([a-z-]+)(?:=([0-9.]+))?", source)}
+    return {m.group(1): m.group(2) for m in re.finditer(r"fake: ([a-z_-]+)(?:=([0-9.]+))?", source)}
 
 
 class FakeExecutor:
@@ -47,7 +47,10 @@ class FakeExecutor:
     def compile(self, source: str, options: tuple[str, ...]):
         result = compile_kernel(source, self.task.kernel_name, options=options, arch="sm_90", cache=self.cache)
         if result.ok:
-            self.sources[hashlib.sha256(result.cubin).digest()] = source
+            # Markers are comments, so two candidates may share a CUBIN: tag it with the source (never run).
+            tagged = result.cubin + b"\0fake:" + hashlib.sha256(source.encode()).digest()
+            result = result.model_copy(update={"cubin": tagged})
+            self.sources[hashlib.sha256(tagged).digest()] = source
         return result
 
     def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:

@@ -1,0 +1,70 @@
+"""`kernel-referee serve` and `kernel-referee verify`: start or resume a run and serve it over MCP."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TextIO
+
+from harness.device import gpu_absent_reason
+from harness.evaluate import Settings
+from harness.task import load_task
+from server import transport
+from server.app import build_server
+from server.audit import verify_run
+from server.executor import GpuExecutor
+from server.run import Run, RunError, RunSettings
+
+log = logging.getLogger(__name__)
+EXIT_NO_GPU = 3
+
+
+def serve(args) -> int:
+    absent = gpu_absent_reason()
+    if absent is not None:
+        print(f"kernel-referee serve needs an NVIDIA GPU: {absent}. `kernel-referee check TASK` compiles "
+              "kernels without one.", file=sys.stderr)
+        return EXIT_NO_GPU
+    task_dir = args.task if args.run is None else args.run / "task"
+    task = load_task(task_dir)
+    token, generated = transport.resolve_token() if args.transport == "http" else (None, False)
+    if args.run is None:
+        settings = RunSettings(max_attempts=args.max_attempts, probes_per_window=args.probes_per_window,
+                               timing=Settings(warmups=args.warmups, iterations=args.iterations))
+    else:
+        settings = RunSettings.of_run(args.run)  # a resumed run keeps its own budget and protocol
+    executor = GpuExecutor(task, settings.timing)
+    try:
+        if args.run is None:
+            _say(f"starting a run of {task.name}: reference outputs and the baseline (attempt 0)...")
+            run = Run.create(task_dir, args.results, settings, executor,
+                             lambda done, total, message: _say(f"  {message}"))
+        else:
+            run = Run.resume(args.run, executor)
+        _say(f"run folder: {run.dir} (attempts used {run.attempts_used} of {run.settings.max_attempts})")
+        options = transport.http_auth(token, args.host, args.port) if args.transport == "http" else {}
+        transport.run(build_server(run, **options), args.transport, host=args.host, port=args.port, token=token,
+                      token_generated=generated)
+    except RunError as exc:
+        print(f"kernel-referee: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        executor.close()
+    return 0
+
+
+def verify(args, out: TextIO) -> int:
+    """The command's report goes to `out` (the terminal); it is not part of any MCP stream."""
+    report = verify_run(args.run)
+    if report.ok:
+        print(f"{args.run}: ok ({report.records} records, chain head {report.head})", file=out)
+        return 0
+    where = f" (first broken record: events.jsonl line {report.first_broken_line})" if report.first_broken_line else ""
+    print(f"{args.run}: FAILED{where}", file=out)
+    for problem in report.problems:
+        print(f"  {problem}", file=out)
+    return 1
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

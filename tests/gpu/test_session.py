@@ -1,0 +1,91 @@
+"""A scripted agent session over stdio against the installed console script, on the H200:
+compile -> validate -> time -> record seven times, the eighth refused, the audit folder right."""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+from server.audit import verify_run
+from tests.test_cli import MATMUL
+
+pytestmark = pytest.mark.gpu
+KERNELS = Path(__file__).with_name("kernels")
+TILED16 = {"grid": ["ceil_div(n, 16)", "ceil_div(m, 16)"], "block": [16, 16]}
+TILED32 = {"grid": ["ceil_div(n, 32)", "ceil_div(m, 32)"], "block": [32, 32]}
+BLOCKED = {"grid": ["ceil_div(n, 32)", "ceil_div(m, 32)"], "block": [16, 16]}
+
+
+def console_script() -> str:
+    return shutil.which("kernel-referee") or str(Path(sys.executable).with_name("kernel-referee"))
+
+
+def plan() -> list[tuple[str, dict, str]]:
+    """(source, launch, what the referee must say) for seven attempts."""
+    source = lambda name: (KERNELS / name).read_text()  # noqa: E731
+    wrong = MATMUL.joinpath("reference.cu").read_text().replace("sum += a", "sum -= a")
+    return [
+        (source("tiled32.cu"), TILED32, "valid"),
+        (source("register_blocked.cu"), BLOCKED, "valid"),
+        (source("edge_bug.cu"), TILED16, "rejected"),
+        (wrong, TILED16, "rejected"),
+        ("this is not CUDA", TILED16, "rejected"),
+        (source("register_blocked.cu"), BLOCKED, "valid"),
+        (MATMUL.joinpath("initial.cu").read_text(), TILED16, "valid"),
+    ]
+
+
+async def session(results: Path) -> tuple[list[dict], dict, str]:
+    params = StdioServerParameters(command=console_script(), args=[
+        "serve", "--task", str(MATMUL), "--results", str(results), "--iterations", "40", "--warmups", "5"])
+    answers = []
+    async with Client(params) as client:
+        description = (await client.call_tool("describe_task", {})).structured_content
+        assert description["budget"]["attempts_left"] == 7
+        assert "holdout-97x83x61" not in {c["name"] for c in description["cases"]}
+        for source, launch, expected in plan():
+            compiled = await client.call_tool("compile_kernel", {"source": source, "launch": launch})
+            assert not compiled.is_error, compiled.content
+            cid = compiled.structured_content["candidate"]
+            if compiled.structured_content["ok"]:
+                validated = await client.call_tool("validate", {"candidate_id": cid})
+                assert validated.structured_content["passed"] == (expected == "valid")
+                timed = await client.call_tool("time_kernel", {"candidate_id": cid})
+                assert timed.is_error == (expected != "valid"), timed.content
+            recorded = await client.call_tool("record_attempt", {"candidate_id": cid, "rationale": f"try {len(answers)}",
+                                                                 "usage": {"model": "scripted", "calls": 3}})
+            assert not recorded.is_error, recorded.content
+            answers.append(recorded.structured_content)
+        eighth = await client.call_tool("record_attempt", {"source": plan()[0][0], "rationale": "one more"})
+        assert eighth.is_error
+        summary = json.loads((await client.read_resource("referee://summary.json")).contents[0].text)
+        refusal = eighth.content[0].text
+    return answers, summary, refusal
+
+
+def test_scripted_session_spends_the_budget_and_leaves_a_verifiable_run(tmp_path):
+    answers, summary, refusal = anyio.run(session, tmp_path)
+    assert [a["attempt"] for a in answers] == list(range(1, 8))
+    for answer, (_, _, expected) in zip(answers, plan()):
+        assert answer["verdict"].startswith(expected), answer
+    assert answers[2]["reasons"][0]["code"] == "mismatch" and answers[2]["reasons"][0]["case"] == "odd-31x37x29"
+    assert answers[4]["reasons"][0]["code"] == "compile_error"
+    assert answers[6]["budget"]["attempts_left"] == 0 and answers[6]["holdout"] is not None
+    assert "finished" in refusal
+
+    run = next(tmp_path.glob("run-*"))
+    assert summary["status"] == "finished" and summary["stop_reason"] == "budget exhausted"
+    assert summary["holdout"]["passed"] and summary["holdout"]["cases"] == ["holdout-97x83x61"]
+    best = summary["best_attempt"]
+    assert (run / "best.cu").read_text() == (run / "attempts" / f"{best:03d}.cu").read_text()
+    history = json.loads((run / "history.json").read_text())["attempts"]
+    assert [e["attempt"] for e in history] == list(range(8))
+    assert history[1]["usage"] == {"model": "scripted", "calls": 3}
+    if best != 0:
+        assert history[best]["verdict"] == "valid-faster"
+        assert summary["speedup_vs_baseline"]["ratio"] > 1
+    assert verify_run(run).ok
