@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from typing import Any
 
-from harness.stats import Speedup, geomean_speedup, speedup, summarize
+from harness.stats import Speedup, geomean_speedup, geometric_mean, speedup, summarize
 from harness.verdict import Reason, ReasonCode
 from server.audit import write_bytes_atomic
 from server.models import AttemptAnswer, CaseLatency, FinishAnswer
@@ -138,29 +139,30 @@ def _interleaved(run: Run, kernel, references: dict, clock) -> tuple[dict, list[
 
 
 def _fill_timing(run: Run, entry: dict, timing: dict) -> None:
+    """Statistics of the merged samples; speedups against the best and the baseline measured beside it."""
     stats = {label: {case: summarize(values) for case, values in per_case.items()}
              for label, per_case in timing["samples"].items()}
     cases = [c.name for c in run.task.performance_cases]
+    mine, baseline = stats["candidate"], stats.get("baseline")
+    best = stats.get("best", baseline)
+    entry["score_ms"] = geometric_mean([mine[c].median_ms for c in cases])
     entry["timing"] = {}
     for name in cases:
         measured = timing["cases"]["candidate"][name]
-        entry["timing"][name] = {"stats": stats["candidate"][name].model_dump(mode="json"),
-                                 "samples_ms": timing["samples"]["candidate"][name],
-                                 "achieved_gbps": measured.achieved_gbps, "achieved_tflops": measured.achieved_tflops,
-                                 "baseline_stats": stats["baseline"][name].model_dump(mode="json") if "baseline" in stats else None,
-                                 "best_stats": stats.get("best", stats.get("baseline", {})).get(name).model_dump(mode="json")
-                                 if stats.get("best", stats.get("baseline")) else None}
-    from harness.stats import geometric_mean
+        row = {"stats": _dump(mine[name]), "samples_ms": timing["samples"]["candidate"][name],
+               "achieved_gbps": measured.achieved_gbps, "achieved_tflops": measured.achieved_tflops}
+        if baseline is not None:
+            row.update(baseline_stats=_dump(baseline[name]), best_stats=_dump(best[name]),
+                       speedup_vs_baseline=_dump(speedup(baseline[name], mine[name])),
+                       speedup_vs_best=_dump(speedup(best[name], mine[name])))
+        entry["timing"][name] = row
+    if baseline is not None:
+        entry["speedup_vs_baseline"] = _dump(geomean_speedup([(baseline[c], mine[c]) for c in cases]))
+        entry["speedup_vs_best"] = _dump(geomean_speedup([(best[c], mine[c]) for c in cases]))
 
-    entry["score_ms"] = geometric_mean([stats["candidate"][c].median_ms for c in cases])
-    if "baseline" in stats:
-        entry["speedup_vs_baseline"] = geomean_speedup(
-            [(stats["baseline"][c], stats["candidate"][c]) for c in cases]).model_dump(mode="json")
-        best = stats.get("best", stats["baseline"])
-        entry["speedup_vs_best"] = geomean_speedup([(best[c], stats["candidate"][c]) for c in cases]).model_dump(mode="json")
-        for c in cases:
-            entry["timing"][c]["speedup_vs_baseline"] = speedup(stats["baseline"][c], stats["candidate"][c]).model_dump(mode="json")
-            entry["timing"][c]["speedup_vs_best"] = speedup(best[c], stats["candidate"][c]).model_dump(mode="json")
+
+def _dump(model) -> dict:
+    return model.model_dump(mode="json")
 
 
 def _latencies(entry: dict) -> list[CaseLatency]:
@@ -196,8 +198,6 @@ class _GpuClock:
         self.seconds = 0.0
 
     def run(self, fn, *args):
-        import time
-
         started = time.perf_counter()
         try:
             return fn(*args)
