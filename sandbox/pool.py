@@ -3,6 +3,9 @@
 The parent owns every deadline: a job that outlives its deadline gets the worker's whole process
 group killed, and the next job starts a fresh worker. A worker that reported a sticky CUDA error
 exits by itself and is replaced the same way.
+
+Workers are confined by default (sandbox/confine.py: Landlock, a new network namespace, rlimits),
+each to its own scratch folder; `confine=False` is the explicit opt-out, which the caller records.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 from harness import wire
+from sandbox.confine import gpu_worker_confinement
 from sandbox.environment import worker_environment
 
 log = logging.getLogger(__name__)
@@ -43,9 +47,10 @@ class Worker:
     """One GPU worker process, started lazily and replaced after a fault, a crash or a timeout."""
 
     def __init__(self, name: str, *, device: int = 0, startup_timeout_s: float = STARTUP_TIMEOUT_S,
-                 command: Sequence[str] = WORKER_COMMAND):
+                 command: Sequence[str] = WORKER_COMMAND, confine: bool = True):
         self.name = name
         self.command = tuple(command)
+        self.confine = confine
         self.device = device
         self.startup_timeout_s = startup_timeout_s
         self.starts = 0
@@ -69,13 +74,15 @@ class Worker:
         """Start the process and wait for its 'ready' message (device facts)."""
         self.stop()
         self._scratch = Path(tempfile.mkdtemp(prefix=f"kernel-referee-{self.name}-"))
+        confine_args = self._confine_args()
         jobs_read, jobs_write = os.pipe()
         answers_read, answers_write = os.pipe()
         self._stderr = open(self._scratch / "stderr.log", "w+b")
         try:
             self._process = subprocess.Popen(
-                [*self.command, str(jobs_read), str(answers_write), str(self.device)],
-                pass_fds=(jobs_read, answers_write), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                [*self.command, str(jobs_read), str(answers_write), str(self.device), *confine_args],
+                pass_fds=(jobs_read, answers_write),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=self._stderr, cwd=self._scratch, env=worker_environment(self._scratch),
                 start_new_session=True)  # its own process group: a kill takes every child with it
         finally:
@@ -92,9 +99,27 @@ class Worker:
         if hello.get("status") != "ready":
             self.stop()
             raise WorkerError(f"{self.name} worker could not start: {hello.get('error')}: {hello.get('detail')}")
+        self._check_confined(hello)
         self.hello = hello
-        log.info("%s worker %d ready on %s", self.name, self._process.pid, hello["device"]["name"])
+        log.info("%s worker %d ready on %s (%s)", self.name, self._process.pid, hello["device"]["name"],
+                 "confined" if hello.get("confined") else "not confined")
         return hello
+
+    def _confine_args(self) -> list[str]:
+        """The worker applies the spec itself, first thing: a preexec_fn would run in a forked copy
+        of this (threaded) server, where little is safe to do."""
+        if not self.confine:
+            return []
+        return ["--confine=" + gpu_worker_confinement(self._scratch).to_json()]
+
+    def _check_confined(self, hello: dict) -> None:
+        """A worker asked to confine itself that says it did not is not used."""
+        if self.confine and hello.get("confined") is not True:
+            self.stop()
+            raise WorkerError(f"{self.name} worker was asked to confine itself but reports "
+                              f"confined={hello.get('confined')!r}")
+        for note in hello.get("confinement_notes", []):
+            log.warning("%s worker: %s", self.name, note)
 
     def ensure_started(self) -> dict:
         if not self.alive:
@@ -221,9 +246,10 @@ class Worker:
 class WorkerPool:
     """The reference kernel and the candidates never share a worker (nor a CUDA context)."""
 
-    def __init__(self, device: int = 0):
-        self.reference = Worker("reference", device=device)
-        self.candidate = Worker("candidate", device=device)
+    def __init__(self, device: int = 0, confine: bool = True):
+        self.confine = confine
+        self.reference = Worker("reference", device=device, confine=confine)
+        self.candidate = Worker("candidate", device=device, confine=confine)
 
     def close(self) -> None:
         self.reference.stop()

@@ -1,8 +1,12 @@
 """The GPU worker: one process, one CUDA context, jobs read from a dedicated pipe.
 
-Started by sandbox/pool.py as `python -m sandbox.worker JOBS_FD ANSWERS_FD DEVICE`. Its stdout is
-not the protocol (device printf writes there). It answers every job, and exits after a sticky CUDA
-error so the parent starts a clean one.
+Started by sandbox/pool.py as `python -m sandbox.worker JOBS_FD ANSWERS_FD DEVICE [--confine=JSON]`.
+Its stdout is not the protocol (device printf writes there). It answers every job, and exits after a
+sticky CUDA error so the parent starts a clean one.
+
+With --confine (a sandbox.confine.Confinement as JSON) the worker confines itself before anything
+else: numpy and the CUDA driver start threads, and Landlock only restricts the thread that applies
+it, so harness.execute and harness.gpu are imported only afterwards.
 """
 
 from __future__ import annotations
@@ -11,16 +15,19 @@ import os
 import sys
 import traceback
 
-from harness import execute, gpu, wire
-from harness.compile import arch_for, compile_kernel
+from harness import wire
 from harness.cuda_check import CudaError
+from sandbox import confine
 
 MAX_JOB_BYTES = 1 << 36
 EXIT_STICKY = 3
 EXIT_STARTUP = 4
 
 
-def _start(ordinal: int) -> tuple[gpu.Context, execute.Utilities]:
+def _start(ordinal: int):
+    from harness import execute, gpu
+    from harness.compile import arch_for, compile_kernel
+
     context = gpu.Context(ordinal)
     arch = arch_for(*context.info.compute_capability)
     compiled = compile_kernel(execute.UTILITY_SOURCE, "referee_empty", arch=arch)
@@ -29,7 +36,9 @@ def _start(ordinal: int) -> tuple[gpu.Context, execute.Utilities]:
     return context, execute.Utilities(context, compiled.cubin)
 
 
-def _answer(context: gpu.Context, utilities: execute.Utilities, header: dict, blobs: list[bytes]):
+def _answer(context, utilities, header: dict, blobs: list[bytes]):
+    from harness import execute
+
     op = header.get("op")
     if op == "run":
         return execute.run(context, header, blobs)
@@ -44,16 +53,19 @@ def _context_healthy() -> bool:
     return driver.cuCtxSynchronize()[0] == driver.CUresult.CUDA_SUCCESS
 
 
-def serve(jobs, answers, ordinal: int) -> int:
+def serve(jobs, answers, ordinal: int, confined: dict) -> int:
     try:
         context, utilities = _start(ordinal)
     except Exception as exc:  # noqa: BLE001 - any startup failure is reported, then we exit
         name = exc.name if isinstance(exc, CudaError) else type(exc).__name__
         wire.send(answers, {"status": "startup_error", "error": name, "detail": str(exc)})
         return EXIT_STARTUP
+    from harness import execute, gpu  # already loaded by _start, after the confinement
+    from harness.compile import arch_for
+
     arch = arch_for(*context.info.compute_capability)
     wire.send(answers, {"status": "ready", "device": context.info.as_dict(), "arch": arch,
-                        "event_overhead_ms": utilities.event_overhead_ms, "pid": os.getpid()})
+                        "event_overhead_ms": utilities.event_overhead_ms, "pid": os.getpid(), **confined})
     while True:
         try:
             header, blobs = wire.receive(jobs, MAX_JOB_BYTES)
@@ -78,10 +90,29 @@ def serve(jobs, answers, ordinal: int) -> int:
             return EXIT_STICKY
 
 
+def confine_from_argv(argv: list[str]) -> dict:
+    """Apply the --confine=JSON spec if one is given; the facts for the 'ready' message.
+
+    Raises ConfinementError (or ValueError for a malformed spec) when it cannot be applied.
+    """
+    specs = [a.split("=", 1)[1] for a in argv if a.startswith("--confine=")]
+    if not specs:
+        return {"confined": False, "confinement_notes": []}
+    notes = confine.apply(confine.Confinement.from_json(specs[-1]))
+    return {"confined": True, "confinement_notes": notes}
+
+
 def main(argv: list[str]) -> int:
-    jobs_fd, answers_fd, ordinal = int(argv[1]), int(argv[2]), int(argv[3])
+    positional = [a for a in argv[1:] if not a.startswith("--")]
+    jobs_fd, answers_fd, ordinal = int(positional[0]), int(positional[1]), int(positional[2])
     with os.fdopen(jobs_fd, "rb") as jobs, os.fdopen(answers_fd, "wb") as answers:
-        return serve(jobs, answers, ordinal)
+        try:
+            confined = confine_from_argv(argv)
+        except (confine.ConfinementError, ValueError, TypeError, OSError) as exc:
+            wire.send(answers, {"status": "startup_error", "error": "ConfinementError",
+                                "detail": f"the worker could not be confined: {exc}"})
+            return EXIT_STARTUP
+        return serve(jobs, answers, ordinal, confined)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from typing import Any
 
 from harness.stats import Speedup, geomean_speedup, geometric_mean, speedup, summarize
 from harness.verdict import Reason, ReasonCode
+from server import suspicion
 from server.audit import write_bytes_atomic
 from server.models import AttemptAnswer, CaseLatency, FinishAnswer
 from server.run import Candidate, Progress, Refusal, Run, now_iso
@@ -113,6 +114,14 @@ def _evaluate(run: Run, number: int, candidate: Candidate, references: dict, *, 
     if timing_reasons:
         return _reject(entry, timing_reasons), clock.seconds
     _fill_timing(run, entry, timing)
+    suspicious = suspicion.flags(run, entry) if number > 0 else []
+    if suspicious:
+        _say(progress, 3.5, 4, "re-verifying a result that looks too good")
+        entry["flags"] = suspicious
+        entry["reverification"], recheck_reasons = suspicion.reverify(run, kernel, clock)
+        run.audit.append("flagged", {"attempt": number, "flags": suspicious, "reverified": not recheck_reasons})
+        if recheck_reasons:
+            return _reject(entry, recheck_reasons), clock.seconds
     return entry, clock.seconds
 
 

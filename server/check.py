@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from harness.compile import CompileResult, compile_kernel
+from harness.compile import CompileResult
 from harness.device import gpu_absent_reason
 from harness.evaluate import Kernel, Referee, Settings
 from harness.oracle import run_oracle
 from harness.compare import compare_output
 from harness.task import LaunchSpec, Task, make_inputs
 from harness.verdict import CheckReport, TimingReport
+from sandbox.compiler import CompileService
 from sandbox.pool import WorkerPool
 
 DEFAULT_ARCH = "sm_90"
@@ -60,9 +61,9 @@ def _run(task: Task, targets: list[Target], settings: Settings, out: TextIO) -> 
         arch = pool.candidate.ensure_started()["arch"] if pool else DEFAULT_ARCH
         if pool:
             _print_device(pool.candidate.hello, out)
-        reference = compile_kernel(task.source("reference"), task.kernel_name, arch=arch)
-        for target in targets:
-            target.compiled = compile_kernel(target.source, task.kernel_name, arch=arch)
+        reference, compiled = _compile_all(task, targets, arch)
+        for target, result in zip(targets, compiled):
+            target.compiled = result
             _print_compile(target, out)
         if absent is not None:
             print(f"\nNo GPU: {absent}.\nCompiled {len(targets)} kernel(s) for {arch} above; "
@@ -81,6 +82,13 @@ def _run(task: Task, targets: list[Target], settings: Settings, out: TextIO) -> 
         if pool:
             pool.close()
     return (EXIT_OK if all(t.passed for t in targets) else EXIT_FAILED), hello
+
+
+def _compile_all(task: Task, targets: list[Target], arch: str) -> tuple[CompileResult, list[CompileResult]]:
+    """The reference's and the targets' compiles, in a confined compile worker: a --kernel file is untrusted."""
+    with CompileService() as compiler:
+        reference = compiler.compile(task.source("reference"), task.kernel_name, arch=arch)
+        return reference, [compiler.compile(t.source, task.kernel_name, arch=arch) for t in targets]
 
 
 def _check_and_time(task: Task, referee: Referee, target: Target, out: TextIO) -> None:

@@ -1,7 +1,8 @@
 """The GPU side of a run, behind one small interface so the run logic can be tested without a GPU.
 
-`GpuExecutor` owns the worker pool, the reference kernel and the compile cache. Tests stand in a
-fake with the same methods (tests/fake_executor.py).
+`GpuExecutor` owns the worker pool, the reference kernel and the compile service (a confined,
+killable compile worker behind the compile cache). Tests stand in a fake with the same methods
+(tests/fake_executor.py).
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from typing import Protocol
 
 import numpy as np
 
-from harness.compile import CompileCache, CompileResult, compile_kernel, nvrtc_version
+from harness.compile import CompileCache, CompileResult, nvrtc_version
 from harness.evaluate import Kernel, Referee, Settings
 from harness.task import Case, Task
 from harness.verdict import CheckReport, TimingReport
+from sandbox.compiler import CompileService
 from sandbox.pool import WorkerPool
 
 
@@ -47,6 +49,7 @@ class GpuExecutor:
         self.task = task
         self.settings = settings or Settings()
         self.cache = cache or CompileCache()
+        self.compiler = CompileService(cache=self.cache)
         self.pool = WorkerPool()
         self.referee: Referee | None = None
         self.facts: dict | None = None
@@ -74,7 +77,7 @@ class GpuExecutor:
         return self.facts
 
     def compile(self, source: str, options: tuple[str, ...]) -> CompileResult:
-        return compile_kernel(source, self.task.kernel_name, options=options, arch=self.arch, cache=self.cache)
+        return self.compiler.compile(source, self.task.kernel_name, options, self.arch)
 
     def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
         return self.referee.expected(case, seed)
@@ -90,7 +93,9 @@ class GpuExecutor:
         return self.referee.time(kernel, cases)
 
     def abort(self) -> None:
+        self.compiler.interrupt()
         self.pool.candidate.interrupt()
 
     def close(self) -> None:
+        self.compiler.close()
         self.pool.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from server.run import Progress, Run
 
 
-def _check_holdout(run: Run, number: int) -> dict:
+def check_holdout(run: Run, number: int) -> dict:
     entry = next(e for e in run.history if e["attempt"] == number)
     kernel, _ = run.kernel(run.candidates[entry["candidate"]])
     cases = list(run.task.holdout_cases)
@@ -31,7 +31,7 @@ def holdout_verdict(run: Run, progress: Progress | None) -> tuple[dict, list[int
     for index, number in enumerate(ranked):
         if progress:
             progress(index, len(ranked), f"holdout cases for attempt {number}")
-        result = _check_holdout(run, number)
+        result = check_holdout(run, number)
         if result["passed"]:
             result["disqualified"] = disqualified
             return result, disqualified, number

@@ -8,6 +8,7 @@ Markers (in a comment anywhere in the source):
   fake: unwritten      timing finds unwritten outputs
   fake: latency_us=N   median latency N microseconds (default 100)
   fake: die            the process kills itself during timing (a server killed mid-attempt)
+  fake: unwritten-on-retime   timing after abort() (a fresh worker) finds unwritten outputs
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ class FakeExecutor:
         for case in cases:
             samples = list(latency_ms * (1 + 0.003 * rng.standard_normal(50)))
             reasons = [Reason(code=ReasonCode.UNWRITTEN_OUTPUT, case=case.name, detail="3 of 50 timed launches left "
-                              "output elements unwritten")] if "unwritten" in marks else []
+                              "output elements unwritten")] if "unwritten" in marks or (
+                "unwritten-on-retime" in marks and self.aborted) else []
             timings.append(CaseTiming(case=case.name, passed=not reasons, stats=summarize(samples), samples_ms=samples,
                                       launches=50, achieved_gbps=100.0, achieved_tflops=1.0, reasons=reasons))
         passed = all(t.passed for t in timings)

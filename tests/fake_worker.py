@@ -1,15 +1,20 @@
 """A stand-in GPU worker speaking the real wire protocol, for CPU tests of the pool.
 
 Jobs carry a "behaviour": echo (answer with the blobs reversed), hang, crash, spawn-and-hang
-(leaves a grandchild in the process group), fault (answers a sticky fault, then exits).
+(leaves a grandchild in the process group), fault (answers a sticky fault, then exits), probe
+(tries to read a path and to open a TCP connection, to check confinement from outside).
+
+Like the real worker it applies a --confine=JSON spec first, and says so in its 'ready' message.
 """
 
 import os
+import socket
 import subprocess
 import sys
 import time
 
 from harness import wire
+from sandbox.worker import confine_from_argv
 
 
 def main(argv):
@@ -20,8 +25,11 @@ def main(argv):
     if "--fail-start" in flags:
         wire.send(answers, {"status": "startup_error", "error": "CUDA_ERROR_NO_DEVICE", "detail": "no device"})
         return 4
+    confined = confine_from_argv(argv)
+    if "--pretend-unconfined" in flags:
+        confined["confined"] = False
     wire.send(answers, {"status": "ready", "device": {"name": "fake"}, "arch": "sm_90", "event_overhead_ms": 0.002,
-                        "pid": os.getpid(), "env": sorted(os.environ)})
+                        "pid": os.getpid(), "env": sorted(os.environ), **confined})
     while True:
         try:
             header, blobs = wire.receive(jobs, 1 << 30)
@@ -38,10 +46,31 @@ def main(argv):
             time.sleep(3600)
         if behaviour == "crash":
             os._exit(9)
+        if behaviour == "probe":
+            wire.send(answers, {"status": "ok", "read": _can_read(header["path"]),
+                                "connect": _can_connect(header["port"])})
+            continue
         if behaviour == "fault":
             wire.send(answers, {"status": "fault", "error": "CUDA_ERROR_ILLEGAL_ADDRESS", "detail": "boom"})
             return 3
         wire.send(answers, {"status": "ok", "pid": os.getpid()}, list(reversed(blobs)))
+
+
+def _can_read(path):
+    try:
+        with open(path, "rb") as file:
+            file.read(1)
+        return True
+    except OSError:
+        return False
+
+
+def _can_connect(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return True
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":

@@ -222,3 +222,27 @@ async def test_resources_and_prompt(run):
         tools = await c.list_tools()
         assert sorted(t.name for t in tools.tools) == ["compile_kernel", "describe_task", "finish", "record_attempt",
                                                        "run_cases", "time_kernel", "validate"]
+
+
+@pytest.mark.anyio
+async def test_a_result_too_good_to_be_true_is_flagged_and_reverified(tmp_path):
+    run = new_run(tmp_path)
+    async with client(run) as c:
+        answer = await ok(c, "record_attempt", source=kernel("latency_us=5"), rationale="fast")
+    assert answer["verdict"] == "valid-faster"
+    entry = run.history[-1]
+    assert entry["flags"] and "more than 10x" in entry["flags"][0]
+    assert entry["reverification"]["passed"] is True
+    assert set(entry["reverification"]["seeds"]) == {c.name for c in run.task.visible_cases}
+    assert run.executor.aborted == 1  # timed again in a fresh worker
+    assert [e["data"]["reverified"] for e in events(run.dir) if e["kind"] == "flagged"] == [True]
+
+
+@pytest.mark.anyio
+async def test_a_flagged_result_that_fails_reverification_is_rejected(tmp_path):
+    run = new_run(tmp_path)
+    source = kernel("latency_us=5", "unwritten-on-retime")
+    async with client(run) as c:
+        answer = await ok(c, "record_attempt", source=source, rationale="fast")
+    assert answer["verdict"] == "rejected"
+    assert answer["reasons"][0]["detail"].startswith("re-verification:")

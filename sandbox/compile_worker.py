@@ -1,0 +1,111 @@
+"""The compile worker: NVRTC on untrusted kernel sources, in a process the parent can confine and kill.
+
+Started by sandbox/compiler.py as `python -m sandbox.compile_worker JOBS_FD ANSWERS_FD [--confine]`
+(a trailing device ordinal, which sandbox.pool.Worker always appends, is ignored). A source can
+`#include` any file this process can read, and its compiler errors quote that file's lines back to the
+agent; a source can also keep NVRTC busy for minutes. So, asked to, the process confines itself before
+it reads its first job, and the parent owns the deadline. Messages use harness.wire (JSON + blobs).
+
+sandbox.pool.Worker asks with `--confine=JSON`, a spec built for GPU workers (device files, /etc,
+/proc). A compiler needs much less, and /etc would let `#include "/etc/passwd"` through, so the spec
+is not used: `--confine` in either form applies compile_worker_confinement.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from harness import wire
+from harness.compile import CompileRefused, compile_kernel, nvrtc_version
+from sandbox import confine
+
+# A source is at most 256 KiB and the options are few and short; anything larger is not a job.
+MAX_JOB_BYTES = 4 << 20
+EXIT_STARTUP = 4
+
+_WARM_UP_SOURCE = 'extern "C" __global__ void referee_warm_up(float* x) { x[0] = 1.0f; }'
+
+
+def _warm_up() -> str:
+    """Load NVRTC, its builtins and the header search path while the process is still unconfined.
+
+    The sandbox then only has to grant what a compile reads (the CUDA headers), and the first
+    candidate's compile time is not a library load.
+    """
+    compiled = compile_kernel(_WARM_UP_SOURCE, "referee_warm_up")
+    if not compiled.ok:
+        raise RuntimeError(f"NVRTC cannot compile the referee's own warm-up kernel:\n{compiled.log}")
+    return nvrtc_version()
+
+
+def _confine(wanted: bool) -> tuple[bool, list[str]]:
+    """Confine this process (scratch = its working directory); say whether it is and how."""
+    if not wanted:
+        return False, ["confinement was not requested"]
+    # A kernel without Landlock raises ConfinementError here: asked to confine, the worker does not
+    # fall back to compiling unconfined; the operator chooses that with confine=False.
+    return True, list(confine.apply(confine.compile_worker_confinement(Path.cwd())))
+
+
+def _start(answers, wanted: bool) -> bool:
+    """Warm up, confine, and send the 'ready' (or 'startup_error') message; True when ready."""
+    try:
+        version = _warm_up()
+        confined, notes = _confine(wanted)
+    except Exception as exc:  # noqa: BLE001 - any startup failure is reported, then the process exits
+        wire.send(answers, {"status": "startup_error", "error": type(exc).__name__, "detail": str(exc)})
+        return False
+    # sandbox.pool.Worker names the worker's device in its log; a compiler has none but NVRTC.
+    # sandbox.pool.Worker logs "confinement_notes" and names the worker's device in its log.
+    wire.send(answers, {"status": "ready", "confined": confined, "notes": notes, "confinement_notes": notes,
+                        "pid": os.getpid(), "nvrtc_version": version, "device": {"name": f"NVRTC {version}"}})
+    return True
+
+
+def _compile(header: dict) -> tuple[dict, list[bytes]]:
+    try:
+        result = compile_kernel(header["source"], header["kernel_name"], options=header["options"],
+                                arch=header["arch"])
+    except CompileRefused as exc:
+        return {"status": "refused", "detail": str(exc)}, []
+    # model_dump leaves the CUBIN out (the field is excluded); it travels as the one blob.
+    return {"status": "ok", "result": result.model_dump(mode="json")}, [result.cubin]
+
+
+def _answer(header: dict) -> tuple[dict, list[bytes]]:
+    if header.get("op") == "compile":
+        return _compile(header)
+    return {"status": "error", "error": "UNKNOWN_OP", "detail": f"unknown op {header.get('op')!r}"}, []
+
+
+def serve(jobs, answers, wanted_confinement: bool) -> int:
+    if not _start(answers, wanted_confinement):
+        return EXIT_STARTUP
+    while True:
+        try:
+            header, _ = wire.receive(jobs, MAX_JOB_BYTES)
+        except wire.PeerClosed:
+            return 0
+        if header.get("op") == "exit":
+            return 0
+        try:
+            answer, blobs = _answer(header)
+        except Exception as exc:  # noqa: BLE001 - a worker bug is reported to the parent, not hidden
+            answer, blobs = {"status": "error", "error": type(exc).__name__,
+                             "detail": traceback.format_exc(limit=5)}, []
+        wire.send(answers, answer, blobs)
+
+
+def main(argv: list[str]) -> int:
+    wanted = any(a == "--confine" or a.startswith("--confine=") for a in argv[1:])
+    numbers = [a for a in argv[1:] if not a.startswith("--")]
+    jobs_fd, answers_fd = int(numbers[0]), int(numbers[1])
+    with os.fdopen(jobs_fd, "rb") as jobs, os.fdopen(answers_fd, "wb") as answers:
+        return serve(jobs, answers, wanted)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,219 @@
+"""Compiling untrusted kernel sources in a separate, confined, killable process with a deadline.
+
+A source can `#include` any file the compiling process can read (its compiler errors then quote the
+file back to the agent), and a template-instantiation bomb can keep NVRTC busy for minutes. So the
+parent only checks the request (policy, size) and keeps the cache; NVRTC runs in
+`sandbox.compile_worker`, which confines itself, and which the parent kills at the deadline. Whatever
+happens to the worker, the caller gets a CompileResult (ok=False with a log saying what happened);
+only a request refused by policy raises CompileRefused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from pydantic import ValidationError
+
+from harness.compile import (
+    CompileCache,
+    CompileRefused,
+    CompileResult,
+    _check_arch,
+    _check_kernel_name,
+    _check_source,
+    cache_key,
+    check_options,
+    nvrtc_version,
+    trim_log,
+)
+from sandbox.pool import JobTimeout, Worker, WorkerCrashed, WorkerError
+
+# Well under the MCP client's 60 s per tool call, which also has to cover a worker start.
+DEFAULT_DEADLINE_S = 30.0
+STARTUP_TIMEOUT_S = 20.0
+COMPILE_WORKER_COMMAND = (sys.executable, "-m", "sandbox.compile_worker")
+MAX_ANSWER_BYTES = 64 << 20
+MAX_CUBIN_BYTES = 32 << 20
+MAX_FULL_LOG_CHARS = 16 << 20
+MAX_WORKER_DETAIL_CHARS = 2000
+ELF_MAGIC = b"\x7fELF"
+_RESULT_FIELDS = frozenset(CompileResult.model_fields) - {"cubin"}
+
+
+@dataclass(frozen=True)
+class _Request:
+    source: str
+    kernel_name: str
+    options: tuple[str, ...]
+    arch: str
+    key: str
+    nvrtc_version: str
+
+    @classmethod
+    def checked(cls, source: str, kernel_name: str, options: Sequence[str], arch: str) -> "_Request":
+        """The same policy checks as harness.compile.compile_kernel, made before any process starts."""
+        checked_options = check_options(options)
+        _check_arch(arch)
+        _check_kernel_name(kernel_name)
+        source_bytes = _check_source(source)
+        version = nvrtc_version()
+        key = cache_key(source_bytes, checked_options, arch, kernel_name, version)
+        return cls(source, kernel_name, checked_options, arch, key, version)
+
+    def job(self) -> dict:
+        return {"op": "compile", "source": self.source, "kernel_name": self.kernel_name,
+                "options": list(self.options), "arch": self.arch}
+
+    def failed(self, message: str, started: float) -> CompileResult:
+        """ok=False with `message` as the log, for a compile the worker did not complete."""
+        return CompileResult(
+            ok=False, kernel_name=self.kernel_name, lowered_name=None, arch=self.arch, options=self.options,
+            log=trim_log(message), full_log=message, resources=None,
+            compile_ms=(time.perf_counter() - started) * 1000.0, cache_hit=False,
+            nvrtc_version=self.nvrtc_version, key=self.key)
+
+
+class _Malformed(Exception):
+    """The worker's answer is not one a sound compile worker sends."""
+
+
+class CompileService:
+    """NVRTC behind a confined compile worker, started lazily and replaced after a kill or a crash."""
+
+    def __init__(self, *, confine: bool = True, deadline_s: float = DEFAULT_DEADLINE_S,
+                 cache: CompileCache | None = None, startup_timeout_s: float = STARTUP_TIMEOUT_S):
+        self.confine = confine
+        self.deadline_s = deadline_s
+        self.cache = cache if cache is not None else CompileCache()
+        # With confine, Worker asks the process to confine itself and refuses one that reports it did not.
+        self.worker = Worker("compile", command=COMPILE_WORKER_COMMAND, confine=confine,
+                             startup_timeout_s=startup_timeout_s)
+        self._lock = threading.Lock()
+        self._interrupted = threading.Event()
+
+    def start(self) -> dict:
+        """Start the worker now (it otherwise starts with the first compile); its 'ready' message."""
+        with self._lock:
+            return self.worker.ensure_started()
+
+    def compile(self, source: str, kernel_name: str, options: Sequence[str] = (),
+                arch: str = "sm_90") -> CompileResult:
+        """Compile in the worker; CompileRefused for a request refused by policy, else a result."""
+        request = _Request.checked(source, kernel_name, options, arch)
+        if (hit := self.cache.get(request.key)) is not None:
+            return hit.model_copy(update={"cache_hit": True})
+        with self._lock:
+            result = self._compile_in_worker(request)
+        if result.ok:
+            self.cache.put(result)
+        return result
+
+    def interrupt(self) -> None:
+        """Kill a compile in flight (from another thread); its caller gets ok=False."""
+        self._interrupted.set()
+        self.worker.interrupt()
+
+    def close(self) -> None:
+        self.worker.stop()
+
+    def __enter__(self) -> "CompileService":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the worker ---------------------------------------------------------------------------
+    def _compile_in_worker(self, request: _Request) -> CompileResult:
+        started = time.perf_counter()
+        self._interrupted.clear()
+        # A worker that died while idle (an operator, the OOM killer) must not fail this compile:
+        # one that was already running gets one retry in a fresh process.
+        retries = 1 if self.worker.alive else 0
+        while True:
+            try:
+                answer, blobs = self.worker.call(request.job(), [], self.deadline_s, MAX_ANSWER_BYTES)
+                return _result_from(request, answer, blobs)
+            except JobTimeout:
+                return request.failed(_deadline_message(self.deadline_s), started)
+            except WorkerCrashed as exc:
+                if self._interrupted.is_set():
+                    return request.failed("compile interrupted: the call was cancelled", started)
+                if retries:
+                    retries -= 1
+                    continue
+                return request.failed(f"compile failed: the compiler process died ({_short(exc)})", started)
+            except WorkerError as exc:
+                return request.failed(f"compile failed: the compiler process is not usable ({_short(exc)})",
+                                      started)
+            except _Malformed as exc:
+                self.worker.kill()  # it no longer behaves like the worker we started
+                return request.failed(f"compile failed: the compiler process sent a malformed answer ({exc})",
+                                      started)
+
+
+def _deadline_message(deadline_s: float) -> str:
+    return (f"compile killed after {deadline_s:g} s (deadline): NVRTC did not finish in time. Deep or wide "
+            "template instantiation, large constexpr evaluation or heavy unrolling can cause this.")
+
+
+def _short(detail: object) -> str:
+    text = str(detail)
+    return text if len(text) <= MAX_WORKER_DETAIL_CHARS else text[:MAX_WORKER_DETAIL_CHARS] + " [...]"
+
+
+# ---------------------------------------------------------------- reading an answer
+
+def _result_from(request: _Request, answer: dict, blobs: list[bytes]) -> CompileResult:
+    """The worker's answer as a CompileResult, after checking it field by field against the request."""
+    status = answer.get("status")
+    if status == "refused":
+        raise CompileRefused(_short(answer.get("detail")))
+    if status == "error":
+        raise _Malformed(f"{answer.get('error')}: {_short(answer.get('detail'))}")
+    if status != "ok":
+        raise _Malformed(f"unknown status {str(status)[:40]!r}")
+    if len(blobs) != 1:
+        raise _Malformed(f"{len(blobs)} blobs instead of one CUBIN")
+    result = _parse_result(answer.get("result"))
+    _check_matches(request, result)
+    _check_output(result, blobs[0])
+    return result.model_copy(update={"cubin": blobs[0]})
+
+
+def _parse_result(document: object) -> CompileResult:
+    if not isinstance(document, dict) or set(document) != _RESULT_FIELDS:
+        raise _Malformed("the result does not have exactly the fields of a CompileResult")
+    try:
+        # Strict: no coercion, so "ok": 1 or "ok": "true" is refused rather than read as True.
+        return CompileResult.model_validate_json(json.dumps(document), strict=True)
+    except (ValidationError, ValueError) as exc:
+        raise _Malformed(f"the result is not a valid CompileResult: {exc.__class__.__name__}") from None
+
+
+def _check_matches(request: _Request, result: CompileResult) -> None:
+    expected = {"kernel_name": request.kernel_name, "arch": request.arch, "options": request.options,
+                "key": request.key, "nvrtc_version": request.nvrtc_version, "cache_hit": False}
+    for name, value in expected.items():
+        if getattr(result, name) != value:
+            raise _Malformed(f"{name} is not the requested one")
+
+
+def _check_output(result: CompileResult, cubin: bytes) -> None:
+    if len(result.full_log) > MAX_FULL_LOG_CHARS:
+        raise _Malformed(f"a log of {len(result.full_log)} characters")
+    if result.log != trim_log(result.full_log):
+        raise _Malformed("the trimmed log is not the full log trimmed")
+    if not math.isfinite(result.compile_ms) or result.compile_ms < 0:
+        raise _Malformed("an impossible compile time")
+    if len(cubin) > MAX_CUBIN_BYTES:
+        raise _Malformed(f"a CUBIN of {len(cubin)} bytes")
+    if result.ok and (not cubin.startswith(ELF_MAGIC) or not result.lowered_name):
+        raise _Malformed("ok without an ELF CUBIN and a lowered name")
+    if not result.ok and (cubin or result.resources is not None):
+        raise _Malformed("a failed compile with a CUBIN or a resource report")

@@ -1,0 +1,355 @@
+"""Confining a worker process: Landlock, a new network namespace, rlimits.
+
+A worker runs code the referee did not write (a candidate's device code, compiled by NVRTC, in the
+worker's address space), so it is confined to what it needs: the Python install, the CUDA
+libraries and headers, its device files and its own scratch folder. Everything else the user can
+read (home, the task, the results, the repository's tests, the server's secrets) is out of reach,
+and so is the network.
+
+`apply` confines the process that calls it, irreversibly. Landlock restricts only the calling
+thread (and what it starts afterwards), so `apply` refuses to run once a second thread exists:
+workers call it first thing, before numpy (OpenBLAS) or the CUDA driver start theirs.
+
+Paths are resolved by the process that applies the confinement, so `/proc/self` in a spec built
+by the parent names the confined worker itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import glob
+import json
+import os
+import resource
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = ["ConfinementError", "Confinement", "landlock_abi", "unavailable_reason", "apply",
+           "python_paths", "cuda_paths", "gpu_worker_confinement", "compile_worker_confinement"]
+
+
+class ConfinementError(RuntimeError):
+    """The process could not be confined as asked."""
+
+
+@dataclass(frozen=True)
+class Confinement:
+    read_only: tuple[str, ...]          # paths (files or folders) readable and executable
+    read_write: tuple[str, ...]         # paths readable and writable (a per-worker scratch folder)
+    devices: tuple[str, ...] = ()       # paths read-write with ioctl (NVIDIA device files, /dev/null)
+    new_network: bool = True            # unshare(CLONE_NEWNET) where permitted; reported when not
+    deny_tcp: bool = True               # Landlock TCP bind/connect handled with no rule (ABI >= 4)
+    file_size_bytes: int = 1 << 30      # RLIMIT_FSIZE
+    open_files: int = 256               # RLIMIT_NOFILE
+    # RLIMIT_CORE is always 0: a core dump of a worker holds the inputs and the expected outputs.
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Confinement":
+        fields = json.loads(text)
+        if not isinstance(fields, dict):
+            raise ValueError(f"a confinement spec is a JSON object, not {type(fields).__name__}")
+        for name in ("read_only", "read_write", "devices"):
+            fields[name] = tuple(fields.get(name, ()))
+        return cls(**fields)
+
+
+# -- Landlock constants (include/uapi/linux/landlock.h); the syscall numbers are the same on
+# every architecture since Linux 5.13.
+_SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
+_CREATE_RULESET_VERSION = 1 << 0
+_RULE_PATH_BENEATH, _RULE_NET_PORT = 1, 2
+_PR_SET_NO_NEW_PRIVS = 38
+_CLONE_NEWNET, _CLONE_NEWUSER = 0x40000000, 0x10000000
+
+_FS = {name: 1 << bit for bit, name in enumerate((
+    "execute", "write_file", "read_file", "read_dir", "remove_dir", "remove_file", "make_char",
+    "make_dir", "make_reg", "make_sock", "make_fifo", "make_block", "make_sym", "refer",
+    "truncate", "ioctl_dev"))}
+_FS_BITS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1,
+                   5: (1 << 16) - 1}
+_FILE_RIGHTS = _FS["execute"] | _FS["write_file"] | _FS["read_file"] | _FS["truncate"] | _FS["ioctl_dev"]
+_READ = _FS["execute"] | _FS["read_file"] | _FS["read_dir"]
+# Writable folders get no execute (nothing written there is ever run) and no device nodes.
+_WRITE = (_FS["read_file"] | _FS["read_dir"] | _FS["write_file"] | _FS["remove_dir"]
+          | _FS["remove_file"] | _FS["make_dir"] | _FS["make_reg"] | _FS["make_sock"]
+          | _FS["make_fifo"] | _FS["make_sym"] | _FS["refer"] | _FS["truncate"])
+_DEVICE = _WRITE | _FS["ioctl_dev"]
+_NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+_TCP_ABI, _SCOPE_ABI = 4, 6
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def _syscall(number: int, *args) -> int:
+    result = _libc.syscall(ctypes.c_long(number), *args)
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return result
+
+
+def landlock_abi() -> int:
+    try:
+        return _syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    except OSError as exc:
+        if exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP):
+            return 0
+        raise
+
+
+def unavailable_reason() -> str | None:
+    abi = landlock_abi()
+    if abi >= _TCP_ABI:
+        return None
+    if abi == 0:
+        return ("this kernel has no Landlock (it needs Linux >= 6.7 with CONFIG_SECURITY_LANDLOCK=y and "
+                "'landlock' in the lsm= boot parameter); run workers unconfined with --no-sandbox")
+    return (f"this kernel's Landlock ABI is {abi}; confining workers' TCP needs ABI >= {_TCP_ABI} "
+            "(Linux >= 6.7); upgrade the kernel or run workers unconfined with --no-sandbox")
+
+
+# -- applying -------------------------------------------------------------------------------
+def apply(confinement: Confinement) -> list[str]:
+    """Confine the calling process for good; returns notes on what could not be done as asked."""
+    abi = landlock_abi()
+    if abi == 0:
+        raise ConfinementError(unavailable_reason())
+    threads = _thread_names()
+    if len(threads) != 1:
+        raise ConfinementError(f"confinement must be applied before a second thread starts (Landlock "
+                               f"restricts only the calling thread); {len(threads)} threads are running: "
+                               f"{', '.join(threads)}")
+    _set_limits(confinement)
+    notes = []
+    in_new_network = False
+    if confinement.new_network:
+        in_new_network, note = _enter_new_network()
+        if note:
+            notes.append(note)
+    if confinement.deny_tcp and abi < _TCP_ABI:
+        if not in_new_network:
+            raise ConfinementError(unavailable_reason() + "; and no new network namespace could be made")
+        notes.append(f"TCP is not handled by Landlock ABI {abi}; the new network namespace blocks it")
+    _restrict(confinement, abi)
+    return notes
+
+
+def _thread_names() -> list[str]:
+    names = []
+    for tid in sorted(os.listdir("/proc/self/task")):
+        try:
+            names.append(f"{tid} ({Path(f'/proc/self/task/{tid}/comm').read_text().strip()})")
+        except OSError:
+            names.append(tid)
+    return names
+
+
+def _set_limits(confinement: Confinement) -> None:
+    for limit, value in ((resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, confinement.file_size_bytes),
+                         (resource.RLIMIT_NOFILE, confinement.open_files)):
+        _, hard = resource.getrlimit(limit)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        # The hard limit too: the confined code must not raise it back.
+        resource.setrlimit(limit, (value, value))
+
+
+def _enter_new_network() -> tuple[bool, str | None]:
+    """A network namespace with only a down loopback; as root directly, else inside a user namespace."""
+    if _libc.unshare(_CLONE_NEWNET) == 0:
+        return True, None
+    direct = os.strerror(ctypes.get_errno())
+    uid, gid = os.getuid(), os.getgid()
+    if _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
+        user = os.strerror(ctypes.get_errno())
+        return False, (f"network namespace not permitted: unshare(CLONE_NEWNET): {direct}; with a user "
+                       f"namespace: {user}; the worker shares the host's network (Landlock still denies TCP)")
+    try:
+        # Keep the same identity inside, so file ownership and getuid() look as before.
+        Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1\n")
+        Path("/proc/self/setgroups").write_text("deny\n")
+        Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1\n")
+    except OSError as exc:
+        return True, f"in a new user and network namespace, but the identity map failed: {exc}"
+    return True, None
+
+
+def _restrict(confinement: Confinement, abi: int) -> None:
+    handled_fs = _FS_BITS_BY_ABI[min(abi, 5)]
+    attr = _RulesetAttr(handled_fs, 0, 0)
+    if confinement.deny_tcp and abi >= _TCP_ABI:
+        attr.handled_access_net = _NET_BIND_TCP | _NET_CONNECT_TCP   # and no port rule: none allowed
+    if abi >= _SCOPE_ABI:
+        # No signals to, and no abstract-socket connections with, processes outside the sandbox.
+        attr.scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL
+    size = 8 if abi < _TCP_ABI else 16 if abi < _SCOPE_ABI else 24
+    try:
+        ruleset = _syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    except OSError as exc:
+        raise ConfinementError(f"landlock_create_ruleset failed: {exc}") from None
+    try:
+        for paths, rights in ((confinement.read_only, _READ), (confinement.read_write, _WRITE),
+                              (confinement.devices, _DEVICE)):
+            for path in paths:
+                _allow(ruleset, path, rights & handled_fs)
+        if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise ConfinementError(f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(ctypes.get_errno())}")
+        try:
+            _syscall(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0))
+        except OSError as exc:
+            raise ConfinementError(f"landlock_restrict_self failed: {exc}") from None
+    finally:
+        os.close(ruleset)
+
+
+def _allow(ruleset: int, path: str, rights: int) -> None:
+    """One path-beneath rule; a path that does not exist is skipped (it cannot be reached either)."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfinementError(f"cannot open {path} for a Landlock rule: {exc}") from None
+    try:
+        if not os.path.isdir(f"/proc/self/fd/{fd}"):
+            rights &= _FILE_RIGHTS   # the kernel refuses folder rights on a file
+        rule = _PathBeneathAttr(rights, fd)
+        _syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
+                 ctypes.byref(rule), ctypes.c_uint32(0))
+    except OSError as exc:
+        raise ConfinementError(f"landlock_add_rule for {path} failed: {exc}") from None
+    finally:
+        os.close(fd)
+
+
+# -- what a worker needs --------------------------------------------------------------------
+_PACKAGES = ("harness", "sandbox", "server")
+# A system-wide prefix granted whole would open /usr/include, /usr/bin and more; its library
+# folders are on sys.path, which is granted entry by entry.
+_SYSTEM_PREFIXES = ("/", "/usr", "/usr/local")
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _project_root() -> str | None:
+    """The source checkout this package runs from (an editable install), or None when installed."""
+    root = Path(__file__).resolve().parent.parent
+    return str(root) if (root / "pyproject.toml").is_file() else None
+
+
+def _existing(paths) -> list[str]:
+    found = []
+    for path in paths:
+        real = os.path.realpath(path)
+        if os.path.exists(real) and real not in found:
+            found.append(real)
+    return found
+
+
+def python_paths() -> tuple[str, ...]:
+    """The Python install, its sys.path and the referee's own packages, as real paths.
+
+    In an editable install (or under pytest) the repository root is importable, but granting it
+    would show a worker the tests (which hold expected values), the tasks and any results folder
+    inside the checkout. Only the package folders the worker imports are granted instead; other
+    sys.path entries inside the checkout are dropped unless they are inside a prefix (a .venv).
+    """
+    root = _project_root()
+    packages = _existing(Path(__file__).resolve().parent.parent / name for name in _PACKAGES)
+    prefixes = [p for p in _existing((sys.prefix, sys.base_prefix, sys.exec_prefix)) if p not in _SYSTEM_PREFIXES]
+    keep = []
+    for entry in _existing(e for e in sys.path if e):   # '' is the caller's cwd, not the worker's
+        if entry in _SYSTEM_PREFIXES:
+            continue
+        if root and (_inside(root, entry) or _inside(entry, root)):
+            if not any(_inside(entry, allowed) for allowed in prefixes + packages):
+                continue
+        keep.append(entry)
+    return tuple(dict.fromkeys(prefixes + keep + packages))
+
+
+def cuda_paths() -> tuple[str, ...]:
+    """Folders the CUDA headers NVRTC includes and the CUDA libraries come from."""
+    found = []
+    try:
+        from cuda import pathfinder
+        for library in ("cudart", "cccl"):
+            try:
+                found.append(pathfinder.find_nvidia_header_directory(library))
+            except Exception:  # noqa: BLE001 - a missing header set is not needed by every kernel
+                pass
+    except ImportError:
+        pass
+    found += _loaded_cuda_library_folders()
+    found += sorted(glob.glob("/usr/local/cuda*"))
+    return tuple(_existing(p for p in found if p))
+
+
+def _loaded_cuda_library_folders() -> list[str]:
+    try:
+        with open("/proc/self/maps") as maps:
+            lines = maps.read().splitlines()
+    except OSError:
+        return []
+    folders = []
+    for line in lines:
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        name = os.path.basename(path)
+        if name.startswith(("libnvrtc", "libcuda.so", "libnvJitLink")):
+            folders.append(os.path.dirname(os.path.realpath(path)))
+    return folders
+
+
+# /proc and /etc are granted entry by entry. Landlock alone does not keep a worker out of another
+# process's /proc/<pid>/environ on every kernel (seen readable on 6.18: the server's API keys),
+# and /etc holds the host's credentials (/etc/shadow, ssh host keys) for a worker running as root.
+_PROC_SHARED = ("/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/proc/devices", "/proc/modules",
+                "/proc/driver", "/proc/bus", "/proc/sys", "/proc/filesystems", "/proc/version",
+                "/proc/uptime", "/proc/loadavg")
+_ETC_LOADER = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d")
+_ETC_GPU = _ETC_LOADER + ("/etc/nvidia", "/etc/localtime")
+
+
+def gpu_worker_confinement(scratch: Path) -> Confinement:
+    """What a GPU worker needs: the system, Python, CUDA, the NVIDIA devices and its scratch.
+
+    /proc/self/task is writable because cuInit fails with CUDA_ERROR_OPERATING_SYSTEM without it
+    (seen on an H200); like /proc/self it names the worker's own entry when applied.
+    """
+    system = _existing(("/usr", "/lib", "/lib64", "/bin", "/sbin", "/opt", "/sys") + _PROC_SHARED + _ETC_GPU)
+    devices = sorted(glob.glob("/dev/nvidia*")) + ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/shm"]
+    read_only = tuple(dict.fromkeys(system + list(python_paths()) + list(cuda_paths()))) + ("/proc/self",)
+    return Confinement(read_only=read_only, read_write=(str(scratch), "/proc/self/task"),
+                       devices=tuple(p for p in devices if os.path.exists(p)))
+
+
+def compile_worker_confinement(scratch: Path) -> Confinement:
+    """What an NVRTC compile needs: Python, the CUDA headers and libraries, the system libraries.
+
+    No /etc beyond the loader's cache, no /usr/include, no /proc beyond the worker's own entry, no
+    devices but /dev/null and /dev/urandom.
+    """
+    system = _existing(("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib") + _ETC_LOADER)
+    read_only = tuple(dict.fromkeys(list(python_paths()) + list(cuda_paths()) + system)) + ("/proc/self",)
+    return Confinement(read_only=read_only, read_write=(str(scratch),),
+                       devices=tuple(p for p in ("/dev/null", "/dev/urandom") if os.path.exists(p)))

@@ -1,0 +1,216 @@
+"""sandbox.compiler and sandbox.compile_worker: real processes, real NVRTC, real Landlock (no GPU needed)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.compile import MAX_SOURCE_BYTES, CompileRefused, compile_kernel
+from sandbox.compiler import CompileService
+from sandbox.confine import unavailable_reason
+
+ELF_MAGIC = b"\x7fELF"
+NO_LANDLOCK = unavailable_reason()
+# Tests about deadlines and restarts hold with or without confinement; they confine where the kernel can.
+CONFINE = NO_LANDLOCK is None
+needs_landlock = pytest.mark.skipif(NO_LANDLOCK is not None, reason=f"needs Landlock: {NO_LANDLOCK}")
+
+GOOD = r"""
+extern "C" __global__ void scale(float* x, float f) { x[threadIdx.x] *= f; }
+"""
+
+HALF = r"""
+#include <cuda_fp16.h>
+extern "C" __global__ void scale(__half* x, float f) {
+    x[threadIdx.x] = __float2half(__half2float(x[threadIdx.x]) * f);
+}
+"""
+
+# About 226,000 distinct class instantiations at a recursion depth of 180 (the limit is about 200):
+# tens of seconds of NVRTC front-end time (25 s at 50 per side on the development machine).
+BOMB = r"""
+template <int A, int B, int C> struct T {
+    enum : unsigned { v = T<A - 1, B, C>::v + T<A, B - 1, C>::v + T<A, B, C - 1>::v };
+};
+template <int B, int C> struct T<0, B, C> { enum : unsigned { v = 1 }; };
+template <int A, int C> struct T<A, 0, C> { enum : unsigned { v = 1 }; };
+template <int A, int B> struct T<A, B, 0> { enum : unsigned { v = 1 }; };
+extern "C" __global__ void scale(unsigned* x, float) { x[0] = T<60, 60, 60>::v; }
+"""
+
+
+@pytest.fixture(scope="module")
+def confined():
+    if NO_LANDLOCK is not None:
+        pytest.skip(f"needs Landlock: {NO_LANDLOCK}")
+    with CompileService(confine=True) as service:
+        yield service
+
+
+def _leaked_lines(text: str, result) -> list[str]:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return [line for line in lines if line in result.log or line in result.full_log]
+
+
+# ---------------------------------------------------------------- compiling
+
+def test_a_good_kernel_compiles_and_a_repeat_is_a_cache_hit_without_the_worker():
+    with CompileService(confine=CONFINE) as service:
+        first = service.compile(GOOD, "scale", ["--use_fast_math"], "sm_90")
+        assert first.ok and not first.cache_hit
+        assert first.cubin.startswith(ELF_MAGIC)
+        assert first.resources is not None and first.resources.registers > 0
+        assert first.options == ("--use_fast_math",) and first.arch == "sm_90"
+        service.worker.stop()  # a cache hit must not need, nor start, a worker
+        second = service.compile(GOOD, "scale", ["--use_fast_math"], "sm_90")
+        assert second.ok and second.cache_hit and second.cubin == first.cubin
+        assert service.worker.starts == 1 and not service.worker.alive
+
+
+def test_a_confined_compile_worker_says_so_when_ready(confined):
+    hello = confined.start()
+    assert hello["status"] == "ready" and hello["confined"] is True
+    assert isinstance(hello["notes"], list)
+
+
+def test_a_confined_compile_still_reads_the_cuda_headers(confined):
+    result = confined.compile(HALF, "scale")
+    assert result.ok, result.log
+    assert result.cubin.startswith(ELF_MAGIC)
+
+
+def test_a_compile_error_comes_back_as_data(confined):
+    result = confined.compile(GOOD.replace("*= f", "*= undefined_thing"), "scale")
+    assert not result.ok and result.cubin == b""
+    assert "undefined_thing" in result.log
+
+
+# ---------------------------------------------------------------- what an include can reach
+
+@needs_landlock
+def test_an_include_of_etc_passwd_does_not_show_its_lines(confined):
+    passwd = Path("/etc/passwd").read_text()
+    result = confined.compile('#include "/etc/passwd"\n' + GOOD, "scale")
+    assert not result.ok
+    assert _leaked_lines(passwd, result) == []
+    assert "root:" not in result.log and "root:" not in result.full_log
+
+
+@needs_landlock
+def test_an_include_of_a_users_file_does_not_show_its_secret(confined, tmp_path):
+    secret = f"referee-secret-{secrets.token_hex(16)}"
+    secret_file = tmp_path / "credentials.txt"
+    secret_file.write_text(f"api_key = {secret}\n")
+    source = f'#include "{secret_file.resolve()}"\n' + GOOD
+    # The same source compiled unconfined quotes the secret: the include is a real leak.
+    assert secret in compile_kernel(source, "scale").full_log
+    result = confined.compile(source, "scale")
+    assert not result.ok
+    assert secret not in result.log and secret not in result.full_log
+
+
+# ---------------------------------------------------------------- deadlines, kills, crashes
+
+def test_a_compile_bomb_is_killed_at_its_deadline_and_the_next_compile_works_in_a_fresh_worker():
+    with CompileService(confine=CONFINE, deadline_s=3.0) as service:
+        bomb_pid = service.start()["pid"]
+        started = time.monotonic()
+        bomb = service.compile(BOMB, "scale")
+        elapsed = time.monotonic() - started
+        assert not bomb.ok and bomb.cubin == b""
+        assert "deadline" in bomb.log and "3 s" in bomb.log
+        assert 3.0 <= elapsed < 10.0
+        assert not service.worker.alive
+        after = service.compile(GOOD, "scale")
+        assert after.ok and service.worker.starts == 2 and service.worker.pid != bomb_pid
+
+
+def test_an_interrupted_compile_fails_without_a_retry():
+    with CompileService(confine=CONFINE, deadline_s=30.0) as service:
+        service.start()
+        timer = threading.Timer(1.0, service.interrupt)
+        timer.start()
+        try:
+            started = time.monotonic()
+            result = service.compile(BOMB, "scale")
+        finally:
+            timer.cancel()
+        assert not result.ok and "interrupted" in result.log
+        assert time.monotonic() - started < 10.0
+        assert service.worker.starts == 1
+
+
+def test_a_compile_worker_killed_between_compiles_is_replaced():
+    with CompileService(confine=CONFINE) as service:
+        assert service.compile(GOOD, "scale").ok
+        killed = service.worker.pid
+        os.kill(killed, signal.SIGKILL)
+        # Another source, so that the answer cannot come from the cache.
+        result = service.compile(GOOD.replace("*=", "+="), "scale")
+        assert result.ok and result.cubin.startswith(ELF_MAGIC)
+        assert service.worker.pid != killed and service.worker.alive
+
+
+# ---------------------------------------------------------------- refused before anything starts
+
+def test_an_oversized_source_is_refused_before_any_worker_starts():
+    with CompileService(confine=CONFINE) as service:
+        with pytest.raises(CompileRefused, match=str(MAX_SOURCE_BYTES)):
+            service.compile("/" * (MAX_SOURCE_BYTES + 1), "scale")
+        assert service.worker.starts == 0 and service.worker.pid is None
+
+
+@pytest.mark.parametrize("option", ["-rdc=true", "-I/etc"])
+def test_refused_options_are_refused_before_any_worker_starts(option):
+    with CompileService(confine=CONFINE) as service:
+        with pytest.raises(CompileRefused, match="refused"):
+            service.compile(GOOD, "scale", [option])
+        assert service.worker.starts == 0 and service.worker.pid is None
+
+
+# ---------------------------------------------------------------- answers are checked, not trusted
+
+@pytest.fixture(scope="module")
+def honest_answer():
+    """What a sound compile worker answers for GOOD, built in-process."""
+    result = compile_kernel(GOOD, "scale")
+    return {"status": "ok", "result": result.model_dump(mode="json")}, [result.cubin]
+
+
+def _answering(service: CompileService, answer, blobs, monkeypatch) -> None:
+    monkeypatch.setattr(service.worker, "call", lambda *args, **kwargs: (answer, blobs))
+
+
+def test_an_honest_answer_is_accepted(honest_answer, monkeypatch):
+    with CompileService(confine=False) as service:
+        _answering(service, *honest_answer, monkeypatch)
+        result = service.compile(GOOD, "scale")
+        assert result.ok and result.cubin == honest_answer[1][0]
+
+
+@pytest.mark.parametrize("forge", [
+    lambda a, b: ({**a, "result": {**a["result"], "ok": 1}}, b),
+    lambda a, b: ({**a, "result": {**a["result"], "ok": "true"}}, b),
+    lambda a, b: ({**a, "result": {**a["result"], "ok": False}}, b),
+    lambda a, b: (a, [b""]),
+    lambda a, b: (a, [b"MZ not an ELF"]),
+    lambda a, b: (a, b + b),
+    lambda a, b: ({**a, "result": {**a["result"], "key": "0" * 64}}, b),
+    lambda a, b: ({**a, "result": {**a["result"], "log": "trust me"}}, b),
+    lambda a, b: ({**a, "result": {**a["result"], "cubin": "AAAA"}}, b),
+    lambda a, b: ({**a, "status": "done"}, b),
+], ids=["ok-int", "ok-string", "failed-with-cubin", "empty-cubin", "not-elf", "two-blobs", "other-key",
+        "forged-log", "extra-field", "unknown-status"])
+def test_a_malformed_answer_is_a_failed_compile_not_a_cached_one(forge, honest_answer, monkeypatch):
+    with CompileService(confine=False) as service:
+        _answering(service, *forge(*honest_answer), monkeypatch)
+        result = service.compile(GOOD, "scale")
+        assert not result.ok and result.cubin == b""
+        assert "malformed answer" in result.log
+        assert len(service.cache) == 0
