@@ -19,8 +19,10 @@ import traceback
 from pathlib import Path
 
 from harness import wire
-from harness.compile import CompileRefused, compile_kernel, nvrtc_version
 from sandbox import confine
+
+# harness.compile (NVRTC, pydantic) is imported only after confinement: Landlock restricts the
+# thread that applies it and those it starts later, so no library may start a thread before it.
 
 # A source is at most 256 KiB and the options are few and short; anything larger is not a job.
 MAX_JOB_BYTES = 4 << 20
@@ -30,11 +32,10 @@ _WARM_UP_SOURCE = 'extern "C" __global__ void referee_warm_up(float* x) { x[0] =
 
 
 def _warm_up() -> str:
-    """Load NVRTC, its builtins and the header search path while the process is still unconfined.
+    """Load NVRTC and compile the referee's own kernel, inside the sandbox: a worker that cannot
+    compile it (a header or library the confinement hides) fails at start, not on a candidate."""
+    from harness.compile import compile_kernel, nvrtc_version
 
-    The sandbox then only has to grant what a compile reads (the CUDA headers), and the first
-    candidate's compile time is not a library load.
-    """
     compiled = compile_kernel(_WARM_UP_SOURCE, "referee_warm_up")
     if not compiled.ok:
         raise RuntimeError(f"NVRTC cannot compile the referee's own warm-up kernel:\n{compiled.log}")
@@ -51,14 +52,13 @@ def _confine(wanted: bool) -> tuple[bool, list[str]]:
 
 
 def _start(answers, wanted: bool) -> bool:
-    """Warm up, confine, and send the 'ready' (or 'startup_error') message; True when ready."""
+    """Confine, warm up, and send the 'ready' (or 'startup_error') message; True when ready."""
     try:
-        version = _warm_up()
         confined, notes = _confine(wanted)
+        version = _warm_up()
     except Exception as exc:  # noqa: BLE001 - any startup failure is reported, then the process exits
         wire.send(answers, {"status": "startup_error", "error": type(exc).__name__, "detail": str(exc)})
         return False
-    # sandbox.pool.Worker names the worker's device in its log; a compiler has none but NVRTC.
     # sandbox.pool.Worker logs "confinement_notes" and names the worker's device in its log.
     wire.send(answers, {"status": "ready", "confined": confined, "notes": notes, "confinement_notes": notes,
                         "pid": os.getpid(), "nvrtc_version": version, "device": {"name": f"NVRTC {version}"}})
@@ -66,6 +66,8 @@ def _start(answers, wanted: bool) -> bool:
 
 
 def _compile(header: dict) -> tuple[dict, list[bytes]]:
+    from harness.compile import CompileRefused, compile_kernel
+
     try:
         result = compile_kernel(header["source"], header["kernel_name"], options=header["options"],
                                 arch=header["arch"])

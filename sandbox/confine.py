@@ -17,11 +17,11 @@ by the parent names the confined worker itself.
 from __future__ import annotations
 
 import ctypes
-import errno
 import glob
 import json
 import os
 import resource
+import stat
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,7 +62,7 @@ class Confinement:
 # every architecture since Linux 5.13.
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
 _CREATE_RULESET_VERSION = 1 << 0
-_RULE_PATH_BENEATH, _RULE_NET_PORT = 1, 2
+_RULE_PATH_BENEATH = 1
 _PR_SET_NO_NEW_PRIVS = 38
 _CLONE_NEWNET, _CLONE_NEWUSER = 0x40000000, 0x10000000
 
@@ -109,10 +109,9 @@ def _syscall(number: int, *args) -> int:
 def landlock_abi() -> int:
     try:
         return _syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
-    except OSError as exc:
-        if exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP):
-            return 0
-        raise
+    except OSError:
+        # ENOSYS: not built in; EOPNOTSUPP: not enabled at boot; EPERM: a seccomp filter (containers).
+        return 0
 
 
 def unavailable_reason() -> str | None:
@@ -229,7 +228,7 @@ def _allow(ruleset: int, path: str, rights: int) -> None:
     except OSError as exc:
         raise ConfinementError(f"cannot open {path} for a Landlock rule: {exc}") from None
     try:
-        if not os.path.isdir(f"/proc/self/fd/{fd}"):
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
             rights &= _FILE_RIGHTS   # the kernel refuses folder rights on a file
         rule = _PathBeneathAttr(rights, fd)
         _syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
@@ -321,7 +320,7 @@ def _loaded_cuda_library_folders() -> list[str]:
 
 
 # /proc and /etc are granted entry by entry. Landlock alone does not keep a worker out of another
-# process's /proc/<pid>/environ on every kernel (seen readable on 6.18: the server's API keys),
+# process's /proc/<pid>/environ on every kernel (seen readable on Linux 6.18: the server's keys),
 # and /etc holds the host's credentials (/etc/shadow, ssh host keys) for a worker running as root.
 _PROC_SHARED = ("/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/proc/devices", "/proc/modules",
                 "/proc/driver", "/proc/bus", "/proc/sys", "/proc/filesystems", "/proc/version",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import re
 from typing import Annotated, Any, Callable
 
@@ -38,6 +40,8 @@ Options = Annotated[list[Annotated[str, Field(max_length=200)]] | None,
 
 PROBE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
 _CANDIDATE_ID = re.compile(r"c[0-9a-f]{15}")
+# A full or failing disk under the results folder: told to the agent, not hidden as a crash.
+_STORAGE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
 
 
 def build_server(run: Run, **server_options: Any) -> MCPServer:
@@ -60,6 +64,14 @@ def build_server(run: Run, **server_options: Any) -> MCPServer:
                 raise
             except (Refusal, CompileRefused) as exc:
                 raise ToolError(str(exc)) from None
+            except OSError as exc:
+                if exc.errno not in _STORAGE_ERRORS:
+                    raise
+                log.error("%s: the run folder could not be written", tool, exc_info=True)
+                raise ToolError(f"the referee could not write its results folder ({os.strerror(exc.errno)}); "
+                                "this call did not complete. describe_task shows the budget (an attempt whose slot "
+                                "was claimed stays counted, as rejected); the operator must free space before the "
+                                "run can go on.") from None
 
     def candidate(candidate_id, source, options=None, launch=None):
         return run.candidate(candidate_id, source, options,

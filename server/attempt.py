@@ -7,6 +7,7 @@ rejected ("interrupted").
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import time
@@ -20,14 +21,23 @@ from server.models import AttemptAnswer, CaseLatency, FinishAnswer
 from server.run import Candidate, Progress, Refusal, Run, now_iso
 from server.summary import attempt_entry, best_attempt, set_best, write_history, write_summary
 
+log = logging.getLogger(__name__)
+
 
 def _claim_slot(run: Run, number: int, candidate: Candidate) -> None:
+    """Write and log attempts/NNN.cu. If that fails (a full disk), nothing is claimed and the error is raised."""
     path = run.dir / "attempts" / f"{number:03d}.cu"
+    claim = path.with_suffix(".claim")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_suffix(".claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     os.close(fd)
-    run.audit.record_file(path.relative_to(run.dir), write_bytes_atomic(path, candidate.source.encode()))
-    os.unlink(path.with_suffix(".claim"))
+    try:
+        run.audit.record_file(path.relative_to(run.dir), write_bytes_atomic(path, candidate.source.encode()))
+    except BaseException:
+        path.unlink(missing_ok=True)  # not logged, so not claimed: a leftover would count without a record
+        raise
+    finally:
+        claim.unlink()  # a leftover claim would refuse this slot number forever
 
 
 def record_baseline(run: Run, progress: Progress | None) -> None:
@@ -53,28 +63,29 @@ def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict |
         raise Refusal("the attempt budget is spent; the run is finished. Read referee://summary.json.")
     number = run.attempts_used + 1
     _claim_slot(run, number, candidate)
-    run.audit.append("attempt_started", {"attempt": number, "candidate": candidate.id, "rationale": rationale,
-                                         "usage": usage})
-    run.probes_in_window, run.gpu_seconds_in_window = 0, 0.0
     best = best_attempt(run)
-    references = {"best": best, "baseline": run.history[0]} if best["attempt"] != 0 else {"baseline": run.history[0]}
     try:
+        # From the claim until history.json holds the attempt, a failure records it as rejected (interrupted).
+        run.audit.append("attempt_started", {"attempt": number, "candidate": candidate.id, "rationale": rationale,
+                                             "usage": usage})
+        run.probes_in_window, run.gpu_seconds_in_window = 0, 0.0
+        references = ({"best": best, "baseline": run.history[0]} if best["attempt"] != 0
+                      else {"baseline": run.history[0]})
         entry, gpu_seconds = _evaluate(run, number, candidate, references, fresh=True, progress=progress)
+        entry.update(rationale=rationale, usage=usage, parent=best["attempt"])
+        if entry["verdict"] != "rejected":
+            faster = Speedup.model_validate(entry["speedup_vs_best"])
+            entry["verdict"] = "valid-faster" if faster.beyond_noise else "valid-not-faster"
+        run.history.append(entry)
+        run.gpu_seconds_total += gpu_seconds
+        run.audit.append("attempt_done", {"attempt": number, "verdict": entry["verdict"],
+                                          "gpu_seconds": round(gpu_seconds, 6)})
+        if entry["verdict"] == "valid-faster":
+            set_best(run, number)
+        write_history(run)
     except Exception as exc:
-        # The slot stays counted; record it now rather than at the next resume, then let the error through.
-        settle_interrupted(run, f"failed inside the referee ({type(exc).__name__}: {exc})"[:1000])
+        _interrupted(run, number, best["attempt"], exc)
         raise
-    entry.update(rationale=rationale, usage=usage, parent=best["attempt"])
-    if entry["verdict"] != "rejected":
-        faster = Speedup.model_validate(entry["speedup_vs_best"])
-        entry["verdict"] = "valid-faster" if faster.beyond_noise else "valid-not-faster"
-    run.history.append(entry)
-    run.gpu_seconds_total += gpu_seconds
-    run.audit.append("attempt_done", {"attempt": number, "verdict": entry["verdict"],
-                                      "gpu_seconds": round(gpu_seconds, 6)})
-    if entry["verdict"] == "valid-faster":
-        set_best(run, number)
-    write_history(run)
     holdout = None
     if run.attempts_used >= run.settings.max_attempts:
         holdout = finish(run, "budget exhausted", progress).holdout
@@ -214,8 +225,21 @@ class _GpuClock:
             self.seconds += time.perf_counter() - started
 
 
+def _interrupted(run: Run, number: int, best_before: int, exc: Exception) -> None:
+    """The slot stays counted: forget what the failed attempt changed and record it as rejected now (best effort:
+    if that fails too, as on a disk that is still full, the next resume records it)."""
+    run.history = [e for e in run.history if e["attempt"] != number]
+    run.summary["best_attempt"] = best_before  # best.cu and best-case-N.json follow at the next set_best
+    try:
+        settle_interrupted(run, f"failed inside the referee ({type(exc).__name__}: {exc})"[:1000])
+    except Exception:  # noqa: BLE001 - the original error is the one to report
+        log.warning("attempt %d could not be recorded as interrupted yet", number, exc_info=True)
+
+
 def settle_interrupted(run: Run, why: str = "the server stopped during this attempt") -> None:
     """A claimed slot with no history entry: the server stopped (or failed) during it. It stays counted."""
+    for claim in (run.dir / "attempts").glob("[0-9][0-9][0-9].claim"):
+        claim.unlink()  # left by a server stopped while claiming: the slot file alone says whether it counts
     recorded = {entry["attempt"] for entry in run.history}
     for path in sorted((run.dir / "attempts").glob("[0-9][0-9][0-9].cu")):
         number = int(path.stem)

@@ -44,24 +44,25 @@ def targets_for(task: Task, kernel_file: Path | None, launch: LaunchSpec | None)
             Target("initial", task.source("initial"), task.initial_launch or task.launch)]
 
 
-def run_check(task: Task, targets: list[Target], settings: Settings, out: TextIO, json_path: Path | None = None) -> int:
+def run_check(task: Task, targets: list[Target], settings: Settings, out: TextIO, json_path: Path | None = None,
+              confine: bool = True) -> int:
     gpu: dict | None = None
     try:
-        code, gpu = _run(task, targets, settings, out)
+        code, gpu = _run(task, targets, settings, out, confine)
     finally:
         if json_path is not None:
             _write_json(json_path, task, targets, gpu)
     return code
 
 
-def _run(task: Task, targets: list[Target], settings: Settings, out: TextIO) -> tuple[int, dict | None]:
+def _run(task: Task, targets: list[Target], settings: Settings, out: TextIO, confine: bool) -> tuple[int, dict | None]:
     absent = gpu_absent_reason()
-    pool = WorkerPool() if absent is None else None
+    pool = WorkerPool(confine=confine) if absent is None else None
     try:
         arch = pool.candidate.ensure_started()["arch"] if pool else DEFAULT_ARCH
         if pool:
             _print_device(pool.candidate.hello, out)
-        reference, compiled = _compile_all(task, targets, arch)
+        reference, compiled = _compile_all(task, targets, arch, confine)
         for target, result in zip(targets, compiled):
             target.compiled = result
             _print_compile(target, out)
@@ -84,9 +85,9 @@ def _run(task: Task, targets: list[Target], settings: Settings, out: TextIO) -> 
     return (EXIT_OK if all(t.passed for t in targets) else EXIT_FAILED), hello
 
 
-def _compile_all(task: Task, targets: list[Target], arch: str) -> tuple[CompileResult, list[CompileResult]]:
+def _compile_all(task: Task, targets: list[Target], arch: str, confine: bool) -> tuple[CompileResult, list[CompileResult]]:
     """The reference's and the targets' compiles, in a confined compile worker: a --kernel file is untrusted."""
-    with CompileService() as compiler:
+    with CompileService(confine=confine) as compiler:
         reference = compiler.compile(task.source("reference"), task.kernel_name, arch=arch)
         return reference, [compiler.compile(t.source, task.kernel_name, arch=arch) for t in targets]
 

@@ -15,6 +15,22 @@ from harness.evaluate import Settings
 from harness.task import LaunchSpec, TaskError, load_task
 
 
+NO_SANDBOX_HELP = ("run compile and GPU workers without Landlock, network namespace and rlimits "
+                   "(recorded in lock.json; needed where the kernel lacks Landlock)")
+
+
+def sandbox_refusal(args) -> str | None:
+    """Workers are confined unless --no-sandbox; where Landlock is missing, say so and stop."""
+    if args.no_sandbox:
+        return None
+    from sandbox.confine import unavailable_reason
+
+    reason = unavailable_reason()
+    return None if reason is None else (
+        f"workers cannot be confined: {reason}. Run on a kernel with Landlock (Linux >= 6.7 for TCP rules), "
+        "or pass --no-sandbox to run them unconfined (recorded in the run's lock.json).")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernel-referee", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -27,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--iterations", type=int, default=Settings().iterations)
     check.add_argument("--no-cold-l2", action="store_true", help="time with a warm L2 (default: flushed)")
     check.add_argument("--json", type=Path, help="also write the full results as JSON here")
+    check.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
 
     serve = commands.add_parser("serve", help="start (or resume) a run and serve it to an agent over MCP")
     source = serve.add_mutually_exclusive_group(required=True)
@@ -40,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     serve.add_argument("--host", default="127.0.0.1", help="HTTP only; loopback by default")
     serve.add_argument("--port", type=int, default=8765, help="HTTP only")
+    serve.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
 
     verify = commands.add_parser("verify", help="check a run folder's hash chain and recorded files")
     verify.add_argument("run", type=Path)
@@ -61,7 +79,11 @@ def _check(args) -> int:
     task = load_task(args.task)
     settings = Settings(warmups=args.warmups, iterations=args.iterations, cold_l2=not args.no_cold_l2)
     targets = targets_for(task, args.kernel, _launch(args.launch))
-    return run_check(task, targets, settings, sys.stdout, args.json)
+    refusal = sandbox_refusal(args)
+    if refusal:
+        print(f"kernel-referee: {refusal}", file=sys.stderr)
+        return 2
+    return run_check(task, targets, settings, sys.stdout, args.json, confine=not args.no_sandbox)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from harness.evaluate import Kernel, Referee, Settings
 from harness.task import Case, Task
 from harness.verdict import CheckReport, TimingReport
 from sandbox.compiler import CompileService
+from sandbox.confine import landlock_abi
 from sandbox.pool import WorkerPool
 
 
@@ -45,12 +46,14 @@ def package_version(name: str) -> str | None:
 
 
 class GpuExecutor:
-    def __init__(self, task: Task, settings: Settings | None = None, cache: CompileCache | None = None):
+    def __init__(self, task: Task, settings: Settings | None = None, cache: CompileCache | None = None,
+                 confine: bool = True):
         self.task = task
         self.settings = settings or Settings()
         self.cache = cache or CompileCache()
-        self.compiler = CompileService(cache=self.cache)
-        self.pool = WorkerPool()
+        self.confine = confine
+        self.compiler = CompileService(cache=self.cache, confine=confine)
+        self.pool = WorkerPool(confine=confine)
         self.referee: Referee | None = None
         self.facts: dict | None = None
         self._lock = threading.Lock()
@@ -73,6 +76,7 @@ class GpuExecutor:
             "memory_clock_khz": device["memory_clock_khz"], "memory_bus_bits": device["memory_bus_bits"],
             "driver_cuda_version": f"{driver // 1000}.{driver % 1000 // 10}", "nvrtc": nvrtc_version(),
             "cuda_bindings": package_version("cuda-bindings"), "event_overhead_ms": hello["event_overhead_ms"],
+            "sandbox": {"confined": self.confine, "landlock_abi": landlock_abi()},
         }
         return self.facts
 

@@ -255,11 +255,12 @@ class Run:
                           f"({left} left) to open a new window, or call finish.")
 
     def probe_done(self, tool: str, gpu_seconds: float, result: dict) -> None:
+        # Counted once logged: a resumed run counts probes from the log.
+        self.audit.append("probe_done", {"tool": tool, "gpu_seconds": round(gpu_seconds, 6), **result})
         self.probes_in_window += 1
         self.probes_total += 1
         self.gpu_seconds_in_window += gpu_seconds
         self.gpu_seconds_total += gpu_seconds
-        self.audit.append("probe_done", {"tool": tool, "gpu_seconds": round(gpu_seconds, 6), **result})
 
     def charge_compile(self) -> None:
         now = time.monotonic()
@@ -305,9 +306,10 @@ class Run:
                               sort_keys=True)
         cid = "c" + hashlib.sha256(identity.encode()).hexdigest()[:15]
         if cid not in self.candidates:
-            self.candidates[cid] = Candidate(cid, source, options, launch)
+            # Written before it is known: a candidate this run knows is one a resumed run knows too.
             self._write_json(f"candidates/{cid}.json", {"id": cid, "source": source, "options": list(options),
                                                         "launch": launch.model_dump(mode="json")})
+            self.candidates[cid] = Candidate(cid, source, options, launch)
         return self.candidates[cid]
 
     def kernel(self, candidate: Candidate) -> tuple[Kernel | None, Any]:

@@ -25,6 +25,12 @@ def serve(args) -> int:
         print(f"kernel-referee serve needs an NVIDIA GPU: {absent}. `kernel-referee check TASK` compiles "
               "kernels without one.", file=sys.stderr)
         return EXIT_NO_GPU
+    from server.cli import sandbox_refusal
+
+    refusal = sandbox_refusal(args)
+    if refusal:
+        print(f"kernel-referee: {refusal}", file=sys.stderr)
+        return 2
     task_dir = args.task if args.run is None else args.run / "task"
     task = load_task(task_dir)
     token, generated = transport.resolve_token() if args.transport == "http" else (None, False)
@@ -33,7 +39,7 @@ def serve(args) -> int:
                                timing=Settings(warmups=args.warmups, iterations=args.iterations))
     else:
         settings = RunSettings.of_run(args.run)  # a resumed run keeps its own budget and protocol
-    executor = GpuExecutor(task, settings.timing)
+    executor = GpuExecutor(task, settings.timing, confine=not args.no_sandbox)
     try:
         if args.run is None:
             _say(f"starting a run of {task.name}: reference outputs and the baseline (attempt 0)...")

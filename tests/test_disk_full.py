@@ -283,3 +283,23 @@ async def test_a_full_disk_while_a_probe_appends_to_the_log(tmp_path, monkeypatc
     run = Run.resume(run.dir, executor())
     assert run.budget().probes_left_in_window == 18
     run.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("slot_written", [False, True])
+async def test_a_claim_left_by_a_server_stopped_while_claiming_does_not_block_the_slot(tmp_path, slot_written):
+    run = new_run(tmp_path)
+    run.close()
+    (run.dir / "attempts" / "001.claim").touch()
+    if slot_written:  # stopped after the slot file was in place: it counts, as an interrupted attempt
+        (run.dir / "attempts" / "001.cu").write_text(kernel("latency_us=50"))
+    run = Run.resume(run.dir, executor())
+    assert _strays(run) == []
+    async with client(run) as c:
+        answer = await ok(c, "record_attempt", source=kernel("latency_us=50"), rationale="after the restart")
+    run.close()
+    assert (answer["attempt"], answer["verdict"]) == (1 + slot_written, "valid-faster")
+    assert _attempts(run.dir) == [(0, "baseline")] + [(1, "rejected")] * slot_written + [(1 + slot_written,
+                                                                                          "valid-faster")]
+    report = verify_run(run.dir)
+    assert report.ok, report.problems
