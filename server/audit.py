@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import logging
 import os
 import secrets
@@ -39,6 +40,20 @@ def canonical_json(value: Any) -> bytes:
     """The one byte form of a JSON value that hashes are computed over."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False).encode()
+
+
+def json_safe(value: Any) -> Any:
+    """Non-finite floats as the strings "NaN", "Infinity", "-Infinity": strict JSON can hold them.
+
+    Kernel outputs (and so mismatch reports) legitimately contain NaN and Inf.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def sha256_file(path: Path) -> str:
@@ -93,8 +108,8 @@ def write_bytes_atomic(path: Path, data: bytes) -> str:
 
 
 def write_json_atomic(path: Path, value: Any, *, indent: int | None = 2) -> str:
-    """`write_bytes_atomic` of `value` as strict JSON (no NaN) with a final newline."""
-    text = json.dumps(value, indent=indent, ensure_ascii=False, allow_nan=False) + "\n"
+    """`write_bytes_atomic` of `value` as strict JSON (non-finite floats as strings), newline-ended."""
+    text = json.dumps(json_safe(value), indent=indent, ensure_ascii=False, allow_nan=False) + "\n"
     return write_bytes_atomic(path, text.encode())
 
 
@@ -184,7 +199,7 @@ class AuditLog:
                 raise AuditError(f"{self.path.name} is in an unknown state ({self._broken}); reopen it")
             # A normalized copy: what is returned is exactly what reading the line back gives.
             record = {"seq": self._seq + 1, "time": _now(), "kind": kind,
-                      "data": json.loads(canonical_json(data)), "prev": self._head}
+                      "data": json.loads(canonical_json(json_safe(data))), "prev": self._head}
             record["hash"] = _record_hash(record)
             self._write_line(canonical_json(record) + b"\n")
             self._seq, self._head = record["seq"], record["hash"]

@@ -47,12 +47,12 @@ def package_version(name: str) -> str | None:
 
 class GpuExecutor:
     def __init__(self, task: Task, settings: Settings | None = None, cache: CompileCache | None = None,
-                 confine: bool = True):
+                 confine: bool = True, compile_deadline_s: float = 30.0):
         self.task = task
         self.settings = settings or Settings()
         self.cache = cache or CompileCache()
         self.confine = confine
-        self.compiler = CompileService(cache=self.cache, confine=confine)
+        self.compiler = CompileService(cache=self.cache, confine=confine, deadline_s=compile_deadline_s)
         self.pool = WorkerPool(confine=confine)
         self.referee: Referee | None = None
         self.facts: dict | None = None

@@ -293,9 +293,18 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(tmp_path, monkeypat
     assert [p.name for p in tmp_path.iterdir()] == ["history.json"]
 
 
+def test_non_finite_numbers_are_written_as_strings(tmp_path):
+    path = tmp_path / "x.json"
+    write_json_atomic(path, {"got": [float("nan"), float("inf"), -float("inf"), 1.5]})
+    assert json.loads(path.read_text()) == {"got": ["NaN", "Infinity", "-Infinity", 1.5]}
+    log = AuditLog(tmp_path / "events.jsonl")
+    assert log.append("mismatch", {"got": float("nan")})["data"] == {"got": "NaN"}
+    assert verify_chain(tmp_path / "events.jsonl").ok
+
+
 def test_a_value_that_is_not_json_writes_nothing(tmp_path):
-    with pytest.raises(ValueError):
-        write_json_atomic(tmp_path / "x.json", {"score": float("nan")})
+    with pytest.raises(TypeError):
+        write_json_atomic(tmp_path / "x.json", {"score": object()})
     assert list(tmp_path.iterdir()) == []
 
 
