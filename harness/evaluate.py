@@ -126,7 +126,12 @@ class Referee:
                 warnings.append(f"{spec.name}: {check.warning}")
             if not check.passed:
                 reasons.append(Reason(code=ReasonCode.MISMATCH, case=case.name, detail=_mismatch_detail(check)))
-            pair = agreement(first, second, tol.rtol, tol.atol)
+            unwritten = _still_poisoned(first, second)
+            if unwritten.any():
+                reasons.append(Reason(code=ReasonCode.UNWRITTEN_OUTPUT, case=case.name, detail=(
+                    f"{spec.name}: {int(unwritten.sum())} of {unwritten.size} elements were never written "
+                    f"(they still hold the poison; first at {list(np.unravel_index(np.argmax(unwritten), first.shape))})")))
+            pair = agreement(first[~unwritten], second[~unwritten], tol.rtol, tol.atol)
             if pair is Agreement.DIFFERS:
                 verdict = pair
                 reasons.append(Reason(code=ReasonCode.RACE, case=case.name, detail=(
@@ -252,6 +257,19 @@ class _RunResult:
     runs: list[dict[str, np.ndarray]] | None = None
     integrity: jobs.Integrity | None = None
     failure: Reason | None = None
+
+
+def _still_poisoned(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """Elements holding each run's poison pattern: never written by the kernel.
+
+    A correct element equals both patterns only by coincidence in both runs, which real outputs
+    do not (the two poisons differ in every byte).
+    """
+    def holds(array: np.ndarray, byte: int) -> np.ndarray:
+        raw = np.ascontiguousarray(array).view(np.uint8).reshape(array.size, array.dtype.itemsize)
+        return (raw == byte).all(axis=1).reshape(array.shape)
+
+    return holds(first, jobs.POISON_BYTES[0]) & holds(second, jobs.POISON_BYTES[1])
 
 
 def _integrity_reasons(integrity: jobs.Integrity, case: str) -> list[Reason]:
