@@ -145,7 +145,9 @@ class Referee:
 
     def _run(self, worker: Worker, kernel: Kernel, case: Case, inputs: dict[str, np.ndarray]) -> "_RunResult":
         layout = jobs.Layout.for_case(self.task, case.dims)
-        geometry = kernel.launch.resolve(case)
+        geometry, failure = _geometry(kernel, case)
+        if failure is not None:
+            return _RunResult(layout, failure=failure)
         guard_seed = secrets.randbits(62)
         header, blobs = jobs.run_job(kernel.cubin, kernel.symbol, layout, geometry, inputs,
                                      jobs.POISON_BYTES, guard_seed)
@@ -194,7 +196,10 @@ class Referee:
         layout = jobs.Layout.for_case(self.task, case.dims)
         checked = _secret_subset(s.iterations, max(s.min_checked_launches, round(s.checked_fraction * s.iterations)))
         guard_seed = secrets.randbits(62)
-        header, blobs = jobs.time_job(kernel.cubin, kernel.symbol, layout, kernel.launch.resolve(case), input_sets,
+        geometry, failure = _geometry(kernel, case)
+        if failure is not None:
+            return CaseTiming(case=case.name, passed=False, reasons=[failure])
+        header, blobs = jobs.time_job(kernel.cubin, kernel.symbol, layout, geometry, input_sets,
                                       warmups=s.warmups, iterations=s.iterations, cold_l2=s.cold_l2,
                                       checked_launches=checked, guard_seed=guard_seed)
         out_bytes = sum(a.nbytes for a in layout.outputs) * (len(checked) + len(input_sets))
@@ -257,6 +262,16 @@ class _RunResult:
     runs: list[dict[str, np.ndarray]] | None = None
     integrity: jobs.Integrity | None = None
     failure: Reason | None = None
+
+
+def _geometry(kernel: Kernel, case: Case):
+    """The launch for this case, or the candidate's failure: its expressions may not hold on a case
+    it was never checked against (a holdout shape)."""
+    try:
+        return kernel.launch.resolve(case), None
+    except ValueError as exc:
+        return None, Reason(code=ReasonCode.LAUNCH_ERROR, case=case.name,
+                            detail=f"the launch geometry is invalid for this case: {exc}")
 
 
 def _still_poisoned(first: np.ndarray, second: np.ndarray) -> np.ndarray:

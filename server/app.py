@@ -69,9 +69,9 @@ def build_server(run: Run, **server_options: Any) -> MCPServer:
                     raise
                 log.error("%s: the run folder could not be written", tool, exc_info=True)
                 raise ToolError(f"the referee could not write its results folder ({os.strerror(exc.errno)}); "
-                                "this call did not complete. describe_task shows the budget (an attempt whose slot "
-                                "was claimed stays counted, as rejected); the operator must free space before the "
-                                "run can go on.") from None
+                                "this call did not complete. An attempt whose slot was claimed stays counted "
+                                "(describe_task shows the budget, referee://history.json the verdict); the operator "
+                                "must free space before the run can go on.") from None
 
     def candidate(candidate_id, source, options=None, launch=None):
         return run.candidate(candidate_id, source, options,

@@ -267,6 +267,7 @@ def finish(run: Run, reason: str, progress: Progress | None) -> FinishAnswer:
 
     holdout, disqualified, final = holdout_verdict(run, progress)
     set_best(run, final)
+    write_history(run)  # it may hold an attempt whose record a full disk kept from history.json
     run.audit.append("finished", {"reason": reason, "best_attempt": final, "disqualified": disqualified})
     write_summary(run, status="finished", stop_reason=reason, holdout=holdout, disqualified=disqualified)
     return FinishAnswer(stop_reason=reason, best_attempt=final, disqualified=disqualified, holdout=holdout)

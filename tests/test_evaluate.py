@@ -31,3 +31,17 @@ def test_rotation_seeds_are_distinct_and_stable():
     seeds = [input_seed(case, s) for s in range(4)]
     assert seeds[0] == case.seed and len(set(seeds)) == 4
     assert seeds == [input_seed(case, s) for s in range(4)]
+
+
+def test_a_launch_that_fails_on_an_unseen_case_is_the_candidates_fault():
+    from harness.evaluate import Kernel, _geometry
+    from harness.task import LaunchSpec
+
+    task = load_task(MATMUL)
+    launch = LaunchSpec.model_validate({"grid": ["ceil_div(n, 32) - 3", "ceil_div(m, 32)"], "block": [32, 32]})
+    kernel = Kernel("c0", b"", "matmul_f32", launch)
+    geometry, failure = _geometry(kernel, task.case("square-256"))
+    assert failure is None and geometry.grid == (5, 8, 1)
+    geometry, failure = _geometry(kernel, task.holdout_cases[0])
+    assert geometry is None and failure.code.value == "launch_error"
+    assert "invalid for this case" in failure.detail and "must be >= 1" in failure.detail

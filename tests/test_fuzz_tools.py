@@ -25,7 +25,6 @@ from server.run import Run
 from tests.server_support import HOLDOUT, REPO, VISIBLE, kernel, new_run
 
 TOOLS = ("describe_task", "compile_kernel", "run_cases", "validate", "time_kernel", "record_attempt", "finish")
-PERFORMANCE = ["square-256", "rect-384x256x320"]
 FUZZ = settings(max_examples=60, deadline=None, database=None, derandomize=False,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.large_base_example, HealthCheck.filter_too_much])
@@ -72,8 +71,8 @@ launch = st.one_of(
     st.fixed_dictionaries({"grid": dims, "block": dims, "per_case": st.dictionaries(case_names, geometry, max_size=4)},
                           optional={"shared_bytes": shared}),
     st.fixed_dictionaries({"grid": dims, "block": dims}, optional={
-        "shared_bytes": shared, "junk": junk, "per_case": st.one_of(st.dictionaries(case_names, launch_like := st.one_of(
-            geometry, junk), max_size=4), junk)}),
+        "shared_bytes": shared, "junk": junk,
+        "per_case": st.one_of(st.dictionaries(case_names, st.one_of(geometry, junk), max_size=4), junk)}),
     junk)
 OPTION_WORDS = ["-rdc=true", "-rdc", "--relocatable-device-code=true", "-I/etc", "-I", "--include-path=/",
                 "-include", "/etc/passwd", "--pre-include=/etc/passwd", "-o", "/tmp/x", "--output=/tmp/x",
@@ -137,7 +136,7 @@ BAD_REASON = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.
 def invalid_attempt(draw, base=ATTEMPT_BASE):
     args = draw(base)
     if "source" not in args and draw(st.booleans()):
-        args["candidate_id"] = draw(st.sampled_from(["known"]))  # replaced with a real id at call time
+        args["candidate_id"] = "known"  # replaced with the id of a compiled candidate at call time
     for defect in draw(st.lists(ATTEMPT_DEFECTS, min_size=1, max_size=3)):
         args = defect(args)
     return args
@@ -216,19 +215,18 @@ def _outside_files(roots: list[Path], skip: Path) -> set[str]:
     return seen
 
 
+REFEREE_WRITES = re.compile(r"(^|/)(\d{3}\.(cu|claim)|best\.cu|best-case-\d+\.json|c[0-9a-f]{15}\.(json|log)"
+                            r"|(run|lock|history|summary)\.json|events\.jsonl.*|[^/]*\.npy|\.[^/]*\.tmp)$")
+
+
 def _git_status() -> set[str]:
-    # --no-optional-locks: a read that never refreshes the index. Other people edit source files meanwhile, so
-    # only what the referee could write counts: data files, temporaries, the task copy's origin and results/.
-    out = subprocess.run(["git", "--no-optional-locks", "status", "--porcelain", "--ignored", "--untracked-files=all"],
+    """What git sees that the referee could have written (other people edit source files meanwhile): files named
+    like a run's, anything in the shipped task, and a results/ folder in the repository."""
+    # --no-optional-locks: a read that never refreshes the index. results/ is ignored by git: listed by hand.
+    out = subprocess.run(["git", "--no-optional-locks", "status", "--porcelain", "--untracked-files=all"],
                          cwd=REPO, capture_output=True, text=True, check=True).stdout
-    lines = set()
-    for line in out.splitlines():
-        path = line[3:]
-        if "__pycache__" in path or path.startswith((".venv/", ".pytest_cache/", ".hypothesis/", ".scratch/")):
-            continue
-        if path.startswith(("cases/", "results")) or not re.search(r"\.(py|pyi|md|txt|toml|cfg|ini|ya?ml)$", path):
-            lines.add(line)
-    return lines
+    seen = {line for line in out.splitlines() if line[3:].startswith("cases/") or REFEREE_WRITES.search(line[3:])}
+    return seen | {f"results: {p.relative_to(REPO)}" for p in (REPO / "results").rglob("*")}
 
 
 @pytest.fixture(scope="module")
