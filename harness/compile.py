@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -361,6 +362,29 @@ def cache_key(source: bytes, options: tuple[str, ...], arch: str,
     return hashlib.sha256(header.encode() + b"\x00" + source).hexdigest()
 
 
+@dataclass(frozen=True)
+class CompileRequest:
+    """A request that passed every policy check, with its cache key."""
+
+    source_bytes: bytes
+    kernel_name: str
+    options: tuple[str, ...]
+    arch: str
+    nvrtc_version: str
+    key: str
+
+
+def check_request(source: str, kernel_name: str, options: Sequence[str] = (), arch: str = "sm_90") -> CompileRequest:
+    """Every policy check, made before anything compiles (here or in a compile worker)."""
+    user_options = check_options(options)
+    _check_arch(arch)
+    _check_kernel_name(kernel_name)
+    source_bytes = _check_source(source)
+    version = nvrtc_version()
+    return CompileRequest(source_bytes, kernel_name, user_options, arch, version,
+                          cache_key(source_bytes, user_options, arch, kernel_name, version))
+
+
 def compile_kernel(source: str, kernel_name: str, *, options: Sequence[str] = (),
                    arch: str = "sm_90", cache: CompileCache | None = None) -> CompileResult:
     """Compile `kernel_name` in `source` to a CUBIN for `arch`.
@@ -368,12 +392,8 @@ def compile_kernel(source: str, kernel_name: str, *, options: Sequence[str] = ()
     Raises CompileRefused for requests refused by policy; a compiler error is
     returned as ok=False with the log.
     """
-    user_options = check_options(options)
-    _check_arch(arch)
-    _check_kernel_name(kernel_name)
-    source_bytes = _check_source(source)
-    version = nvrtc_version()
-    key = cache_key(source_bytes, user_options, arch, kernel_name, version)
+    request = check_request(source, kernel_name, options, arch)
+    user_options, source_bytes, version, key = request.options, request.source_bytes, request.nvrtc_version, request.key
     if cache is not None and (hit := cache.get(key)) is not None:
         return hit.model_copy(update={"cache_hit": True})
 

@@ -20,18 +20,7 @@ from typing import Sequence
 
 from pydantic import ValidationError
 
-from harness.compile import (
-    CompileCache,
-    CompileRefused,
-    CompileResult,
-    _check_arch,
-    _check_kernel_name,
-    _check_source,
-    cache_key,
-    check_options,
-    nvrtc_version,
-    trim_log,
-)
+from harness.compile import CompileCache, CompileRefused, CompileResult, check_request, trim_log
 from sandbox.pool import JobTimeout, Worker, WorkerCrashed, WorkerError
 
 # Well under the MCP client's 60 s per tool call, which also has to cover a worker start.
@@ -58,13 +47,8 @@ class _Request:
     @classmethod
     def checked(cls, source: str, kernel_name: str, options: Sequence[str], arch: str) -> "_Request":
         """The same policy checks as harness.compile.compile_kernel, made before any process starts."""
-        checked_options = check_options(options)
-        _check_arch(arch)
-        _check_kernel_name(kernel_name)
-        source_bytes = _check_source(source)
-        version = nvrtc_version()
-        key = cache_key(source_bytes, checked_options, arch, kernel_name, version)
-        return cls(source, kernel_name, checked_options, arch, key, version)
+        request = check_request(source, kernel_name, options, arch)
+        return cls(source, kernel_name, request.options, arch, request.key, request.nvrtc_version)
 
     def job(self) -> dict:
         return {"op": "compile", "source": self.source, "kernel_name": self.kernel_name,

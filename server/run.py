@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from harness.compile import _check_source, check_options
+from harness.compile import check_request
 from harness.evaluate import Kernel, Settings, input_seed
 from harness.task import Case, LaunchSpec, Task, load_task
 from server import lock as locking
@@ -300,8 +300,7 @@ class Run:
 
     def _register(self, source: str, options: tuple[str, ...], launch: LaunchSpec) -> Candidate:
         # Refused by policy (CompileRefused) before anything is recorded or an attempt slot is claimed.
-        check_options(options)
-        _check_source(source)
+        check_request(source, self.task.kernel_name, options)
         identity = json.dumps({"source": source, "options": options, "launch": launch.model_dump(mode="json")},
                               sort_keys=True)
         cid = "c" + hashlib.sha256(identity.encode()).hexdigest()[:15]
