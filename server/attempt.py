@@ -229,11 +229,15 @@ def _interrupted(run: Run, number: int, best_before: int, exc: Exception) -> Non
     """The slot stays counted: forget what the failed attempt changed and record it as rejected now (best effort:
     if that fails too, as on a disk that is still full, the next resume records it)."""
     run.history = [e for e in run.history if e["attempt"] != number]
-    run.summary["best_attempt"] = best_before  # best.cu and best-case-N.json follow at the next set_best
+    run.summary["best_attempt"] = best_before
     try:
         settle_interrupted(run, f"failed inside the referee ({type(exc).__name__}: {exc})"[:1000])
     except Exception:  # noqa: BLE001 - the original error is the one to report
         log.warning("attempt %d could not be recorded as interrupted yet", number, exc_info=True)
+    try:
+        set_best(run, best_before)  # best.cu and best-case-N.json back to the best that stands
+    except Exception:  # noqa: BLE001 - as above; the next new best or finish rewrites them
+        log.warning("best.cu could not be restored yet", exc_info=True)
 
 
 def settle_interrupted(run: Run, why: str = "the server stopped during this attempt") -> None:
