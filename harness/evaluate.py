@@ -110,7 +110,12 @@ class Referee:
         return CheckReport(passed=passed, cases=results)
 
     def _check_case(self, kernel: Kernel, case: Case, seed: int, against_oracle: bool) -> CaseCheck:
-        expected = self.oracle_expected(case, seed) if against_oracle else self.expected(case, seed)
+        if against_oracle:
+            expected = self.oracle_expected(case, seed)
+        elif seed == case.seed:
+            expected = self.expected(case, seed)
+        else:  # a secret seed is used once: its outputs are not kept for the rest of the run
+            expected = self._run_reference(case, seed)
         inputs = make_inputs(self.task, case.dims, seed)
         result = self._run(self.pool.candidate, kernel, case, inputs)
         if result.failure is not None:

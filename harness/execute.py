@@ -115,6 +115,13 @@ class _Job:
         self.module = None
         self.buffers: list[list[gpu.GuardedBuffer]] = []
         try:
+            self._prepare(header, cubin, sets)
+        except BaseException:
+            self.close()  # a job refused while it was being set up must not leak the module or buffers
+            raise
+
+    def _prepare(self, header: dict, cubin: bytes, sets: int) -> None:
+        try:
             self.module = gpu.Module(cubin)
         except CudaError as exc:
             raise JobFailed("launch_error", exc.name, f"the CUBIN did not load: {exc}") from None
@@ -145,9 +152,9 @@ class _Job:
     def _prepare_shared(self) -> None:
         try:
             gpu.allow_dynamic_shared(self.function, self.shared_bytes)
-        except CudaError as exc:
+        except (CudaError, OverflowError, ValueError) as exc:
             limit = self.context.info.max_shared_per_block_optin
-            raise JobFailed("launch_error", exc.name,
+            raise JobFailed("launch_error", getattr(exc, "name", type(exc).__name__),
                             f"{self.shared_bytes} bytes of dynamic shared memory refused (device limit {limit})") from None
 
     def upload_inputs(self, set_index: int, blobs: list[bytes]) -> None:
@@ -227,12 +234,14 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
     sets, iterations = header["sets"], header["iterations"]
     checked = sorted(set(header["checked_launches"]))
     job = _Job(context, header, blobs[0], sets=sets)
-    output_bytes = sum(p["nbytes"] for p in job.arrays if p["kind"] == "output")
-    counters = gpu.Allocation(8 * max(iterations, 1))
-    snapshots = gpu.Allocation(output_bytes * len(checked))
-    pairs = [gpu.EventPair() for _ in range(iterations)]
-    queued = gpu.EventPair()
+    counters = snapshots = queued = None
+    pairs: list[gpu.EventPair] = []
     try:
+        output_bytes = sum(p["nbytes"] for p in job.arrays if p["kind"] == "output")
+        counters = gpu.Allocation(8 * max(iterations, 1))
+        snapshots = gpu.Allocation(output_bytes * len(checked))
+        pairs = [gpu.EventPair() for _ in range(iterations)]
+        queued = gpu.EventPair()
         per_set = (len(blobs) - 1) // sets
         for s in range(sets):
             job.upload_inputs(s, blobs[1 + s * per_set: 1 + (s + 1) * per_set])
@@ -272,10 +281,11 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
                   "host_kept_up": host_kept_up}
         return answer, checked_blobs + last_blobs + guards
     finally:
-        for pair in pairs + [queued]:
+        for pair in pairs + ([queued] if queued else []):
             pair.destroy()
-        counters.free()
-        snapshots.free()
+        for allocation in (counters, snapshots):
+            if allocation is not None:
+                allocation.free()
         job.close()
 
 

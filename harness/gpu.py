@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 from cuda.bindings import driver
 
@@ -31,6 +32,9 @@ _SCALAR_CTYPES = {
     "float32": ctypes.c_float, "float64": ctypes.c_double,
     "float16": ctypes.c_uint16, "bfloat16": ctypes.c_uint16,
 }
+
+
+_HALF_DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
 def is_sticky(error: CudaError) -> bool:
@@ -212,7 +216,7 @@ def kernel_arguments(values: list[tuple[str, object]]) -> tuple[tuple, tuple]:
             args.append(int(value))
             types.append(ctypes.c_void_p)
         elif dtype in ("float16", "bfloat16"):
-            args.append(int(np.asarray(value).view(np.uint16)))
+            args.append(int(np.asarray(value, dtype=_HALF_DTYPES[dtype]).view(np.uint16)))
             types.append(ctypes.c_uint16)
         else:
             args.append(value)

@@ -201,8 +201,14 @@ class LaunchSpec(BaseModel):
         grid = tuple(_launch_int(spec.grid[i], case, f"grid[{i}]", 1) for i in range(3))
         block = tuple(_launch_int(spec.block[i], case, f"block[{i}]", 1) for i in range(3))
         shared = _launch_int(spec.shared_bytes, case, "shared_bytes", 0)
+        if shared > MAX_SHARED_BYTES:
+            raise LaunchError("shared_bytes", f"{shared} exceeds {MAX_SHARED_BYTES} (case {case.name!r})")
         _check_cuda_limits(grid, block, case)
         return LaunchGeometry(grid=grid, block=block, shared_bytes=shared)
+
+
+# No device has more shared memory per block than this; the bound keeps the value a C int.
+MAX_SHARED_BYTES = 1 << 24
 
 
 def _launch_int(text: str, case: Case, where: str, minimum: int) -> int:

@@ -91,7 +91,7 @@ def build_server(run: Run, **server_options: Any) -> MCPServer:
         pass to the other tools, the trimmed compiler log, registers, spills and shared memory. Free, rate-limited."""
         args = {"source_bytes": len(source.encode()), "options": options}
         return await call(None, "compile_kernel", args,
-                          lambda _: probes.compile_candidate(run, candidate(None, source, options, launch)))
+                          lambda _: probes.compile_candidate(run, lambda: candidate(None, source, options, launch)))
 
     @server.tool(annotations=PROBE)
     async def run_cases(ctx: Context, candidate_id: CandidateId = None, source: Source = None, launch: Launch = None,
@@ -99,7 +99,7 @@ def build_server(run: Run, **server_options: Any) -> MCPServer:
         """Run a candidate once per chosen visible case and compare with the reference: pass/fail and a mismatch
         digest per case. A probe: costs no attempt, limited per attempt window."""
         return await call(ctx, "run_cases", {"candidate": candidate_id, "cases": cases}, lambda _: probes.check_cases(
-            run, "run_cases", candidate(candidate_id, source, None, launch), cases))
+            run, "run_cases", lambda: candidate(candidate_id, source, None, launch), cases))
 
     @server.tool(annotations=PROBE)
     async def validate(ctx: Context, candidate_id: CandidateId = None, source: Source = None,
@@ -107,7 +107,7 @@ def build_server(run: Run, **server_options: Any) -> MCPServer:
         """The full correctness protocol on every visible case: two runs with different poison, guard bands,
         input integrity. A probe."""
         return await call(ctx, "validate", {"candidate": candidate_id}, lambda _: probes.check_cases(
-            run, "validate", candidate(candidate_id, source, None, launch), None))
+            run, "validate", lambda: candidate(candidate_id, source, None, launch), None))
 
     @server.tool(annotations=PROBE)
     async def time_kernel(ctx: Context, candidate_id: CandidateId = None, source: Source = None,
@@ -115,7 +115,7 @@ def build_server(run: Run, **server_options: Any) -> MCPServer:
         """Time a valid candidate on the performance cases beside the baseline and the best (median with
         interval, GB/s, TFLOP/s, speedups). Refuses a candidate that fails validation. A probe."""
         return await call(ctx, "time_kernel", {"candidate": candidate_id, "cases": cases},
-                          lambda report: probes.time_candidate(run, candidate(candidate_id, source, None, launch),
+                          lambda report: probes.time_candidate(run, lambda: candidate(candidate_id, source, None, launch),
                                                                cases, report))
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
@@ -151,13 +151,10 @@ def _resources(server: MCPServer, run: Run) -> None:
             raise ResourceNotFoundError(f"{name} does not exist yet")
         return path.read_text()
 
-    @server.resource("referee://task", mime_type="application/toml",
-                     description="the task manifest, without its holdout cases")
+    @server.resource("referee://task", mime_type="application/json",
+                     description="the task as describe_task gives it (the holdout cases are never shown)")
     def task_resource() -> str:
-        manifest = probes.public_manifest(run)
-        if manifest is None:
-            raise ResourceNotFoundError("the manifest names holdout cases; describe_task gives the visible task")
-        return manifest
+        return probes.describe(run).model_dump_json(indent=2)
 
     @server.resource("referee://history.json", mime_type="application/json", description="every attempt")
     def history_resource() -> str:

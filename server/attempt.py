@@ -33,6 +33,7 @@ def _claim_slot(run: Run, number: int, candidate: Candidate) -> None:
     os.close(fd)
     try:
         run.audit.record_file(path.relative_to(run.dir), write_bytes_atomic(path, candidate.source.encode()))
+        run.logged_attempts.add(number)
     except BaseException:
         path.unlink(missing_ok=True)  # not logged, so not claimed: a leftover would count without a record
         raise
@@ -50,6 +51,7 @@ def record_baseline(run: Run, progress: Progress | None) -> None:
                            + "; ".join(r["detail"] for r in entry["reasons"])[:2000])
     entry["verdict"] = "baseline"
     run.history.append(entry)
+    run.gpu_seconds_total += gpu_seconds
     run.audit.append("baseline_done", {"gpu_seconds": round(gpu_seconds, 6), "score_ms": entry["score_ms"]})
     set_best(run, 0)
     write_history(run)
@@ -61,9 +63,9 @@ def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict |
     left = run.settings.max_attempts - run.attempts_used
     if left <= 0:
         raise Refusal("the attempt budget is spent; the run is finished. Read referee://summary.json.")
-    number = run.attempts_used + 1
-    _claim_slot(run, number, candidate)
     best = best_attempt(run)
+    number = max(run.claimed_attempts()) + 1
+    _claim_slot(run, number, candidate)
     try:
         # From the claim until history.json holds the attempt, a failure records it as rejected (interrupted).
         run.audit.append("attempt_started", {"attempt": number, "candidate": candidate.id, "rationale": rationale,
@@ -245,11 +247,8 @@ def settle_interrupted(run: Run, why: str = "the server stopped during this atte
     for claim in (run.dir / "attempts").glob("[0-9][0-9][0-9].claim"):
         claim.unlink()  # left by a server stopped while claiming: the slot file alone says whether it counts
     recorded = {entry["attempt"] for entry in run.history}
-    for path in sorted((run.dir / "attempts").glob("[0-9][0-9][0-9].cu")):
-        number = int(path.stem)
-        if number in recorded or number == 0:
-            continue
-        entry = {"attempt": number, "candidate": None, "source_file": f"attempts/{path.name}",
+    for number in sorted(run.claimed_attempts() - recorded - {0}):
+        entry = {"attempt": number, "candidate": None, "source_file": f"attempts/{number:03d}.cu",
                  "started": None, "finished": now_iso(), "verdict": "rejected",
                  "reasons": [Reason(code=ReasonCode.WORKER_CRASHED, detail=(
                      f"interrupted: {why}; the attempt stays counted")

@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--task", type=Path, help="task folder: start a new run")
     source.add_argument("--run", type=Path, help="run folder: resume it (budget and history continue)")
     serve.add_argument("--results", type=Path, default=Path("results"), help="where new runs go (default ./results)")
+    serve.add_argument("--new-run", action="store_true",
+                       help="start a new run even if an unfinished run of this task exists (by default it is resumed)")
     serve.add_argument("--max-attempts", type=int, default=7)
     serve.add_argument("--probes-per-window", type=int, default=20, help="probes allowed between two attempts")
     serve.add_argument("--warmups", type=int, default=Settings().warmups)

@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+import logging
+
 from server.run import Progress, Run
+
+log = logging.getLogger(__name__)
 
 
 def check_holdout(run: Run, number: int) -> dict:
+    """The attempt on the holdout cases. Whatever goes wrong there is the attempt's failure: an
+    error must not keep a run from finishing (nor a cheat from being disqualified)."""
+    cases = list(run.task.holdout_cases)
+    try:
+        return _check(run, number, cases)
+    except Exception as exc:  # noqa: BLE001 - reported as the attempt's holdout failure, and logged
+        log.warning("holdout check of attempt %d failed", number, exc_info=True)
+        return {"attempt": number, "passed": False, "cases": [c.name for c in cases],
+                "reasons": [{"code": "launch_error", "case": None,
+                             "detail": f"the holdout check could not run it: {type(exc).__name__}: {exc}"[:1000]}]}
+
+
+def _check(run: Run, number: int, cases) -> dict:
     entry = next(e for e in run.history if e["attempt"] == number)
     kernel, _ = run.kernel(run.candidates[entry["candidate"]])
-    cases = list(run.task.holdout_cases)
+    if kernel is None:
+        raise RuntimeError("it no longer compiles")
     report = run.executor.check(kernel, cases)
     result = {"attempt": number, "passed": report.passed, "cases": [c.name for c in cases],
               "reasons": [r.model_dump(mode="json") for r in report.reasons]}
@@ -23,10 +41,10 @@ def check_holdout(run: Run, number: int) -> dict:
 def holdout_verdict(run: Run, progress: Progress | None) -> tuple[dict, list[int], int]:
     """(holdout result of the final best, disqualified attempts, final best attempt number)."""
     best = run.summary.get("best_attempt", 0)
-    valid = [e for e in run.history if e["verdict"] in ("valid-faster", "valid-not-faster") and e["attempt"] != best]
+    # The baseline competes by its score too: a slower valid attempt never replaces it.
+    valid = [e for e in run.history if e["verdict"] in ("baseline", "valid-faster", "valid-not-faster")
+             and e["attempt"] != best]
     ranked = [best] + [e["attempt"] for e in sorted(valid, key=lambda e: e["score_ms"])]
-    if 0 not in ranked:
-        ranked.append(0)
     disqualified: list[int] = []
     for index, number in enumerate(ranked):
         if progress:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import re
 import time
-import tomllib
+from typing import Callable
 
 from harness.stats import geometric_mean, geomean_speedup, speedup
 from harness.verdict import CheckReport
@@ -31,25 +30,9 @@ def describe(run: Run) -> TaskDescription:
         budget=run.budget())
 
 
-def public_manifest(run: Run) -> str | None:
-    """task.toml without its holdout cases, which the agent never sees; None if they cannot be cut out cleanly."""
-    text = (run.dir / "task" / "task.toml").read_text()
-    hidden = {case.name for case in run.task.holdout_cases}
-
-    def is_hidden(block: str) -> bool:
-        if not block.lstrip().startswith("[[cases]]"):
-            return False
-        try:
-            return tomllib.loads(block)["cases"][0].get("name") in hidden
-        except (tomllib.TOMLDecodeError, KeyError, IndexError, AttributeError):
-            return False
-
-    public = "".join(block for block in re.split(r"(?m)^(?=[ \t]*\[)", text) if not is_hidden(block))
-    return None if any(name in public for name in hidden) else public
-
-
-def compile_candidate(run: Run, candidate: Candidate) -> CompileAnswer:
-    run.charge_compile()
+def compile_candidate(run: Run, make_candidate: Callable[[], Candidate]) -> CompileAnswer:
+    run.charge_compile()  # before the candidate is registered: a refused call writes nothing
+    candidate = make_candidate()
     _, compiled = run.kernel(candidate)
     r = compiled.resources
     resources = None if r is None else Resources(registers=r.registers, spill_bytes=r.spill_store_bytes + r.spill_load_bytes,
@@ -71,21 +54,29 @@ def _statuses(report: CheckReport) -> list[CaseStatus]:
             for c in report.cases]
 
 
-def check_cases(run: Run, tool: str, candidate: Candidate, case_names: list[str] | None) -> CheckAnswer:
+def check_cases(run: Run, tool: str, make_candidate: Callable[[], Candidate],
+                case_names: list[str] | None) -> CheckAnswer:
     """run_cases (chosen visible cases) and validate (all visible cases): the correctness protocol."""
     run.charge_probe()
     cases = run.cases_named(case_names)
+    candidate = make_candidate()
     kernel = _compiled_kernel(run, candidate)
     started = time.perf_counter()
-    report = run.executor.check(kernel, cases)
-    run.probe_done(tool, time.perf_counter() - started, {"candidate": candidate.id, "passed": report.passed})
+    report = None
+    try:
+        report = run.executor.check(kernel, cases)
+    finally:
+        run.probe_done(tool, time.perf_counter() - started,
+                       {"candidate": candidate.id, "passed": report.passed if report else None})
     return CheckAnswer(candidate=candidate.id, passed=report.passed, cases=_statuses(report), budget=run.budget())
 
 
-def time_candidate(run: Run, candidate: Candidate, case_names: list[str] | None, progress: Progress | None) -> TimeAnswer:
+def time_candidate(run: Run, make_candidate: Callable[[], Candidate], case_names: list[str] | None,
+                   progress: Progress | None) -> TimeAnswer:
     """Validate first (a wrong kernel is never timed), then time it beside the best and the baseline."""
     run.charge_probe()
     cases = run.cases_named(case_names, performance_only=True)
+    candidate = make_candidate()
     kernel = _compiled_kernel(run, candidate)
     started = time.perf_counter()
     try:

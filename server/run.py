@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import logging
+import re
 import shutil
 import stat
 import threading
@@ -64,6 +65,9 @@ class Candidate:
     launch: LaunchSpec
 
 
+_ATTEMPT_FILE = re.compile(r"attempts/[0-9]{3}\.cu")
+
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
@@ -111,6 +115,7 @@ class Run:
         self.compiles_total = 0
         self.probes_total = 0
         self._compile_times: deque[float] = deque()
+        self.logged_attempts: set[int] = set()  # attempt slots whose source write is in the audit log
         self._mutex = threading.Lock()
 
     # -- creation and resumption ---------------------------------------------------------------
@@ -180,6 +185,10 @@ class Run:
                 self.executor.preload(case, input_seed(case, s), outputs)
         history = self.dir / "history.json"
         self.history = json.loads(history.read_text())["attempts"] if history.exists() else []
+        if not any(entry["attempt"] == 0 for entry in self.history):
+            self.close()
+            raise RunError(f"{self.dir.name} stopped before its baseline (attempt 0) was recorded: nothing was "
+                           "attempted yet; start a new run with --task")
         self.summary = json.loads((self.dir / "summary.json").read_text()) if (self.dir / "summary.json").exists() else {}
         for path in sorted((self.dir / "candidates").glob("*.json")):
             data = json.loads(path.read_text())
@@ -204,6 +213,9 @@ class Run:
                 self.gpu_seconds_total += record["data"].get("gpu_seconds", 0.0)
             if record["kind"] == "compiled":
                 self.compiles_total += 1
+            path = record["data"].get("path", "") if record["kind"] == "file_written" else ""
+            if _ATTEMPT_FILE.fullmatch(path):
+                self.logged_attempts.add(int(path[9:12]))
 
     # -- files ---------------------------------------------------------------------------------
     def _write_json(self, name: str, value) -> None:
@@ -236,7 +248,12 @@ class Run:
     @property
     def attempts_used(self) -> int:
         """Attempt slots claimed (a claimed slot counts even if the server died during it)."""
-        return len([p for p in (self.dir / "attempts").glob("[0-9][0-9][0-9].cu") if p.stem != "000"])
+        return len(self.claimed_attempts() - {0})
+
+    def claimed_attempts(self) -> set[int]:
+        """Slots claimed by a file in attempts/ or by the log: deleting a file gives nothing back."""
+        on_disk = {int(p.stem) for p in (self.dir / "attempts").glob("[0-9][0-9][0-9].cu")}
+        return on_disk | self.logged_attempts
 
     def budget(self) -> Budget:
         s = self.settings

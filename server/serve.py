@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+from pathlib import Path
 from typing import TextIO
 
 from harness.device import gpu_absent_reason
@@ -11,7 +13,7 @@ from harness.evaluate import Settings
 from harness.task import load_task
 from server import transport
 from server.app import build_server
-from server.audit import verify_run
+from server.audit import sha256_file, verify_run
 from server.executor import GpuExecutor
 from server.run import Run, RunError, RunSettings
 
@@ -31,6 +33,10 @@ def serve(args) -> int:
     if refusal:
         print(f"kernel-referee: {refusal}", file=sys.stderr)
         return 2
+    if args.run is None and not args.new_run:
+        args.run = latest_unfinished_run(args.results, args.task)
+        if args.run is not None:
+            _say(f"resuming {args.run}: an unfinished run of this same task (--new-run starts another)")
     task_dir = args.task if args.run is None else args.run / "task"
     task = load_task(task_dir)
     token, generated = transport.resolve_token() if args.transport == "http" else (None, False)
@@ -57,6 +63,29 @@ def serve(args) -> int:
     finally:
         executor.close()
     return 0
+
+
+def _task_files(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): sha256_file(p) for p in sorted(folder.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
+def latest_unfinished_run(results: Path, task_dir: Path) -> Path | None:
+    """The newest run under `results` of this very task (same files) that has not finished.
+
+    A client that restarts its server with the same `serve --task` command must get the same run
+    back, budget included, not a fresh one.
+    """
+    wanted = _task_files(task_dir)
+    for run_dir in sorted(results.glob("run-[0-9][0-9][0-9]*"), reverse=True):
+        summary, history = run_dir / "summary.json", run_dir / "history.json"
+        if not history.exists() or not (run_dir / "task").is_dir():
+            continue
+        if summary.exists() and json.loads(summary.read_text()).get("status") == "finished":
+            continue
+        if _task_files(run_dir / "task") == wanted:
+            return run_dir
+    return None
 
 
 def verify(args, out: TextIO) -> int:

@@ -47,7 +47,7 @@ def reverify(run: Run, kernel, clock) -> tuple[dict, list[Reason]]:
     if not check.passed:
         return {"seeds": seeds, "passed": False}, [
             r.model_copy(update={"detail": f"re-verification: {r.detail}"}) for r in check.reasons]
-    run.executor.abort()  # the next job starts a fresh worker: nothing carried over from the first timing
+    run.executor.fresh_worker()  # nothing carried over from the first timing
     timing = clock.run(run.executor.time, kernel, list(run.task.performance_cases))
     medians = {c.case: c.stats.median_ms for c in timing.cases if c.stats}
     found = {"seeds": seeds, "passed": timing.passed, "medians_ms": medians}

@@ -104,5 +104,8 @@ class FakeExecutor:
     def abort(self) -> None:
         self.aborted += 1
 
+    def fresh_worker(self) -> None:
+        self.aborted += 1
+
     def close(self) -> None:
         pass

@@ -197,7 +197,7 @@ async def test_resources_and_prompt(run):
         assert (await c.read_resource("referee://best.cu")).contents[0].text == INITIAL
 
         manifest = (await c.read_resource("referee://task")).contents[0].text
-        assert 'name = "matmul_f32"' in manifest and "square-256" in manifest and HOLDOUT not in manifest
+        assert json.loads(manifest)["name"] == "matmul_f32" and "square-256" in manifest and HOLDOUT not in manifest
 
         compiled = await ok(c, "compile_kernel", source=BROKEN)
         assert compiled["ok"] is False and compiled["log_resource"] == f"referee://compile-logs/{compiled['candidate']}"

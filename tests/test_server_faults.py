@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -247,3 +248,20 @@ async def test_an_error_inside_an_attempt_records_the_attempt_as_rejected(tmp_pa
     run = Run.resume(run.dir, executor())
     assert [e["attempt"] for e in run.history] == [0, 1, 2] and run.attempts_used == 2
     run.close()
+
+
+def test_serve_with_the_same_task_finds_the_unfinished_run_to_resume(tmp_path):
+    from server.serve import latest_unfinished_run
+
+    results = tmp_path / "results"
+    assert latest_unfinished_run(results, MATMUL) is None
+    first = new_run(tmp_path)
+    first.close()
+    assert latest_unfinished_run(results, MATMUL) == first.dir
+    other_task = tmp_path / "other"
+    shutil.copytree(MATMUL, other_task)
+    (other_task / "initial.cu").write_text((other_task / "initial.cu").read_text() + "\n// changed\n")
+    assert latest_unfinished_run(results, other_task) is None
+    summary = json.loads((first.dir / "summary.json").read_text())
+    (first.dir / "summary.json").write_text(json.dumps({**summary, "status": "finished"}))
+    assert latest_unfinished_run(results, MATMUL) is None
