@@ -265,3 +265,58 @@ def test_serve_with_the_same_task_finds_the_unfinished_run_to_resume(tmp_path):
     summary = json.loads((first.dir / "summary.json").read_text())
     (first.dir / "summary.json").write_text(json.dumps({**summary, "status": "finished"}))
     assert latest_unfinished_run(results, MATMUL) is None
+
+
+@pytest.mark.anyio
+async def test_deleting_an_attempt_file_gives_no_attempt_back(tmp_path):
+    run = new_run(tmp_path, max_attempts=3)
+    async with client(run) as c:
+        await ok(c, "record_attempt", source=kernel("latency_us=90"), rationale="one")
+        await ok(c, "record_attempt", source=kernel("latency_us=80"), rationale="two")
+        (run.dir / "attempts" / "002.cu").unlink()
+        assert (await ok(c, "describe_task"))["budget"]["attempts_left"] == 1
+        third = await ok(c, "record_attempt", source=kernel("latency_us=70"), rationale="three")
+        assert third["attempt"] == 3 and third["budget"]["attempts_left"] == 0
+    assert [e["attempt"] for e in run.history] == [0, 1, 2, 3]
+    assert run.summary["status"] == "finished"
+    assert any("attempts/002.cu" in p and "missing" in p for p in verify_run(run.dir).problems)
+
+
+@pytest.mark.anyio
+async def test_a_holdout_check_that_breaks_disqualifies_instead_of_crashing(tmp_path):
+    run = new_run(tmp_path)
+    async with client(run) as c:
+        await ok(c, "record_attempt", source=kernel("latency_us=50"), rationale="fast")
+
+        def broken(kernel, cases, seeds=None, against_oracle=False):
+            if cases and cases[0].role == "holdout" and kernel.label != run.history[0]["candidate"]:
+                raise OverflowError("value too large to convert to int")
+            return original(kernel, cases, seeds, against_oracle)
+
+        original, run.executor.check = run.executor.check, broken
+        finished = await ok(c, "finish", reason="done")
+    assert finished["disqualified"] == [1] and finished["best_attempt"] == 0
+    assert run.summary["status"] == "finished" and run.summary["holdout"]["passed"]
+    assert verify_run(run.dir).ok
+
+
+@pytest.mark.anyio
+async def test_a_disqualified_best_is_never_replaced_by_an_attempt_slower_than_the_baseline(tmp_path):
+    run = new_run(tmp_path)
+    async with client(run) as c:
+        await ok(c, "record_attempt", source=kernel("latency_us=50", "wrong-holdout"), rationale="fast, wrong")
+        slow = await ok(c, "record_attempt", source=kernel("latency_us=300"), rationale="slow")
+        assert slow["verdict"] == "valid-not-faster"
+        finished = await ok(c, "finish", reason="done")
+    assert finished["disqualified"] == [1] and finished["best_attempt"] == 0
+
+
+@pytest.mark.anyio
+async def test_refused_calls_register_no_candidate(tmp_path):
+    run = new_run(tmp_path, probes_per_window=1)
+    async with client(run) as c:
+        await ok(c, "validate", source=kernel())
+        before = sorted(p.name for p in (run.dir / "candidates").iterdir())
+        for n in range(5):
+            await refused(c, "validate", source=kernel(f"v{n}"))
+        assert sorted(p.name for p in (run.dir / "candidates").iterdir()) == before
