@@ -63,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
 
     verify = commands.add_parser("verify", help="check a run folder's hash chain and recorded files")
     verify.add_argument("run", type=Path)
+
+    cost = commands.add_parser("cost", help="the cost sheet of a run: pilot cost, monthly saving, payback")
+    cost.add_argument("run", type=Path)
+    for name in ("engineer-hours", "hourly-rate", "model-cost", "gpu-hour-cost", "invocations-per-month",
+                 "ms-saved-end-to-end"):
+        cost.add_argument(f"--{name}", type=float, required=True)
     return parser
 
 
@@ -88,6 +94,17 @@ def _check(args) -> int:
     return run_check(task, targets, settings, sys.stdout, args.json, confine=not args.no_sandbox)
 
 
+def _cost(args) -> int:
+    from server.cost import CostInputs, cost_sheet, render, run_hours
+
+    inputs = CostInputs(engineer_hours=args.engineer_hours, hourly_rate=args.hourly_rate, model_cost=args.model_cost,
+                        gpu_hour_cost=args.gpu_hour_cost, invocations_per_month=args.invocations_per_month,
+                        ms_saved_end_to_end=args.ms_saved_end_to_end)
+    wall, busy, kernel_saved = run_hours(args.run)
+    print(render(cost_sheet(inputs, wall, busy, kernel_saved)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
@@ -102,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
             from server.serve import verify
 
             return verify(args, sys.stdout)
-    except (TaskError, CompileRefused, OSError) as exc:
+        if args.command == "cost":
+            return _cost(args)
+    except (TaskError, CompileRefused, OSError, ValidationError, KeyError, ValueError) as exc:
         print(f"kernel-referee: {exc}", file=sys.stderr)
         return 2
     return 2

@@ -1,0 +1,82 @@
+"""The cost sheet: what a run cost and when a faster kernel pays it back.
+
+pilot cost          = engineer hours x hourly rate + model charges + GPU wall-clock hours x GPU hourly cost
+saved GPU hours/mo  = ms saved end to end per invocation x invocations per month / 3,600,000
+payback months      = pilot cost / (saved GPU hours per month x GPU hourly cost)
+
+The milliseconds saved must be measured end to end after integration: a kernel's event-timed
+latency is not what an application saves.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+MS_PER_HOUR = 3_600_000
+
+
+class CostInputs(BaseModel):
+    engineer_hours: float = Field(ge=0)
+    hourly_rate: float = Field(ge=0)
+    model_cost: float = Field(ge=0)
+    gpu_hour_cost: float = Field(ge=0)
+    invocations_per_month: float = Field(ge=0)
+    ms_saved_end_to_end: float = Field(ge=0)
+
+
+class CostSheet(BaseModel):
+    inputs: CostInputs
+    run_wall_hours: float
+    run_gpu_busy_hours: float
+    engineering_cost: float
+    gpu_cost: float
+    pilot_cost: float
+    saved_gpu_hours_per_month: float
+    monthly_saving: float
+    payback_months: float | None  # None when nothing is saved
+    kernel_ms_saved: float | None  # from the run, for comparison only: not the end-to-end saving
+
+
+def cost_sheet(inputs: CostInputs, run_wall_hours: float, run_gpu_busy_hours: float,
+               kernel_ms_saved: float | None = None) -> CostSheet:
+    engineering = inputs.engineer_hours * inputs.hourly_rate
+    gpu = run_wall_hours * inputs.gpu_hour_cost  # the GPU is held for the whole run, busy or not
+    pilot = engineering + inputs.model_cost + gpu
+    saved_hours = inputs.ms_saved_end_to_end * inputs.invocations_per_month / MS_PER_HOUR
+    monthly = saved_hours * inputs.gpu_hour_cost
+    return CostSheet(inputs=inputs, run_wall_hours=run_wall_hours, run_gpu_busy_hours=run_gpu_busy_hours,
+                     engineering_cost=engineering, gpu_cost=gpu, pilot_cost=pilot,
+                     saved_gpu_hours_per_month=saved_hours, monthly_saving=monthly,
+                     payback_months=pilot / monthly if monthly > 0 else None, kernel_ms_saved=kernel_ms_saved)
+
+
+def run_hours(run_dir: Path) -> tuple[float, float, float | None]:
+    """(wall-clock hours from creation to the last summary, GPU-busy hours, kernel ms saved per call)."""
+    created = datetime.fromisoformat(json.loads((run_dir / "run.json").read_text())["created"])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    wall = (datetime.fromisoformat(summary["updated"]) - created).total_seconds() / 3600
+    baseline, best = summary.get("baseline", {}).get("score_ms"), summary.get("best", {}).get("score_ms")
+    saved = baseline - best if baseline is not None and best is not None else None
+    return wall, summary.get("gpu_seconds", 0.0) / 3600, saved
+
+
+def render(sheet: CostSheet) -> str:
+    i = sheet.inputs
+    payback = "never (nothing saved)" if sheet.payback_months is None else f"{sheet.payback_months:.2f} months"
+    kernel = "" if sheet.kernel_ms_saved is None else (
+        f"\nThe run measured {sheet.kernel_ms_saved:.4f} ms saved per kernel call (geometric mean over its "
+        "performance cases).")
+    return (
+        f"pilot cost            {sheet.pilot_cost:12.2f}  = engineering {sheet.engineering_cost:.2f} "
+        f"({i.engineer_hours:g} h x {i.hourly_rate:g}) + model {i.model_cost:.2f} + GPU {sheet.gpu_cost:.2f} "
+        f"({sheet.run_wall_hours:.3f} h held x {i.gpu_hour_cost:g}; {sheet.run_gpu_busy_hours:.4f} h busy)\n"
+        f"saved GPU hours/month {sheet.saved_gpu_hours_per_month:12.4f}  = {i.ms_saved_end_to_end:g} ms x "
+        f"{i.invocations_per_month:g} invocations / 3,600,000\n"
+        f"monthly saving        {sheet.monthly_saving:12.2f}\n"
+        f"payback               {payback}\n"
+        "The saving uses the milliseconds saved END TO END per invocation, measured after integration; a "
+        "kernel's event-timed latency is not what the application saves." + kernel)
