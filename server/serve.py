@@ -58,7 +58,8 @@ def serve(args) -> int:
         transport.run(build_server(run, **options), args.transport, host=args.host, port=args.port, token=token,
                       token_generated=generated)
     except RunError as exc:
-        print(f"kernel-referee: {exc}", file=sys.stderr)
+        hint = " (or pass --new-run to start a new run of this task)" if args.task is not None else ""
+        print(f"kernel-referee: {exc}{hint}", file=sys.stderr)
         return 2
     finally:
         executor.close()
