@@ -133,9 +133,10 @@ class Referee:
                 reasons.append(Reason(code=ReasonCode.MISMATCH, case=case.name, detail=_mismatch_detail(check)))
             unwritten = _still_poisoned(first, second)
             if unwritten.any():
+                first_at = [int(i) for i in np.unravel_index(np.argmax(unwritten), first.shape)]
                 reasons.append(Reason(code=ReasonCode.UNWRITTEN_OUTPUT, case=case.name, detail=(
                     f"{spec.name}: {int(unwritten.sum())} of {unwritten.size} elements were never written "
-                    f"(they still hold the poison; first at {list(np.unravel_index(np.argmax(unwritten), first.shape))})")))
+                    f"(they still hold the poison; first at {first_at})")))
             pair = agreement(first[~unwritten], second[~unwritten], tol.rtol, tol.atol)
             if pair is Agreement.DIFFERS:
                 verdict = pair
@@ -303,8 +304,9 @@ def _integrity_reasons(integrity: jobs.Integrity, case: str) -> list[Reason]:
 def _mismatch_detail(check) -> str:
     first = check.first_mismatches[0] if check.first_mismatches else None
     where = f"; first at {list(first.index)}: expected {first.expected:.6g}, got {first.got:.6g}" if first else ""
+    nonfinite = f", {check.nonfinite_mismatches} NaN/Inf where they do not belong" if check.nonfinite_mismatches else ""
     return (f"{check.name}: {check.mismatches} of {check.elements} elements beyond tolerance "
-            f"(max abs error {check.max_abs_error:.3g}, max rel error {check.max_rel_error:.3g}){where}")
+            f"(max abs error {check.max_abs_error:.3g}, max rel error {check.max_rel_error:.3g}{nonfinite}){where}")
 
 
 def _poison_count(expected: dict[str, np.ndarray], layout: jobs.Layout, byte: int) -> int:

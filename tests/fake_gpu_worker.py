@@ -1,0 +1,167 @@
+"""A stand-in GPU worker that emulates the matmul_f32 kernel on the CPU, for referee tests.
+
+It speaks the real protocol (sandbox/worker.py's 'ready' message, harness/execute.py's answers to
+"run" and "time" jobs) and computes c = a @ b in float32 with numpy. What it does wrong is chosen
+by `--behaviour=NAME` on its command line (parsed out before the fds):
+
+  honest         a correct kernel
+  oob_after      flips one byte of c's tail guard band (just after the end of c)
+  oob_before     flips the last byte of c's head guard band (just before the start of c)
+  modify_input   reports a different sha256 for input a
+  unwritten      leaves the last row of c holding the poison, in both runs
+  race           the second run's output differs by 1.0 in one element
+  stale_timing   time jobs: re-checked and last outputs of every set return set 0's result
+  skip_timing    time jobs: every 4th timed launch leaves 10 elements unwritten
+  fault          answers a sticky CUDA_ERROR_ILLEGAL_ADDRESS fault, then exits 3
+
+Only harness/ and sandbox/ are imported: the worker runs with PYTHONSAFEPATH from a scratch folder.
+"""
+
+import hashlib
+import os
+import sys
+
+import numpy as np
+
+from harness import wire
+from harness.jobs import canary
+from harness.task import DTYPES
+from sandbox.worker import confine_from_argv
+
+BEHAVIOURS = {"honest", "oob_after", "oob_before", "modify_input", "unwritten", "race",
+              "stale_timing", "skip_timing", "fault"}
+EXIT_STICKY = 3
+
+DEVICE = {"ordinal": 0, "name": "Fake CPU matmul device", "compute_capability": [9, 0], "sm_count": 132,
+          "l2_bytes": 50 * 1024 * 1024, "max_shared_per_block_optin": 232448, "sm_clock_khz": 1980000,
+          "memory_clock_khz": 2619000, "memory_bus_bits": 5120, "total_memory_bytes": 80 * 1024 ** 3,
+          "driver_version": 12040}
+
+
+def _arrays(header):
+    return [p for p in header["params"] if p["kind"] != "scalar"]
+
+
+def _inputs(header, blobs):
+    """Input arrays by name, from raw blobs (shape from the scalars m, n, k)."""
+    scalars = {p["name"]: p["value"] for p in header["params"] if p["kind"] == "scalar"}
+    m, n, k = scalars["m"], scalars["n"], scalars["k"]
+    shapes = {"a": (m, k), "b": (k, n)}
+    specs = [p for p in _arrays(header) if p["kind"] == "input"]
+    if len(specs) != len(blobs):
+        raise ValueError(f"expected {len(specs)} input blobs, got {len(blobs)}")
+    arrays = {}
+    for spec, blob in zip(specs, blobs):
+        if len(blob) != spec["nbytes"]:
+            raise ValueError(f"input {spec['name']}: {len(blob)} bytes, expected {spec['nbytes']}")
+        arrays[spec["name"]] = np.frombuffer(blob, dtype=DTYPES[spec["dtype"]]).reshape(shapes[spec["name"]])
+    return arrays, (m, n)
+
+
+def _matmul(inputs):
+    return (inputs["a"].astype(np.float32) @ inputs["b"].astype(np.float32)).astype(np.float32)
+
+
+def _launch(inputs, shape, poison, behaviour, run_index=0):
+    """One emulated launch into an output buffer filled with `poison`; the output's raw bytes."""
+    c = np.frombuffer(bytes([poison]) * (shape[0] * shape[1] * 4), dtype=np.float32).reshape(shape).copy()
+    result = _matmul(inputs)
+    if behaviour == "unwritten":
+        c[:-1] = result[:-1]  # the last row keeps the poison
+    else:
+        c[:] = result
+    if behaviour == "race" and run_index == 1:
+        c[0, 0] += np.float32(1.0)
+    return c.tobytes()
+
+
+def _evidence(header, input_sets, behaviour):
+    """Input hashes per set and every guard band (head, tail per buffer per set)."""
+    arrays = _arrays(header)
+    seed, guard = header["guard_seed"], header["guard_bytes"]
+    hashes, guards = [], []
+    for s, inputs in enumerate(input_sets):
+        digest = {}
+        for i, spec in enumerate(arrays):
+            if spec["kind"] == "input":
+                raw = np.ascontiguousarray(inputs[spec["name"]]).view(np.uint8).tobytes()
+                if behaviour == "modify_input" and spec["name"] == "a":
+                    raw = raw[:-1] + bytes([raw[-1] ^ 0x01])
+                digest[spec["name"]] = hashlib.sha256(raw).hexdigest()
+            head, tail = (g.copy() for g in canary(seed, s * len(arrays) + i, guard))
+            if spec["name"] == "c" and behaviour == "oob_after":
+                tail[0] ^= 0xFF
+            if spec["name"] == "c" and behaviour == "oob_before":
+                head[-1] ^= 0xFF
+            guards += [head.tobytes(), tail.tobytes()]
+        hashes.append(digest)
+    return hashes, guards
+
+
+def _run(header, blobs, behaviour):
+    inputs, shape = _inputs(header, blobs[1:])
+    outputs = [_launch(inputs, shape, byte, behaviour, run) for run, byte in enumerate(header["poisons"])]
+    hashes, guards = _evidence(header, [inputs], behaviour)
+    return {"status": "ok", "input_sha256": hashes}, outputs + guards
+
+
+def _time(header, blobs, behaviour):
+    sets, iterations = header["sets"], header["iterations"]
+    poison = header["poison"]
+    checked = sorted(set(header["checked_launches"]))
+    per_set = (len(blobs) - 1) // sets
+    input_sets, shape = [], None
+    for s in range(sets):
+        inputs, shape = _inputs(header, blobs[1 + s * per_set: 1 + (s + 1) * per_set])
+        input_sets.append(inputs)
+    results = [_launch(inputs, shape, poison, behaviour) for inputs in input_sets]
+    if behaviour == "stale_timing":
+        results = [results[0]] * sets
+    poisoned = [int((np.frombuffer(r, np.uint8).reshape(-1, 4) == poison).all(axis=1).sum()) for r in results]
+    unwritten = [poisoned[i % sets] + (10 if behaviour == "skip_timing" and i % 4 == 0 else 0)
+                 for i in range(iterations)]
+    rng = np.random.default_rng(header["guard_seed"] % (1 << 32))
+    samples = [float(0.05 + x) for x in rng.normal(0.0, 0.001, iterations)]
+    checked_blobs = [results[i % sets] for i in checked]
+    hashes, guards = _evidence(header, input_sets, behaviour)
+    answer = {"status": "ok", "samples_ms": samples, "unwritten": unwritten, "input_sha256": hashes,
+              "event_overhead_ms": 0.002, "host_kept_up": True}
+    return answer, checked_blobs + results + guards
+
+
+def main(argv):
+    flags = [a for a in argv[1:] if a.startswith("--")]
+    fds = [a for a in argv[1:] if not a.startswith("--")]
+    behaviours = [f.split("=", 1)[1] for f in flags if f.startswith("--behaviour=")]
+    behaviour = behaviours[-1] if behaviours else "honest"
+    jobs = os.fdopen(int(fds[0]), "rb")
+    answers = os.fdopen(int(fds[1]), "wb")
+    if behaviour not in BEHAVIOURS:
+        wire.send(answers, {"status": "startup_error", "error": "BadBehaviour", "detail": behaviour})
+        return 4
+    confined = confine_from_argv(argv)
+    wire.send(answers, {"status": "ready", "device": dict(DEVICE, ordinal=int(fds[2])), "arch": "sm_90",
+                        "event_overhead_ms": 0.002, "pid": os.getpid(), **confined})
+    while True:
+        try:
+            header, blobs = wire.receive(jobs, 1 << 34)
+        except wire.PeerClosed:
+            return 0
+        op = header.get("op")
+        if op == "exit":
+            return 0
+        if behaviour == "fault":
+            wire.send(answers, {"status": "fault", "error": "CUDA_ERROR_ILLEGAL_ADDRESS",
+                                "detail": "an illegal memory access was encountered"})
+            return EXIT_STICKY
+        if op == "run":
+            answer, out = _run(header, blobs, behaviour)
+        elif op == "time":
+            answer, out = _time(header, blobs, behaviour)
+        else:
+            answer, out = {"status": "error", "error": "UNKNOWN_OP", "detail": f"unknown op {op!r}"}, []
+        wire.send(answers, answer, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,188 @@
+"""The Referee's judgements end to end, with CPU stand-ins for the GPU workers.
+
+The reference worker and the candidate worker are real sandbox.pool.Worker processes running
+tests/fake_gpu_worker.py, which emulates matmul_f32 with numpy and misbehaves on request. Every
+verdict below is reached by the parent from the raw bytes those workers send back.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.evaluate import Kernel, Referee, Settings
+from harness.task import load_task
+from harness.verdict import ReasonCode
+from sandbox.pool import Worker
+
+MATMUL = Path(__file__).resolve().parents[1] / "cases" / "matmul_f32"
+FAKE_GPU = (sys.executable, str(Path(__file__).with_name("fake_gpu_worker.py")))
+CUBIN = b"\x7fELF" + bytes(60)  # never loaded: the fake worker emulates the kernel
+
+
+class _Pool:
+    def __init__(self, reference: Worker, candidate: Worker):
+        self.reference = reference
+        self.candidate = candidate
+
+
+def _worker(name: str, behaviour: str) -> Worker:
+    return Worker(name, command=FAKE_GPU + (f"--behaviour={behaviour}",), confine=False, startup_timeout_s=30)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task(MATMUL)
+
+
+@pytest.fixture(scope="module")
+def reference_worker():
+    worker = _worker("reference", "honest")
+    try:
+        yield worker
+    finally:
+        worker.stop()
+    assert not worker.alive
+
+
+@pytest.fixture
+def referee(request, task, reference_worker):
+    candidate = _worker("candidate", request.param)
+    pool = _Pool(reference_worker, candidate)
+    kernel = Kernel("reference", CUBIN, task.kernel_name, task.launch)
+    try:
+        yield Referee(task, pool, kernel, Settings(warmups=2, iterations=20))
+    finally:
+        candidate.stop()
+    assert not candidate.alive
+
+
+def _candidate(task) -> Kernel:
+    return Kernel("candidate", CUBIN, "matmul_f32", task.launch)
+
+
+def _codes(report) -> set[ReasonCode]:
+    return {r.code for r in report.reasons}
+
+
+def _check(referee, task):
+    return referee.check(_candidate(task), list(task.visible_cases))
+
+
+def _time(referee, task):
+    return referee.time(_candidate(task), list(task.performance_cases))
+
+
+@pytest.mark.parametrize("referee", ["honest"], indirect=True)
+def test_an_honest_kernel_passes_check_and_timing(referee, task):
+    report = _check(referee, task)
+    assert report.passed and not report.reasons
+    assert [c.case for c in report.cases] == [c.name for c in task.visible_cases]
+    assert all(c.passed and c.agreement == "identical" and not c.warnings for c in report.cases)
+    assert all(o.passed and o.mismatches == 0 for c in report.cases for o in c.outputs)
+
+    timing = _time(referee, task)
+    assert timing.passed and not timing.reasons
+    assert timing.score_ms is not None and 0.04 < timing.score_ms < 0.06
+    assert [t.case for t in timing.cases] == [c.name for c in task.performance_cases]
+    for case in timing.cases:
+        assert case.launches == 20 and len(case.samples_ms) == 20 and case.stats.n == 20
+        assert case.checked_launches == 3 + 4  # min_checked_launches + one last output per input set
+        assert case.unwritten_launches == 0
+        assert case.achieved_gbps is not None and case.achieved_gbps > 0
+        assert case.achieved_tflops is not None and case.achieved_tflops > 0
+        assert case.host_kept_up is True and not case.warnings
+        assert case.event_overhead_ms == pytest.approx(0.002)
+    assert referee.pool.candidate.starts == 1 and referee.pool.candidate.hello["confined"] is False
+
+
+@pytest.mark.parametrize("referee, where", [("oob_after", "after the end"), ("oob_before", "before the start")],
+                         indirect=["referee"])
+def test_a_write_outside_the_output_is_an_out_of_bounds_write(referee, task, where):
+    report = _check(referee, task)
+    assert not report.passed
+    assert len(report.cases) == len(task.visible_cases)
+    for case in report.cases:
+        assert [r.code for r in case.reasons] == [ReasonCode.OUT_OF_BOUNDS_WRITE]
+        detail = case.reasons[0].detail
+        assert detail.startswith("c: 1 bytes changed") and where in detail and "nearest 1 bytes away" in detail
+
+
+@pytest.mark.parametrize("referee", ["modify_input"], indirect=True)
+def test_a_changed_input_is_input_modified(referee, task):
+    report = _check(referee, task)
+    assert not report.passed
+    for case in report.cases:
+        assert [r.code for r in case.reasons] == [ReasonCode.INPUT_MODIFIED]
+        assert case.reasons[0].detail.endswith(": a")
+
+
+@pytest.mark.parametrize("referee", ["unwritten"], indirect=True)
+def test_an_unwritten_row_is_unwritten_output_not_a_race(referee, task):
+    report = _check(referee, task)
+    assert not report.passed
+    for case, spec in zip(report.cases, task.visible_cases):
+        codes = {r.code for r in case.reasons}
+        assert codes == {ReasonCode.UNWRITTEN_OUTPUT, ReasonCode.MISMATCH}
+        assert ReasonCode.RACE not in codes and case.agreement == "identical"
+        n = spec.dims["n"]
+        unwritten = next(r for r in case.reasons if r.code is ReasonCode.UNWRITTEN_OUTPUT).detail
+        assert f"{n} of {spec.dims['m'] * n} elements were never written" in unwritten
+        # the position is read as numbers: the detail currently writes numpy scalars (np.int64(30))
+        first = re.search(r"first at \[(.*?)\]\)", unwritten).group(1)
+        assert [int(x) for x in re.findall(r"\d+(?=\)?(?:,|$))", first)] == [spec.dims["m"] - 1, 0]
+        mismatch = next(r for r in case.reasons if r.code is ReasonCode.MISMATCH).detail
+        assert mismatch.startswith(f"c: {n} of {spec.dims['m'] * n} elements beyond tolerance")
+
+
+@pytest.mark.parametrize("referee", ["race"], indirect=True)
+def test_runs_that_disagree_are_a_race(referee, task):
+    report = _check(referee, task)
+    assert not report.passed
+    for case in report.cases:
+        assert [r.code for r in case.reasons] == [ReasonCode.RACE]
+        assert case.agreement == "differs"
+        assert all(o.passed for o in case.outputs)  # the first run alone is correct
+
+
+@pytest.mark.parametrize("referee", ["stale_timing"], indirect=True)
+def test_timed_outputs_that_repeat_an_earlier_set_are_caught(referee, task):
+    assert _check(referee, task).passed  # single runs are correct
+    timing = _time(referee, task)
+    assert not timing.passed and timing.score_ms is None
+    for case in timing.cases:
+        assert [r.code for r in case.reasons] == [ReasonCode.TIMED_OUTPUT_MISMATCH]
+        assert case.unwritten_launches == 0
+        assert "re-checked timed outputs are wrong" in case.reasons[0].detail
+        assert "(input set " in case.reasons[0].detail or "last output of input set " in case.reasons[0].detail
+        assert "of input set 0" not in case.reasons[0].detail  # set 0's own results are right
+
+
+@pytest.mark.parametrize("referee", ["skip_timing"], indirect=True)
+def test_timed_launches_that_skip_work_are_unwritten_output(referee, task):
+    assert _check(referee, task).passed
+    timing = _time(referee, task)
+    assert not timing.passed
+    for case in timing.cases:
+        assert [r.code for r in case.reasons] == [ReasonCode.UNWRITTEN_OUTPUT]
+        assert case.unwritten_launches == 5  # launches 0, 4, 8, 12, 16 of 20
+        assert "5 of 20 timed launches" in case.reasons[0].detail
+        assert "first: launch 0, 10 elements" in case.reasons[0].detail
+
+
+@pytest.mark.parametrize("referee", ["fault"], indirect=True)
+def test_a_fault_stops_the_check_and_the_worker_is_replaced(referee, task):
+    candidate = referee.pool.candidate
+    report = _check(referee, task)
+    assert not report.passed
+    assert len(report.cases) == 1  # stopped after the first case
+    (reason,) = report.cases[0].reasons
+    assert reason.code is ReasonCode.CUDA_FAULT and "CUDA_ERROR_ILLEGAL_ADDRESS" in reason.detail
+    assert not candidate.alive and candidate.starts == 1
+
+    again = _check(referee, task)
+    assert not again.passed and len(again.cases) == 1
+    assert again.cases[0].reasons[0].code is ReasonCode.CUDA_FAULT
+    assert candidate.starts == 2
+    assert referee.pool.reference.starts == 1  # the reference worker is never touched by a fault
