@@ -101,7 +101,7 @@ def _cost(args) -> int:
                         gpu_hour_cost=args.gpu_hour_cost, invocations_per_month=args.invocations_per_month,
                         ms_saved_end_to_end=args.ms_saved_end_to_end)
     wall, busy, kernel_saved = run_hours(args.run)
-    print(render(cost_sheet(inputs, wall, busy, kernel_saved)))
+    print(render(cost_sheet(inputs, wall, busy, kernel_saved)), file=sys.stdout)  # the report, not MCP
     return 0
 
 
