@@ -20,7 +20,7 @@ from typing import Sequence
 
 from pydantic import ValidationError
 
-from harness.compile import CompileCache, CompileRefused, CompileResult, check_request, trim_log
+from harness.compile import CompileCache, CompileRefused, CompileRequest, CompileResult, check_request, trim_log
 from sandbox.pool import JobTimeout, Worker, WorkerCrashed, WorkerError
 
 # Well under the MCP client's 60 s per tool call, which also has to cover a worker start.
@@ -36,22 +36,16 @@ _RESULT_FIELDS = frozenset(CompileResult.model_fields) - {"cubin"}
 
 
 @dataclass(frozen=True)
-class _Request:
-    source: str
-    kernel_name: str
-    options: tuple[str, ...]
-    arch: str
-    key: str
-    nvrtc_version: str
+class _Request(CompileRequest):
+    """A checked request and what the parent does with it."""
 
     @classmethod
     def checked(cls, source: str, kernel_name: str, options: Sequence[str], arch: str) -> "_Request":
         """The same policy checks as harness.compile.compile_kernel, made before any process starts."""
-        request = check_request(source, kernel_name, options, arch)
-        return cls(source, kernel_name, request.options, arch, request.key, request.nvrtc_version)
+        return cls(**vars(check_request(source, kernel_name, options, arch)))
 
     def job(self) -> dict:
-        return {"op": "compile", "source": self.source, "kernel_name": self.kernel_name,
+        return {"op": "compile", "source": self.source_bytes.decode(), "kernel_name": self.kernel_name,
                 "options": list(self.options), "arch": self.arch}
 
     def failed(self, message: str, started: float) -> CompileResult:
