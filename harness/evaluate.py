@@ -8,6 +8,7 @@ from the raw bytes a worker returns.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,7 @@ from harness import jobs
 from harness.compare import Agreement, agreement, compare_output
 from harness.stats import geometric_mean, summarize
 from harness.oracle import run_oracle
+from harness.peaks import DevicePeaks, roofline_fraction, roofline_ms
 from harness.task import DTYPES, Case, LaunchSpec, Task, make_inputs
 from harness.verdict import CaseCheck, CaseTiming, CheckReport, Reason, ReasonCode, TimingReport
 from sandbox.pool import JobTimeout, Worker, WorkerCrashed, WorkerPool
@@ -31,6 +33,11 @@ class Settings(BaseModel):
     min_checked_launches: int = 3
     run_deadline_s: float = 10.0
     time_deadline_s: float = 45.0
+
+    @property
+    def checked_launches(self) -> int:
+        """How many timed launches have their output re-checked."""
+        return max(self.min_checked_launches, round(self.checked_fraction * self.iterations))
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,10 @@ class ReferenceFailed(RuntimeError):
     """The task's reference kernel failed: the task, not a candidate, is broken."""
 
 
+class Unavailable(RuntimeError):
+    """The worker cannot do this job: an optional library (cuBLAS) does not load there."""
+
+
 def input_seed(case: Case, set_index: int, base_seed: int | None = None) -> int:
     """Set 0 uses the case's seed (or a fresh one); the rotation sets derive theirs from it."""
     seed = case.seed if base_seed is None else base_seed
@@ -61,6 +72,7 @@ class Referee:
         self.pool = pool
         self.reference = reference
         self.settings = settings or Settings()
+        self.peaks: DevicePeaks | None = None  # measured (harness/peaks.py): each timing's roofline fraction
         self._expected: dict[tuple[str, int], dict[str, np.ndarray]] = {}
 
     # -- expected outputs --------------------------------------------------------------------
@@ -103,7 +115,8 @@ class Referee:
             seed = (seeds or {}).get(case.name, case.seed)
             result = self._check_case(kernel, case, seed, against_oracle)
             results.append(result)
-            if any(r.code in (ReasonCode.CUDA_FAULT, ReasonCode.TIMEOUT, ReasonCode.WORKER_CRASHED)
+            if any(r.code in (ReasonCode.CUDA_FAULT, ReasonCode.TIMEOUT, ReasonCode.WORKER_CRASHED,
+                              ReasonCode.OUT_OF_MEMORY)
                    for r in result.reasons):
                 break
         passed = len(results) == len(cases) and all(r.passed for r in results)
@@ -185,31 +198,56 @@ class Referee:
             return None, None, Reason(code=ReasonCode.CUDA_FAULT, case=case, detail=detail)
         if status == "launch_error":
             return None, None, Reason(code=ReasonCode.LAUNCH_ERROR, case=case, detail=detail)
+        if status == "out_of_memory":
+            return None, None, Reason(code=ReasonCode.OUT_OF_MEMORY, case=case, detail=detail)
+        if status == "unavailable":
+            raise Unavailable(detail)
         raise RuntimeError(f"worker error on case {case}: {detail}")
 
     # -- timing --------------------------------------------------------------------------------
     def time(self, kernel: Kernel, cases: list[Case]) -> TimingReport:
-        timings = [self._time_case(kernel, case) for case in cases]
+        def kernel_job(case: Case, layout: jobs.Layout, input_sets: list, timing: dict):
+            geometry, failure = _geometry(kernel, case)
+            if failure is not None:
+                return None, failure
+            return jobs.time_job(kernel.cubin, kernel.symbol, layout, geometry, input_sets, **timing), None
+
+        return self._time_cases(cases, kernel_job, self.pool.candidate)
+
+    def time_vendor(self, cases: list[Case], call_for: Callable[[Case], dict]) -> TimingReport:
+        """A vendor library call (harness/baselines.py) timed and re-checked exactly like a kernel.
+
+        It runs in the reference worker: trusted code only, so the library's handle and workspace
+        never share a context with a candidate. Raises Unavailable where the library cannot load.
+        """
+        def vendor_job(case: Case, layout: jobs.Layout, input_sets: list, timing: dict):
+            return jobs.vendor_time_job(call_for(case), layout, input_sets, **timing), None
+
+        return self._time_cases(cases, vendor_job, self.pool.reference)
+
+    def _time_cases(self, cases: list[Case], make_job, worker: Worker) -> TimingReport:
+        timings = [self._time_case(case, make_job, worker) for case in cases]
         passed = all(t.passed for t in timings)
         score = geometric_mean([t.stats.median_ms for t in timings]) if passed and timings else None
         return TimingReport(passed=passed, cases=timings, score_ms=score)
 
-    def _time_case(self, kernel: Kernel, case: Case) -> CaseTiming:
+    def _time_case(self, case: Case, make_job, worker: Worker) -> CaseTiming:
+        """`make_job(case, layout, input_sets, timing)` gives ((header, blobs), None) or (None, a Reason)."""
         s = self.settings
         seeds = [input_seed(case, i) for i in range(s.rotation_sets)]
         input_sets = [make_inputs(self.task, case.dims, seed) for seed in seeds]
         expected_sets = [self.expected(case, seed) for seed in seeds]
         layout = jobs.Layout.for_case(self.task, case.dims)
-        checked = _secret_subset(s.iterations, max(s.min_checked_launches, round(s.checked_fraction * s.iterations)))
+        checked = _secret_subset(s.iterations, s.checked_launches)
         guard_seed = secrets.randbits(62)
-        geometry, failure = _geometry(kernel, case)
+        job, failure = make_job(case, layout, input_sets, {
+            "warmups": s.warmups, "iterations": s.iterations, "cold_l2": s.cold_l2,
+            "checked_launches": checked, "guard_seed": guard_seed})
         if failure is not None:
             return CaseTiming(case=case.name, passed=False, reasons=[failure])
-        header, blobs = jobs.time_job(kernel.cubin, kernel.symbol, layout, geometry, input_sets,
-                                      warmups=s.warmups, iterations=s.iterations, cold_l2=s.cold_l2,
-                                      checked_launches=checked, guard_seed=guard_seed)
+        header, blobs = job
         out_bytes = sum(a.nbytes for a in layout.outputs) * (len(checked) + len(input_sets))
-        answer, blobs_back, failure = self._call(self.pool.candidate, header, blobs, s.time_deadline_s,
+        answer, blobs_back, failure = self._call(worker, header, blobs, s.time_deadline_s,
                                                  out_bytes + _guard_bytes(layout, len(input_sets)), case.name)
         if failure is not None:
             return CaseTiming(case=case.name, passed=False, reasons=[failure])
@@ -240,12 +278,14 @@ class Referee:
         warnings = [] if kept_up is not False else [
             "the host could not queue the timed launches ahead of the GPU: samples may include idle gaps"]
         flops, moved = self.task.flops(case.dims), self.task.bytes_moved(case.dims)
+        bound_ms = roofline_ms(self.peaks, moved, flops, self.task.cost.compute)
         return CaseTiming(
             case=case.name, passed=not reasons, stats=stats, samples_ms=samples, launches=len(samples), checked_launches=len(checked) + sets,
             unwritten_launches=len(short), event_overhead_ms=answer.get("event_overhead_ms"), reasons=reasons,
             host_kept_up=kept_up, warnings=warnings,
             achieved_gbps=moved / seconds / 1e9 if moved else None,
-            achieved_tflops=flops / seconds / 1e12 if flops else None)
+            achieved_tflops=flops / seconds / 1e12 if flops else None,
+            roofline_ms=bound_ms, roofline_fraction=roofline_fraction(bound_ms, stats.median_ms))
 
     def _stale_outputs(self, case, layout, blobs, checked, expected_sets) -> list[str]:
         n_out, sets = len(layout.outputs), len(expected_sets)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import statistics
+from collections.abc import Callable
 
 import numpy as np
 from harness import gpu
@@ -45,6 +46,8 @@ extern "C" __global__ void referee_hold(unsigned long long ns) {
 HOST_QUEUE_NS_PER_LAUNCH = 150_000
 MAX_HOLD_NS = 500_000_000
 _COUNT_CTYPES = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
+# Queues one launch on the context's stream, given each array parameter's device pointer by name.
+Launcher = Callable[[dict[str, int]], None]
 
 
 class Utilities:
@@ -107,12 +110,14 @@ class JobFailed(Exception):
 class _Job:
     """Buffers, module and function of one job; everything is released in close()."""
 
-    def __init__(self, context: gpu.Context, header: dict, cubin: bytes, sets: int):
+    def __init__(self, context: gpu.Context, header: dict, cubin: bytes | None, sets: int,
+                 launcher: Launcher | None = None):
         self.context = context
         self.header = header
         self.params = header["params"]
         self.arrays = [p for p in self.params if p["kind"] != "scalar"]
         self.module = None
+        self.launcher = launcher  # a library call (harness/vendor.py) instead of the CUBIN's kernel
         self.buffers: list[list[gpu.GuardedBuffer]] = []
         try:
             self._prepare(header, cubin, sets)
@@ -120,15 +125,9 @@ class _Job:
             self.close()  # a job refused while it was being set up must not leak the module or buffers
             raise
 
-    def _prepare(self, header: dict, cubin: bytes, sets: int) -> None:
-        try:
-            self.module = gpu.Module(cubin)
-        except CudaError as exc:
-            raise JobFailed("launch_error", exc.name, f"the CUBIN did not load: {exc}") from None
-        self.function = self._function(header["kernel"])
-        self.grid, self.block = tuple(header["launch"]["grid"]), tuple(header["launch"]["block"])
-        self.shared_bytes = int(header["launch"]["shared_bytes"])
-        self._prepare_shared()
+    def _prepare(self, header: dict, cubin: bytes | None, sets: int) -> None:
+        if self.launcher is None:
+            self._prepare_kernel(header, cubin)
         seed, guard = header["guard_seed"], header["guard_bytes"]
         for s in range(sets):
             row = []
@@ -136,6 +135,18 @@ class _Job:
             for i, p in enumerate(self.arrays):
                 head, tail = canary(seed, s * len(self.arrays) + i, guard)
                 row.append(gpu.GuardedBuffer(p["nbytes"], guard, head, tail))
+
+    def _prepare_kernel(self, header: dict, cubin: bytes) -> None:
+        try:
+            self.module = gpu.Module(cubin)
+        except CudaError as exc:
+            if gpu.is_out_of_memory(exc):
+                raise  # the worker reports it as out of memory, with what is left
+            raise JobFailed("launch_error", exc.name, f"the CUBIN did not load: {exc}") from None
+        self.function = self._function(header["kernel"])
+        self.grid, self.block = tuple(header["launch"]["grid"]), tuple(header["launch"]["block"])
+        self.shared_bytes = int(header["launch"]["shared_bytes"])
+        self._prepare_shared()
 
     def _function(self, name: str):
         try:
@@ -172,6 +183,9 @@ class _Job:
             gpu.fill(buffer.ptr, byte, p["nbytes"], self.context.stream)
 
     def launch(self, set_index: int) -> None:
+        if self.launcher is not None:
+            self.launcher({p["name"]: buffer.ptr for p, buffer in zip(self.arrays, self.buffers[set_index])})
+            return
         values = []
         arrays = iter(self.buffers[set_index])
         for p in self.params:
@@ -225,15 +239,19 @@ def run(context: gpu.Context, header: dict, blobs: list[bytes]) -> tuple[dict, l
         job.close()
 
 
-def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
+def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[bytes],
+         launcher: Launcher | None = None) -> tuple[dict, list[bytes]]:
     """Warm-ups, then timed launches rotating input sets, each with its own event pair.
 
     The whole timed loop is queued behind a hold kernel, with no host synchronization inside it:
-    re-checked outputs are copied to snapshots on the device and read back at the end.
+    re-checked outputs are copied to snapshots on the device and read back at the end. With a
+    `launcher` (a vendor library call, harness/vendor.py) the blobs hold only the inputs and each
+    launch is that call, under exactly the same protocol.
     """
     sets, iterations = header["sets"], header["iterations"]
     checked = sorted(set(header["checked_launches"]))
-    job = _Job(context, header, blobs[0], sets=sets)
+    cubin, input_blobs = (None, blobs) if launcher is not None else (blobs[0], blobs[1:])
+    job = _Job(context, header, cubin, sets=sets, launcher=launcher)
     counters = snapshots = queued = None
     pairs: list[gpu.EventPair] = []
     try:
@@ -242,9 +260,9 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
         snapshots = gpu.Allocation(output_bytes * len(checked))
         pairs = [gpu.EventPair() for _ in range(iterations)]
         queued = gpu.EventPair()
-        per_set = (len(blobs) - 1) // sets
+        per_set = len(input_blobs) // sets
         for s in range(sets):
-            job.upload_inputs(s, blobs[1 + s * per_set: 1 + (s + 1) * per_set])
+            job.upload_inputs(s, input_blobs[s * per_set:(s + 1) * per_set])
         gpu.fill(counters.ptr, 0, counters.nbytes, context.stream)
         for i in range(header["warmups"]):
             job.poison(i % sets, header["poison"])

@@ -41,6 +41,18 @@ def is_sticky(error: CudaError) -> bool:
     return error.name in STICKY_ERRORS
 
 
+def is_out_of_memory(error: CudaError) -> bool:
+    return error.name == "CUDA_ERROR_OUT_OF_MEMORY"
+
+
+def memory_note() -> str:
+    """Free and total device memory, for an out-of-memory report (best effort)."""
+    err, free, total = driver.cuMemGetInfo()
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return "free device memory unknown"
+    return f"{free / 2**20:.0f} MiB free of {total / 2**20:.0f} MiB on the device"
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     ordinal: int

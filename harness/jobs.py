@@ -112,6 +112,16 @@ def time_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry
     return header, blobs
 
 
+def vendor_time_job(call: dict, layout: Layout, input_sets: list[dict[str, np.ndarray]], **timing) -> tuple[dict, list]:
+    """A time job whose launch is a vendor library call (harness/vendor.py) instead of a kernel:
+    the same header without the kernel and its geometry, the same blobs without the CUBIN."""
+    header, blobs = time_job(b"", "", layout, LaunchGeometry(grid=(1, 1, 1), block=(1, 1, 1), shared_bytes=0),
+                             input_sets, **timing)
+    for key in ("kernel", "launch"):
+        del header[key]
+    return {**header, "op": "vendor_time", "vendor": call}, blobs[1:]
+
+
 def _contiguous(array: np.ndarray, spec: ArraySpec) -> memoryview:
     if array.dtype != DTYPES[spec.dtype] or tuple(array.shape) != spec.shape:
         raise ValueError(f"input {spec.name}: expected {spec.dtype}{list(spec.shape)}, "

@@ -5,7 +5,7 @@ The task folder is written by the user, like the reference: its code is trusted,
 
 from __future__ import annotations
 
-import importlib.util
+import types
 
 import numpy as np
 
@@ -20,11 +20,14 @@ def run_oracle(task: Task, dims: dict[str, int], inputs: dict[str, np.ndarray]) 
     if task.oracle_file is None:
         raise OracleError(f"task {task.name} declares no oracle")
     path = task.root / task.oracle_file
-    spec = importlib.util.spec_from_file_location(f"kernel_referee_oracle_{task.name}", path)
-    if spec is None or spec.loader is None:
-        raise OracleError(f"{path}: cannot be loaded as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # Compiled from its text, never imported: an import writes __pycache__/ into the task folder, which a
+    # run's lock would then see as an added file (root is not stopped by the read-only copy).
+    module = types.ModuleType(f"kernel_referee_oracle_{task.name}")
+    module.__file__ = str(path)
+    try:
+        exec(compile(path.read_text(), str(path), "exec"), module.__dict__)  # noqa: S102 - the task's own trusted code
+    except (OSError, SyntaxError) as exc:
+        raise OracleError(f"{path}: cannot be loaded as a Python module: {exc}") from None
     if not callable(getattr(module, "oracle", None)):
         raise OracleError(f"{path}: defines no function oracle(inputs, dims)")
     result = module.oracle({k: v.copy() for k, v in inputs.items()}, dict(dims))

@@ -39,7 +39,7 @@ from harness.csig import C_TYPE_SPELLINGS, C_TYPES, CParam, Signature, dtype_of_
 __all__ = [
     "DTYPES", "C_TYPES", "C_TYPE_SPELLINGS", "INTEGER_DTYPES", "WHOLE_FILE", "TaskError", "ExprText",
     "ExprTuple", "Dim3", "PlainNumber", "Param", "Generator", "Tolerance", "LaunchGeometry",
-    "LaunchError", "LaunchSpec", "Case", "Cost", "Task", "CParam", "Signature", "dtype_of_ctype",
+    "LaunchError", "LaunchSpec", "Case", "Cost", "Vendor", "Task", "CParam", "Signature", "dtype_of_ctype",
     "param_shape", "scalar_value", "parse_signature", "make_inputs", "load_task",
 ]
 
@@ -247,6 +247,27 @@ class Cost(BaseModel):
     model_config = _STRICT
     flops: ExprText | None = None
     bytes: ExprText | None = None
+    # Which compute peak bounds `flops` in the roofline (harness/peaks.py): CUDA-core float32 or
+    # bfloat16 tensor cores with float32 accumulation.
+    compute: Literal["fp32", "tensor_bf16"] = "fp32"
+
+
+class Vendor(BaseModel):
+    """A vendor library call computing the same result, timed as a yardstick ("vs cuBLAS").
+
+    For ``op = "gemm"``: row-major C (m x n) = A (m x k) · B (k x n), where a, b and c name
+    parameters and m, n and k are expressions of the case dimensions.
+    """
+
+    model_config = _STRICT
+    library: Literal["cublas"]
+    op: Literal["gemm"]
+    a: str
+    b: str
+    c: str
+    m: ExprText
+    n: ExprText
+    k: ExprText
 
 
 class Task(BaseModel):
@@ -266,6 +287,7 @@ class Task(BaseModel):
     reference_launch: LaunchSpec | None = None
     initial_launch: LaunchSpec | None = None
     cost: Cost = Cost()
+    vendor: Vendor | None = None
     cases: tuple[Case, ...]
 
     def case(self, name: str) -> Case:
@@ -407,6 +429,7 @@ class _Manifest(BaseModel):
     reference_launch: LaunchSpec | None = None
     initial_launch: LaunchSpec | None = None
     cost: Cost = Cost()
+    vendor: Vendor | None = None
     cases: list[Case]
 
 
@@ -429,7 +452,7 @@ def load_task(path: str | Path) -> Task:
         oracle_file=manifest.oracle, params=tuple(manifest.params), inputs=manifest.inputs,
         tolerances=manifest.tolerance, launch=manifest.launch,
         reference_launch=manifest.reference_launch, initial_launch=manifest.initial_launch,
-        cost=manifest.cost, cases=tuple(manifest.cases),
+        cost=manifest.cost, vendor=manifest.vendor, cases=tuple(manifest.cases),
     )
     task_checks.check_task(task, file)
     return task

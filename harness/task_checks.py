@@ -142,6 +142,7 @@ class _Checker:
         self.check_expressions()
         for case in self.task.cases:
             self.check_case_values(case)
+        self.check_vendor()
         self.check_npy_contents()
         self.check_signature()
         self.check_files()
@@ -327,6 +328,8 @@ class _Checker:
         for key in ("flops", "bytes"):
             if getattr(self.task.cost, key) is not None:
                 found.append((f"cost.{key}", getattr(self.task.cost, key)))
+        if self.task.vendor is not None:
+            found += [(f"vendor.{key}", getattr(self.task.vendor, key)) for key in ("m", "n", "k")]
         return found
 
     def check_expressions(self) -> None:
@@ -421,3 +424,48 @@ class _Checker:
         if p.kind == "input" and not c.const:
             self.fail(field, f"input {c.name!r} must be declared const (const {c.ctype}* {c.name}) "
                              "so the kernel cannot overwrite it")
+
+
+    def check_vendor(self) -> None:
+        """[vendor]: a, b, c name 2-D arrays of a supported dtype whose shapes are (m, k), (k, n), (m, n)."""
+        from harness.baselines import GEMM_TYPES  # it builds on the task models
+
+        vendor = self.task.vendor
+        if vendor is None:
+            return
+        params = {p.name: p for p in self.task.params}
+        for key, kind in (("a", "input"), ("b", "input"), ("c", "output")):
+            name = getattr(vendor, key)
+            if name not in params:
+                self.fail(f"vendor.{key}", f"there is no parameter named {name!r} "
+                                           f"(params: {', '.join(params)})")
+            if params[name].kind != kind or len(params[name].shape) != 2:
+                self.fail(f"vendor.{key}", f"{name!r} must be a 2-D {kind} array for a gemm; it is a "
+                                           f"{len(params[name].shape)}-D {params[name].kind}")
+        a, b, c = (params[vendor.a], params[vendor.b], params[vendor.c])
+        if b.dtype != a.dtype or (a.dtype, c.dtype) not in GEMM_TYPES:
+            allowed = ", ".join(f"{ab} x {ab} -> {out}" for ab, out in GEMM_TYPES)
+            self.fail("vendor", f"a gemm of {a.dtype} x {b.dtype} -> {c.dtype} is not supported "
+                                f"(supported: {allowed})")
+        for case in self.task.cases:
+            self.check_vendor_case(case, a, b, c)
+
+    def check_vendor_case(self, case: Case, a: Param, b: Param, c: Param) -> None:
+        from harness.baselines import MAX_GEMM_DIM
+
+        vendor = self.task.vendor
+        dims = {}
+        for key in ("m", "n", "k"):
+            try:
+                dims[key] = expr.evaluate_int(getattr(vendor, key), case.dims)
+            except expr.ExprError as err:
+                self.fail(f"vendor.{key}", f"{err} (case {case.name!r})")
+            if not 1 <= dims[key] <= MAX_GEMM_DIM:
+                self.fail(f"vendor.{key}", f"is {dims[key]} for case {case.name!r}; must be from 1 to "
+                                           f"{MAX_GEMM_DIM}")
+        m, n, k = dims["m"], dims["n"], dims["k"]
+        for key, param, wanted in (("a", a, (m, k)), ("b", b, (k, n)), ("c", c, (m, n))):
+            shape = param_shape(param, case.dims)
+            if shape != wanted:
+                self.fail(f"vendor.{key}", f"{param.name!r} is {list(shape)} for case {case.name!r}, but a "
+                                           f"row-major gemm with m={m}, n={n}, k={k} needs {list(wanted)}")

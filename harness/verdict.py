@@ -16,6 +16,7 @@ class ReasonCode(str, Enum):
     CUDA_FAULT = "cuda_fault"              # sticky error: illegal address, trap, misaligned access
     TIMEOUT = "timeout"                    # killed at its deadline
     WORKER_CRASHED = "worker_crashed"
+    OUT_OF_MEMORY = "out_of_memory"        # no device memory left for the case's buffers: not judged, still counted
     MISMATCH = "mismatch"                  # outputs differ from the reference beyond tolerance
     RACE = "race"                          # two runs on the same inputs disagree beyond tolerance
     OUT_OF_BOUNDS_WRITE = "out_of_bounds_write"
@@ -58,6 +59,8 @@ class CaseTiming(BaseModel):
     samples_ms: list[float] = []
     achieved_gbps: float | None = None
     achieved_tflops: float | None = None
+    roofline_ms: float | None = None        # max(bytes / bandwidth, flops / peak) with the device's measured peaks
+    roofline_fraction: float | None = None  # roofline_ms / median: 1 at the limit
     launches: int = 0
     checked_launches: int = 0
     unwritten_launches: int = 0

@@ -44,7 +44,22 @@ def _answer(context, utilities, header: dict, blobs: list[bytes]):
         return execute.run(context, header, blobs)
     if op == "time":
         return execute.time(context, utilities, header, blobs)
+    if op in ("vendor_time", "peaks"):  # cuBLAS and the device peaks (harness/vendor.py)
+        from harness import vendor
+
+        return vendor.answer(context, utilities, header, blobs)
     return {"status": "error", "error": "UNKNOWN_OP", "detail": f"unknown op {op!r}"}, []
+
+
+def _cuda_error_answer(exc: CudaError) -> dict:
+    """Sticky errors end the worker; running out of device memory is nobody's verdict and says how much was left."""
+    from harness import gpu
+
+    if gpu.is_sticky(exc):
+        return {"status": "fault", "error": exc.name, "detail": str(exc)}
+    if gpu.is_out_of_memory(exc):
+        return {"status": "out_of_memory", "error": exc.name, "detail": f"{exc} ({gpu.memory_note()})"}
+    return {"status": "launch_error", "error": exc.name, "detail": str(exc)}
 
 
 def _context_healthy() -> bool:
@@ -78,8 +93,7 @@ def serve(jobs, answers, ordinal: int, confined: dict) -> int:
         except execute.JobFailed as failed:
             answer, out = {"status": failed.status, "error": failed.error, "detail": failed.detail}, []
         except CudaError as exc:
-            status = "fault" if gpu.is_sticky(exc) else "launch_error"
-            answer, out = {"status": status, "error": exc.name, "detail": str(exc)}, []
+            answer, out = _cuda_error_answer(exc), []
         except Exception as exc:  # noqa: BLE001 - a worker bug is reported to the parent, not hidden
             answer, out = {"status": "error", "error": type(exc).__name__,
                            "detail": traceback.format_exc(limit=5)}, []

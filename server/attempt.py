@@ -11,13 +11,18 @@ import logging
 import os
 import secrets
 import time
-from typing import Any
+from typing import Any, Callable
 
+from harness.baselines import vendor_summary
+from harness.evaluate import Kernel
+from harness.peaks import roofline_fraction
 from harness.stats import Speedup, geomean_speedup, geometric_mean, speedup, summarize
-from harness.verdict import Reason, ReasonCode
+from harness.task import Case
+from harness.verdict import Reason, ReasonCode, TimingReport
 from server import suspicion
 from server.audit import write_bytes_atomic
 from server.models import AttemptAnswer, CaseLatency, FinishAnswer
+from server.report import write_report_safely
 from server.run import Candidate, Progress, Refusal, Run, now_iso
 from server.summary import attempt_entry, best_attempt, set_best, write_history, write_summary
 
@@ -50,12 +55,28 @@ def record_baseline(run: Run, progress: Progress | None) -> None:
         raise RuntimeError("the task's baseline initial.cu fails the protocol: "
                            + "; ".join(r["detail"] for r in entry["reasons"])[:2000])
     entry["verdict"] = "baseline"
+    gpu_seconds += _record_vendor(run, entry, progress)
     run.history.append(entry)
     run.gpu_seconds_total += gpu_seconds
     run.audit.append("baseline_done", {"gpu_seconds": round(gpu_seconds, 6), "score_ms": entry["score_ms"]})
     set_best(run, 0)
     write_history(run)
     write_summary(run, status="running")
+
+
+def _record_vendor(run: Run, entry: dict, progress: Progress | None) -> float:
+    """The task's vendor call (cuBLAS), timed once beside the baseline: a yardstick ("vs cuBLAS"), never a
+    verdict. The full report goes into the baseline's history entry, the per-case view into summary["vendor"]."""
+    _say(progress, 3.8, 4, "timing the vendor library beside the baseline")
+    report = run.executor.time_vendor(list(run.task.performance_cases))
+    if report is None:
+        return 0.0
+    for note in report.notes:
+        log.warning("%s", note)
+    baseline_ms = {name: t["stats"]["median_ms"] for name, t in (entry.get("timing") or {}).items()}
+    entry["vendor"] = report.model_dump(mode="json")
+    run.summary["vendor"] = vendor_summary(report, baseline_ms)
+    return report.gpu_seconds
 
 
 def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict | None,
@@ -138,26 +159,45 @@ def _evaluate(run: Run, number: int, candidate: Candidate, references: dict, *, 
     return entry, clock.seconds
 
 
+class TimingFailed(Exception):
+    """One of the kernels timed side by side failed its own timing."""
+
+    def __init__(self, label: str, reasons: list[Reason]):
+        super().__init__(f"the {label} failed its own timing: {reasons}")
+        self.label, self.reasons = label, reasons
+
+
+def time_side_by_side(time: Callable[[Kernel, list[Case]], TimingReport], kernels: dict[str, Kernel],
+                      cases: list[Case], rounds: int) -> dict:
+    """The interleaved protocol: each kernel in turn (in `kernels`' order), `rounds` times, samples merged per
+    case. {"samples": {label: {case: [ms]}}, "cases": {label: {case: its last CaseTiming}}}; raises
+    TimingFailed for the first kernel whose timing fails. record_attempt and replay both time this way."""
+    samples: dict[str, dict[str, list[float]]] = {label: {c.name: [] for c in cases} for label in kernels}
+    extra: dict[str, Any] = {}
+    for _ in range(rounds):
+        for label, k in kernels.items():
+            report = time(k, cases)
+            if not report.passed:
+                raise TimingFailed(label, report.reasons)
+            for case in report.cases:
+                samples[label][case.case] += case.samples_ms
+                extra.setdefault(label, {})[case.case] = case
+    return {"samples": samples, "cases": extra}
+
+
 def _interleaved(run: Run, kernel, references: dict, clock) -> tuple[dict, list[Reason]]:
     """Samples of the candidate and each reference attempt, in alternating blocks, merged per case."""
-    cases = list(run.task.performance_cases)
     kernels = {"candidate": kernel}
     for label, entry in references.items():
         if entry is not None:
             kernels[label] = run.kernel(run.candidates[entry["candidate"]])[0]
-    samples: dict[str, dict[str, list[float]]] = {label: {c.name: [] for c in cases} for label in kernels}
-    extra: dict[str, Any] = {}
-    for _ in range(run.settings.timing_rounds):
-        for label, k in kernels.items():
-            report = clock.run(run.executor.time, k, cases)
-            if not report.passed:
-                if label == "candidate":
-                    return {}, report.reasons
-                raise RuntimeError(f"the {label} failed its own timing: {report.reasons}")
-            for case in report.cases:
-                samples[label][case.case] += case.samples_ms
-                extra.setdefault(label, {})[case.case] = case
-    return {"samples": samples, "cases": extra}, []
+    timed = lambda k, cases: clock.run(run.executor.time, k, cases)  # noqa: E731
+    try:
+        return time_side_by_side(timed, kernels, list(run.task.performance_cases), run.settings.timing_rounds), []
+    except TimingFailed as failed:
+        if failed.label == "candidate":
+            return {}, failed.reasons
+        raise RuntimeError(str(failed)) from None
 
 
 def _fill_timing(run: Run, entry: dict, timing: dict) -> None:
@@ -172,7 +212,9 @@ def _fill_timing(run: Run, entry: dict, timing: dict) -> None:
     for name in cases:
         measured = timing["cases"]["candidate"][name]
         row = {"stats": _dump(mine[name]), "samples_ms": timing["samples"]["candidate"][name],
-               "achieved_gbps": measured.achieved_gbps, "achieved_tflops": measured.achieved_tflops}
+               "achieved_gbps": measured.achieved_gbps, "achieved_tflops": measured.achieved_tflops,
+               "roofline_ms": measured.roofline_ms,
+               "roofline_fraction": roofline_fraction(measured.roofline_ms, mine[name].median_ms)}
         if baseline is not None:
             row.update(baseline_stats=_dump(baseline[name]), best_stats=_dump(best[name]),
                        speedup_vs_baseline=_dump(speedup(baseline[name], mine[name])),
@@ -189,7 +231,8 @@ def _dump(model) -> dict:
 
 def _latencies(entry: dict) -> list[CaseLatency]:
     return [CaseLatency(case=name, stats=t["stats"], achieved_gbps=t["achieved_gbps"],
-                        achieved_tflops=t["achieved_tflops"],
+                        achieved_tflops=t["achieved_tflops"], roofline_ms=t.get("roofline_ms"),
+                        roofline_fraction=t.get("roofline_fraction"),
                         baseline_median_ms=(t.get("baseline_stats") or {}).get("median_ms"),
                         speedup_vs_baseline=t.get("speedup_vs_baseline"), speedup_vs_best=t.get("speedup_vs_best"))
             for name, t in (entry.get("timing") or {}).items()]
@@ -273,4 +316,5 @@ def finish(run: Run, reason: str, progress: Progress | None) -> FinishAnswer:
     write_history(run)  # it may hold an attempt whose record a full disk kept from history.json
     run.audit.append("finished", {"reason": reason, "best_attempt": final, "disqualified": disqualified})
     write_summary(run, status="finished", stop_reason=reason, holdout=holdout, disqualified=disqualified)
+    write_report_safely(run.dir)  # derived files, not in the audit log: `kernel-referee report` rewrites them
     return FinishAnswer(stop_reason=reason, best_attempt=final, disqualified=disqualified, holdout=holdout)

@@ -7,13 +7,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from harness.baselines import VendorReport, time_vendor
 from harness.compile import CompileResult
 from harness.device import gpu_absent_reason
 from harness.evaluate import Kernel, Referee, Settings
+from harness.footprint import shortfalls
 from harness.oracle import run_oracle
+from harness.peaks import DevicePeaks, device_peaks
+from harness.stats import geometric_mean
 from harness.compare import compare_output
 from harness.task import LaunchSpec, Task, make_inputs
-from harness.verdict import CheckReport, TimingReport
+from harness.verdict import CaseTiming, CheckReport, TimingReport
 from sandbox.compiler import CompileService
 from sandbox.pool import WorkerPool
 
@@ -47,15 +51,17 @@ def targets_for(task: Task, kernel_file: Path | None, launch: LaunchSpec | None)
 def run_check(task: Task, targets: list[Target], settings: Settings, out: TextIO, json_path: Path | None = None,
               confine: bool = True) -> int:
     gpu: dict | None = None
+    yardsticks: dict = {"peaks": None, "vendor": None}  # filled as they are measured
     try:
-        code, gpu = _run(task, targets, settings, out, confine)
+        code, gpu = _run(task, targets, settings, out, confine, yardsticks)
     finally:
         if json_path is not None:
-            _write_json(json_path, task, targets, gpu)
+            _write_json(json_path, task, targets, gpu, yardsticks)
     return code
 
 
-def _run(task: Task, targets: list[Target], settings: Settings, out: TextIO, confine: bool) -> tuple[int, dict | None]:
+def _run(task: Task, targets: list[Target], settings: Settings, out: TextIO, confine: bool,
+         yardsticks: dict) -> tuple[int, dict | None]:
     absent = gpu_absent_reason()
     pool = WorkerPool(confine=confine) if absent is None else None
     try:
@@ -73,11 +79,21 @@ def _run(task: Task, targets: list[Target], settings: Settings, out: TextIO, con
         if not reference.ok:
             print(f"\nThe task's reference does not compile:\n{reference.log}", file=out)
             return EXIT_FAILED, pool.candidate.hello
+        problems = shortfalls(task, settings, pool.candidate.hello["device"])
+        if problems:
+            print("\nThe task does not fit on this GPU:\n  " + "\n  ".join(problems), file=out)
+            return EXIT_FAILED, pool.candidate.hello
         referee = Referee(task, pool, Kernel("reference", reference.cubin, reference.lowered_name,
                                               task.reference_launch or task.launch), settings)
+        referee.peaks, notes = device_peaks(pool.reference, pool.candidate.hello["device"])
+        yardsticks["peaks"] = referee.peaks.model_dump(mode="json") if referee.peaks else None
+        print_peaks(referee.peaks, notes, out)
         _print_oracle(task, referee, out)
         for target in targets:
             _check_and_time(task, referee, target, out)
+        vendor = time_vendor(referee, list(task.performance_cases))
+        yardsticks["vendor"] = vendor.model_dump(mode="json") if vendor else None
+        print_vendor(vendor, targets, out)
         hello = pool.candidate.hello
     finally:
         if pool:
@@ -141,17 +157,14 @@ def _print_oracle(task: Task, referee: Referee, out: TextIO) -> None:
 
 def _print_table(target: Target, out: TextIO) -> None:
     timings = {t.case: t for t in (target.timing.cases if target.timing else [])}
-    header = f"{'case':<22}{'role':<13}{'check':<7}{'max abs err':>12}{'median us':>11}{'p10-p90 us':>17}" \
-             f"{'CV %':>7}{'GB/s':>9}{'TFLOP/s':>9}"
+    header = f"{'case':<22}{'role':<13}{'check':<7}{'max abs err':>12}" + TIMING_HEADER
     print(header, file=out)
     for case in target.check.cases:
         errors = max((o.max_abs_error for o in case.outputs), default=float("nan"))
         line = f"{case.case:<22}{case.role:<13}{'pass' if case.passed else 'FAIL':<7}{errors:>12.2e}"
         t = timings.get(case.case)
         if t and t.stats:
-            s = t.stats
-            line += (f"{s.median_ms * 1e3:>11.2f}{f'{s.p10_ms * 1e3:.2f}-{s.p90_ms * 1e3:.2f}':>17}"
-                     f"{s.cv * 100:>7.2f}{t.achieved_gbps or 0:>9.1f}{t.achieved_tflops or 0:>9.3f}")
+            line += timing_cells(t)
         print(line, file=out)
     reasons = target.check.reasons + (target.timing.reasons if target.timing else [])
     for reason in reasons:
@@ -166,8 +179,53 @@ def _print_table(target: Target, out: TextIO) -> None:
     print(f"   {verdict}{score}", file=out)
 
 
-def _write_json(path: Path, task: Task, targets: list[Target], gpu: dict | None) -> None:
-    document = {"task": task.name, "gpu": gpu, "kernels": [{
+TIMING_HEADER = f"{'median us':>11}{'p10-p90 us':>17}{'CV %':>7}{'GB/s':>9}{'TFLOP/s':>9}{'roof %':>8}"
+
+
+def timing_cells(t: CaseTiming) -> str:
+    """A timed case's columns under TIMING_HEADER; roof % is the roofline bound / median (- without peaks)."""
+    s = t.stats
+    roof = f"{t.roofline_fraction * 100:>8.1f}" if t.roofline_fraction is not None else f"{'-':>8}"
+    return (f"{s.median_ms * 1e3:>11.2f}{f'{s.p10_ms * 1e3:.2f}-{s.p90_ms * 1e3:.2f}':>17}"
+            f"{s.cv * 100:>7.2f}{t.achieved_gbps or 0:>9.1f}{t.achieved_tflops or 0:>9.3f}{roof}")
+
+
+def print_peaks(peaks: DevicePeaks | None, notes: list[str], out: TextIO) -> None:
+    if peaks is None:
+        print("device peaks: not measured (" + "; ".join(notes) + "); no roofline fractions", file=out)
+        return
+    compute = [f"{value:.1f} TFLOP/s {label}" for label, value in
+               (("fp32", peaks.fp32_tflops), ("bf16 tensor", peaks.tensor_bf16_tflops)) if value]
+    print(f"device peaks ({peaks.source}): {peaks.memory_gbps:.0f} GB/s copy (read + written)"
+          + "".join(f", {c}" for c in compute) + "".join(f"; {n}" for n in peaks.notes + notes), file=out)
+
+
+def print_vendor(report: VendorReport | None, targets: list[Target], out: TextIO) -> None:
+    """The vendor library's table, then each timed kernel against it (vendor median / kernel median)."""
+    if report is None:
+        return
+    print(f"\n== {report.name} (vendor baseline: timed and checked like a kernel, never a verdict)", file=out)
+    for note in report.notes:
+        print(f"   note: {note}", file=out)
+    vendor_ms = report.medians_ms
+    if not vendor_ms:
+        return
+    print(f"{'case':<54}" + TIMING_HEADER, file=out)
+    for t in report.timing.cases:
+        if t.case in vendor_ms:
+            print(f"{t.case:<54}" + timing_cells(t), file=out)
+    for target in targets:
+        mine = {t.case: t.stats.median_ms for t in (target.timing.cases if target.timing else []) if t.stats}
+        ratios = {case: vendor_ms[case] / mine[case] for case in vendor_ms if mine.get(case)}
+        if ratios:
+            each = ", ".join(f"{case} {ratio:.2f}x" for case, ratio in ratios.items())
+            print(f"   {target.label} vs {report.name}: {each}; geometric mean "
+                  f"{geometric_mean(list(ratios.values())):.2f}x ({report.name} time / kernel time: below 1 is slower)",
+                  file=out)
+
+
+def _write_json(path: Path, task: Task, targets: list[Target], gpu: dict | None, yardsticks: dict) -> None:
+    document = {"task": task.name, "gpu": gpu, **yardsticks, "kernels": [{
         "label": t.label, "passed": t.passed,
         "compile": t.compiled.model_dump(mode="json") if t.compiled else None,
         "check": t.check.model_dump(mode="json") if t.check else None,

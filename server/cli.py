@@ -31,6 +31,10 @@ def sandbox_refusal(args) -> str | None:
         "or pass --no-sandbox to run them unconfined (recorded in the run's lock.json).")
 
 
+COST_OPTIONS = ("engineer-hours", "hourly-rate", "model-cost", "gpu-hour-cost", "invocations-per-month",
+                "ms-saved-end-to-end")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernel-referee", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -61,14 +65,33 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8765, help="HTTP only")
     serve.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
 
+    demo = commands.add_parser("demo", help="a scripted agent plays a whole run of matmul_f32 against the real "
+                               "server over stdio and prints a table (without a GPU: compiles its kernels)")
+    demo.add_argument("--results", type=Path, default=Path("results"), help="where the run goes (default ./results)")
+    demo.add_argument("--warmups", type=int, help="passed to serve (default: its own)")
+    demo.add_argument("--iterations", type=int, help="passed to serve (default: its own)")
+    demo.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
+
     verify = commands.add_parser("verify", help="check a run folder's hash chain and recorded files")
     verify.add_argument("run", type=Path)
 
+    replay = commands.add_parser("replay", help="re-run a run's best on this GPU (its cases, the holdout, fresh "
+                                 "values, timing beside the baseline) and say GO or NO-GO")
+    replay.add_argument("run", type=Path)
+    replay.add_argument("--repeats", type=int, default=3, help="interleaved timings beside the baseline (default 3)")
+    replay.add_argument("--attempt", type=int, help="replay this attempt instead of the best (e.g. one that was "
+                                                   "disqualified); writes replay-attempt-NNN.json")
+    replay.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
+
     cost = commands.add_parser("cost", help="the cost sheet of a run: pilot cost, monthly saving, payback")
     cost.add_argument("run", type=Path)
-    for name in ("engineer-hours", "hourly-rate", "model-cost", "gpu-hour-cost", "invocations-per-month",
-                 "ms-saved-end-to-end"):
+    for name in COST_OPTIONS:
         cost.add_argument(f"--{name}", type=float, required=True)
+
+    report = commands.add_parser("report", help="write report.html, heatmap.png and heatmap.svg in a run folder")
+    report.add_argument("run", type=Path)
+    for name in COST_OPTIONS:
+        report.add_argument(f"--{name}", type=float, help="cost sheet input (give all six for the full sheet)")
     return parser
 
 
@@ -105,6 +128,21 @@ def _cost(args) -> int:
     return 0
 
 
+def _report(args) -> int:
+    from server.cost import CostInputs
+    from server.report import write_report
+
+    given = {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name in COST_OPTIONS}
+    if any(v is not None for v in given.values()) and not all(v is not None for v in given.values()):
+        missing = ", ".join(f"--{k.replace('_', '-')}" for k, v in given.items() if v is None)
+        print(f"kernel-referee: the cost sheet needs all six cost options; missing {missing}", file=sys.stderr)
+        return 2
+    inputs = CostInputs(**given) if all(v is not None for v in given.values()) else None
+    for path in write_report(args.run, inputs):
+        print(path, file=sys.stdout)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
@@ -115,12 +153,23 @@ def main(argv: list[str] | None = None) -> int:
             from server.serve import serve
 
             return serve(args)
+        if args.command == "demo":
+            from server.demo import run_demo
+
+            return run_demo(args, sys.stdout)
         if args.command == "verify":
             from server.serve import verify
 
             return verify(args, sys.stdout)
         if args.command == "cost":
             return _cost(args)
+        if args.command == "replay":
+            from server.replay import replay
+
+            return replay(args.run, sys.stdout, repeats=args.repeats, attempt=args.attempt,
+                          confine=not args.no_sandbox, sandbox_refusal=lambda: sandbox_refusal(args))
+        if args.command == "report":
+            return _report(args)
     except (TaskError, CompileRefused, OSError, ValidationError, KeyError, ValueError) as exc:
         print(f"kernel-referee: {exc}", file=sys.stderr)
         return 2

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import importlib.metadata
 import threading
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
+from harness.baselines import VendorReport, time_vendor
 from harness.compile import CompileCache, CompileResult, nvrtc_version
 from harness.evaluate import Kernel, Referee, Settings
+from harness.peaks import device_peaks
 from harness.task import Case, Task
 from harness.verdict import CheckReport, TimingReport
 from sandbox.compiler import CompileService
@@ -34,6 +37,7 @@ class Executor(Protocol):
     def check(self, kernel: Kernel, cases: list[Case], seeds: dict[str, int] | None = None,
               against_oracle: bool = False) -> CheckReport: ...
     def time(self, kernel: Kernel, cases: list[Case]) -> TimingReport: ...
+    def time_vendor(self, cases: list[Case]) -> VendorReport | None: ...  # the task's [vendor] call; None without one
     def abort(self) -> None: ...                     # kill the candidate's job in flight (from another thread)
     def fresh_worker(self) -> None: ...              # the next candidate job starts in a new worker
     def close(self) -> None: ...
@@ -58,6 +62,7 @@ class GpuExecutor:
         self.referee: Referee | None = None
         self.facts: dict | None = None
         self._lock = threading.Lock()
+        self.peaks_cache_dir: Path | None = None  # None: harness.peaks.cache_dir() ($KERNEL_REFEREE_CACHE_DIR, XDG)
 
     def start(self) -> dict:
         if self.facts is not None:
@@ -73,13 +78,21 @@ class GpuExecutor:
         driver = device["driver_version"]
         self.facts = {
             "gpu": device["name"], "compute_capability": device["compute_capability"], "arch": self.arch,
-            "sm_count": device["sm_count"], "l2_bytes": device["l2_bytes"], "sm_clock_khz": device["sm_clock_khz"],
+            "sm_count": device["sm_count"], "l2_bytes": device["l2_bytes"],
+            "total_memory_bytes": device["total_memory_bytes"], "sm_clock_khz": device["sm_clock_khz"],
             "memory_clock_khz": device["memory_clock_khz"], "memory_bus_bits": device["memory_bus_bits"],
             "driver_cuda_version": f"{driver // 1000}.{driver % 1000 // 10}", "nvrtc": nvrtc_version(),
             "cuda_bindings": package_version("cuda-bindings"), "event_overhead_ms": hello["event_overhead_ms"],
             "sandbox": {"confined": self.confine, "landlock_abi": landlock_abi()},
         }
+        self.facts.update(self._peaks(device))
         return self.facts
+
+    def _peaks(self, device: dict) -> dict:
+        """The device's measured peaks (cached per device fingerprint), for every timing's roofline fraction."""
+        peaks, notes = device_peaks(self.pool.reference, device, self.peaks_cache_dir)
+        self.referee.peaks = peaks
+        return {"peaks": peaks.model_dump(mode="json") if peaks else None, "peaks_notes": notes}
 
     def compile(self, source: str, options: tuple[str, ...]) -> CompileResult:
         return self.compiler.compile(source, self.task.kernel_name, options, self.arch)
@@ -96,6 +109,9 @@ class GpuExecutor:
 
     def time(self, kernel: Kernel, cases: list[Case]) -> TimingReport:
         return self.referee.time(kernel, cases)
+
+    def time_vendor(self, cases: list[Case]) -> VendorReport | None:
+        return time_vendor(self.referee, cases)
 
     def abort(self) -> None:
         self.compiler.interrupt()

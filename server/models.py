@@ -60,6 +60,8 @@ class CaseLatency(BaseModel):
     stats: LatencyStats
     achieved_gbps: float | None = None
     achieved_tflops: float | None = None
+    roofline_ms: float | None = None        # max(bytes / bandwidth, flops / peak), the device's measured peaks
+    roofline_fraction: float | None = None  # roofline_ms / median: 1 is at the limit
     baseline_median_ms: float | None = None
     speedup_vs_baseline: Speedup | None = None
     speedup_vs_best: Speedup | None = None
@@ -117,6 +119,7 @@ class TaskDescription(BaseModel):
     best_attempt: int
     best_score_ms: float | None
     budget: Budget
+    vendor: dict | None = None  # {"name": "cuBLAS", "cases": {case: median_ms}}: the vendor library beside the baseline
 
 
 class LaunchInput(BaseModel):

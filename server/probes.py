@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from harness.baselines import describe_view
 from harness.stats import geometric_mean, geomean_speedup, speedup
 from harness.verdict import CheckReport
 from server.models import (CaseLatency, CaseStatus, CheckAnswer, CompileAnswer, Resources, TaskCase,
@@ -27,7 +28,7 @@ def describe(run: Run) -> TaskDescription:
         tolerances={k: v.model_dump() for k, v in task.tolerances.items()},
         launch_default=task.launch.model_dump(mode="json"), device=run.environment,
         baseline_score_ms=baseline.get("score_ms"), best_attempt=best["attempt"], best_score_ms=best.get("score_ms"),
-        budget=run.budget())
+        budget=run.budget(), vendor=describe_view(run.summary.get("vendor")))
 
 
 def compile_candidate(run: Run, make_candidate: Callable[[], Candidate]) -> CompileAnswer:
@@ -112,7 +113,8 @@ def _time_answer(run: Run, candidate: Candidate, measured: dict) -> TimeAnswer:
     rows = []
     for case in measured["candidate"].cases:
         rows.append(CaseLatency(case=case.case, stats=case.stats, achieved_gbps=case.achieved_gbps,
-                                achieved_tflops=case.achieved_tflops,
+                                achieved_tflops=case.achieved_tflops, roofline_ms=case.roofline_ms,
+                                roofline_fraction=case.roofline_fraction,
                                 baseline_median_ms=stats["baseline"][case.case].median_ms,
                                 speedup_vs_baseline=speedup(stats["baseline"][case.case], case.stats),
                                 speedup_vs_best=speedup(best[case.case], case.stats)))

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from harness.compile import check_request
 from harness.evaluate import Kernel, Settings, input_seed
+from harness.footprint import shortfalls
 from harness.task import Case, LaunchSpec, Task, load_task
 from server import lock as locking
 from server.audit import AuditLog, write_bytes_atomic, write_json_atomic
@@ -42,6 +43,10 @@ class Refusal(Exception):
 
 class RunError(RuntimeError):
     """A run that cannot be created or resumed (broken task, tampered folder, changed harness)."""
+
+
+class TaskDoesNotFit(RunError):
+    """A case needs more device memory than the GPU has: refused before a run folder is made."""
 
 
 class RunSettings(BaseModel):
@@ -122,7 +127,10 @@ class Run:
     @classmethod
     def create(cls, task_dir: Path, results: Path, settings: RunSettings, executor: Executor,
                progress: Progress | None = None) -> "Run":
-        load_task(task_dir)  # refuse a broken task before making a folder
+        task = load_task(task_dir)  # refuse a broken task, or one too large for the GPU, before making a folder
+        problems = shortfalls(task, settings.timing, executor.start())
+        if problems:
+            raise TaskDoesNotFit("the task does not fit on this GPU: " + "; ".join(problems))
         run_dir = _next_run_dir(results)
         shutil.copytree(task_dir, run_dir / "task", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         _make_read_only(run_dir / "task")

@@ -15,7 +15,7 @@ from server import transport
 from server.app import build_server
 from server.audit import sha256_file, verify_run
 from server.executor import GpuExecutor
-from server.run import Run, RunError, RunSettings
+from server.run import Run, RunError, RunSettings, TaskDoesNotFit
 
 log = logging.getLogger(__name__)
 EXIT_NO_GPU = 3
@@ -58,7 +58,8 @@ def serve(args) -> int:
         transport.run(build_server(run, **options), args.transport, host=args.host, port=args.port, token=token,
                       token_generated=generated)
     except RunError as exc:
-        hint = " (or pass --new-run to start a new run of this task)" if args.task is not None else ""
+        hint = (" (or pass --new-run to start a new run of this task)"
+                if args.task is not None and not isinstance(exc, TaskDoesNotFit) else "")
         print(f"kernel-referee: {exc}{hint}", file=sys.stderr)
         return 2
     finally:

@@ -20,6 +20,7 @@ import signal
 
 import numpy as np
 
+from harness.baselines import VendorReport
 from harness.compile import CompileCache, compile_kernel
 from harness.evaluate import Kernel
 from harness.stats import geometric_mean, summarize
@@ -31,10 +32,15 @@ def markers(source: str) -> dict[str, str]:
     return {m.group(1): m.group(2) for m in re.finditer(r"fake: ([a-z_-]+)(?:=([0-9.]+))?", source)}
 
 
+# What harness.peaks would measure on an H200, roughly; the fake's environment carries it.
+FAKE_PEAKS = {"memory_gbps": 4300.0, "fp32_tflops": 51.0, "tensor_bf16_tflops": 830.0, "source": "measured"}
+
+
 class FakeExecutor:
-    def __init__(self, task: Task, gpu: str = "Fake GPU"):
+    def __init__(self, task: Task, gpu: str = "Fake GPU", vendor_latency_us: float | None = 20.0):
         self.task = task
         self.gpu = gpu
+        self.vendor_latency_us = vendor_latency_us  # None: the vendor library "cannot be loaded"
         self.cache = CompileCache()
         self.sources: dict[bytes, str] = {}
         self.preloaded: dict[tuple[str, int], dict] = {}
@@ -43,7 +49,8 @@ class FakeExecutor:
 
     def start(self) -> dict:
         return {"gpu": self.gpu, "compute_capability": [9, 0], "arch": "sm_90", "driver_cuda_version": "13.0",
-                "nvrtc": "13.x", "cuda_bindings": "13.x", "sm_clock_khz": 1980000, "event_overhead_ms": 0.002}
+                "nvrtc": "13.x", "cuda_bindings": "13.x", "sm_clock_khz": 1980000, "event_overhead_ms": 0.002,
+                "peaks": FAKE_PEAKS, "peaks_notes": []}
 
     def compile(self, source: str, options: tuple[str, ...]):
         result = compile_kernel(source, self.task.kernel_name, options=options, arch="sm_90", cache=self.cache)
@@ -95,11 +102,25 @@ class FakeExecutor:
             reasons = [Reason(code=ReasonCode.UNWRITTEN_OUTPUT, case=case.name, detail="3 of 50 timed launches left "
                               "output elements unwritten")] if "unwritten" in marks or (
                 "unwritten-on-retime" in marks and self.aborted) else []
-            timings.append(CaseTiming(case=case.name, passed=not reasons, stats=summarize(samples), samples_ms=samples,
-                                      launches=50, achieved_gbps=100.0, achieved_tflops=1.0, reasons=reasons))
+            stats = summarize(samples)
+            timings.append(CaseTiming(case=case.name, passed=not reasons, stats=stats, samples_ms=samples,
+                                      launches=50, achieved_gbps=100.0, achieved_tflops=1.0, reasons=reasons,
+                                      roofline_ms=0.01, roofline_fraction=0.01 / stats.median_ms))
         passed = all(t.passed for t in timings)
         return TimingReport(passed=passed, cases=timings,
                             score_ms=geometric_mean([t.stats.median_ms for t in timings]) if passed else None)
+
+    def time_vendor(self, cases: list[Case]) -> VendorReport | None:
+        if self.task.vendor is None:
+            return None
+        if self.vendor_latency_us is None:
+            return VendorReport(name="cuBLAS", library="cublas", available=False,
+                                notes=["cuBLAS is not available in the GPU worker (fake); no vendor baseline"])
+        samples = [self.vendor_latency_us / 1000] * 50
+        timings = [CaseTiming(case=c.name, passed=True, stats=summarize(samples), samples_ms=samples, launches=50,
+                              achieved_gbps=500.0, achieved_tflops=5.0, roofline_fraction=0.5) for c in cases]
+        return VendorReport(name="cuBLAS", library="cublas", available=True,
+                            timing=TimingReport(passed=True, cases=timings, score_ms=self.vendor_latency_us / 1000))
 
     def abort(self) -> None:
         self.aborted += 1

@@ -13,6 +13,12 @@ by `--behaviour=NAME` on its command line (parsed out before the fds):
   stale_timing   time jobs: re-checked and last outputs of every set return set 0's result
   skip_timing    time jobs: every 4th timed launch leaves 10 elements unwritten
   fault          answers a sticky CUDA_ERROR_ILLEGAL_ADDRESS fault, then exits 3
+  out_of_memory  answers every job as the real worker does when device memory ran out, and stays up
+  no_cublas      vendor_time jobs answer "unavailable" and peaks come without compute peaks
+
+"vendor_time" jobs compute what cublasGemmEx computes from the job's arguments (column-major, see
+`cublas_gemm`), so a wrong mapping gives wrong outputs; "peaks" jobs answer timings of a device
+with FAKE_PEAKS.
 
 Only harness/ and sandbox/ are imported: the worker runs with PYTHONSAFEPATH from a scratch folder.
 """
@@ -29,7 +35,8 @@ from harness.task import DTYPES
 from sandbox.worker import confine_from_argv
 
 BEHAVIOURS = {"honest", "oob_after", "oob_before", "modify_input", "unwritten", "race",
-              "stale_timing", "skip_timing", "fault"}
+              "stale_timing", "skip_timing", "fault", "out_of_memory", "no_cublas"}
+FAKE_PEAKS = {"memory_gbps": 4000.0, "fp32_tflops": 50.0, "tensor_bf16_tflops": 800.0}
 EXIT_STICKY = 3
 
 DEVICE = {"ordinal": 0, "name": "Fake CPU matmul device", "compute_capability": [9, 0], "sm_count": 132,
@@ -105,7 +112,37 @@ def _run(header, blobs, behaviour):
     return {"status": "ok", "input_sha256": hashes}, outputs + guards
 
 
-def _time(header, blobs, behaviour):
+def _column_major(flat, rows, cols, ld):
+    """The rows x cols column-major matrix with leading dimension ld held in a flat array."""
+    if ld < rows or flat.size != ld * cols:
+        raise ValueError(f"a {rows} x {cols} matrix with ld {ld} does not fit {flat.size} elements")
+    return flat.reshape(cols, ld)[:, :rows].T
+
+
+def cublas_gemm(call, arrays):
+    """C = alpha * A · B + beta * C as cublasGemmEx reads its arguments (column-major, no transposes),
+    from flat arrays by parameter name; C's new flat float32 contents."""
+    if call["transa"] != 0 or call["transb"] != 0:
+        raise ValueError("only CUBLAS_OP_N is emulated")
+    m, n, k = call["m"], call["n"], call["k"]
+    a = _column_major(arrays[call["a_param"]].reshape(-1).astype(np.float32), m, k, call["lda"])
+    b = _column_major(arrays[call["b_param"]].reshape(-1).astype(np.float32), k, n, call["ldb"])
+    c = np.zeros(call["ldc"] * n, dtype=np.float32)
+    _column_major(c, m, n, call["ldc"])[:] = np.float32(call["alpha"]) * (a @ b)
+    return c
+
+
+def _peaks(header, behaviour):
+    copies = [{"bytes": b, "ms": [2 * b / (FAKE_PEAKS["memory_gbps"] * 1e9) * 1e3 * f for f in (1.1, 1.0, 1.2)]}
+              for b in header["copy_bytes"]]
+    flops = 2.0 * header["gemm_size"] ** 3
+    gemm = {} if behaviour == "no_cublas" else {
+        key: [flops / (FAKE_PEAKS[f"{key}_tflops"] * 1e12) * 1e3 * f for f in (1.05, 1.0)] for key in ("fp32", "tensor_bf16")}
+    notes = ["no compute peaks: cuBLAS could not be loaded (fake)"] if behaviour == "no_cublas" else []
+    return {"status": "ok", "copies": copies, "gemm_size": header["gemm_size"], "gemm": gemm, "notes": notes}, []
+
+
+def _time(header, blobs, behaviour, compute=None):
     sets, iterations = header["sets"], header["iterations"]
     poison = header["poison"]
     checked = sorted(set(header["checked_launches"]))
@@ -114,7 +151,7 @@ def _time(header, blobs, behaviour):
     for s in range(sets):
         inputs, shape = _inputs(header, blobs[1 + s * per_set: 1 + (s + 1) * per_set])
         input_sets.append(inputs)
-    results = [_launch(inputs, shape, poison, behaviour) for inputs in input_sets]
+    results = [compute(inputs) if compute else _launch(inputs, shape, poison, behaviour) for inputs in input_sets]
     if behaviour == "stale_timing":
         results = [results[0]] * sets
     poisoned = [int((np.frombuffer(r, np.uint8).reshape(-1, 4) == poison).all(axis=1).sum()) for r in results]
@@ -154,10 +191,22 @@ def main(argv):
             wire.send(answers, {"status": "fault", "error": "CUDA_ERROR_ILLEGAL_ADDRESS",
                                 "detail": "an illegal memory access was encountered"})
             return EXIT_STICKY
+        if behaviour == "out_of_memory":
+            wire.send(answers, {"status": "out_of_memory", "error": "CUDA_ERROR_OUT_OF_MEMORY",
+                                "detail": "cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (2) (3 MiB free of 81920 MiB)"})
+            continue
         if op == "run":
             answer, out = _run(header, blobs, behaviour)
         elif op == "time":
             answer, out = _time(header, blobs, behaviour)
+        elif op == "vendor_time" and behaviour == "no_cublas":
+            answer, out = {"status": "unavailable", "error": "CUBLAS_UNAVAILABLE",
+                           "detail": "cuBLAS could not be loaded: DynamicLibNotFoundError (fake)"}, []
+        elif op == "vendor_time":  # no CUBIN blob: the inputs come first
+            answer, out = _time(header, [b""] + blobs, behaviour,
+                                lambda inputs: cublas_gemm(header["vendor"], inputs).tobytes())
+        elif op == "peaks":
+            answer, out = _peaks(header, behaviour)
         else:
             answer, out = {"status": "error", "error": "UNKNOWN_OP", "detail": f"unknown op {op!r}"}, []
         wire.send(answers, answer, out)

@@ -15,7 +15,7 @@ from tests.fake_executor import FakeExecutor
 REPO = Path(__file__).resolve().parents[1]
 MATMUL = REPO / "cases" / "matmul_f32"
 INITIAL = (MATMUL / "initial.cu").read_text()
-VISIBLE = ["odd-31x37x29", "square-256", "rect-384x256x320"]
+VISIBLE = ["odd-31x37x29", "square-2048", "rect-2000x1500x1000"]
 HOLDOUT = "holdout-97x83x61"
 BROKEN = ('extern "C" __global__ void matmul_f32(const float* a, const float* b, float* c, int m, int n, int k)\n'
           "{ undefined_thing; }\n")

@@ -40,8 +40,8 @@ def test_a_launch_that_fails_on_an_unseen_case_is_the_candidates_fault():
     task = load_task(MATMUL)
     launch = LaunchSpec.model_validate({"grid": ["ceil_div(n, 32) - 3", "ceil_div(m, 32)"], "block": [32, 32]})
     kernel = Kernel("c0", b"", "matmul_f32", launch)
-    geometry, failure = _geometry(kernel, task.case("square-256"))
-    assert failure is None and geometry.grid == (5, 8, 1)
+    geometry, failure = _geometry(kernel, task.case("square-2048"))
+    assert failure is None and geometry.grid == (61, 64, 1)
     geometry, failure = _geometry(kernel, task.holdout_cases[0])
     assert geometry is None and failure.code.value == "launch_error"
     assert "invalid for this case" in failure.detail and "must be >= 1" in failure.detail

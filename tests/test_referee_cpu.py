@@ -186,3 +186,15 @@ def test_a_fault_stops_the_check_and_the_worker_is_replaced(referee, task):
     assert again.cases[0].reasons[0].code is ReasonCode.CUDA_FAULT
     assert candidate.starts == 2
     assert referee.pool.reference.starts == 1  # the reference worker is never touched by a fault
+
+
+@pytest.mark.parametrize("referee", ["out_of_memory"], indirect=True)
+def test_device_memory_running_out_is_its_own_reason_and_the_worker_stays(referee, task):
+    candidate = referee.pool.candidate
+    report = _check(referee, task)
+    assert not report.passed and len(report.cases) == 1  # stopped after the first case
+    (reason,) = report.cases[0].reasons
+    assert reason.code is ReasonCode.OUT_OF_MEMORY and "MiB free" in reason.detail
+    timing = _time(referee, task)
+    assert not timing.passed and timing.cases[0].reasons[0].code is ReasonCode.OUT_OF_MEMORY
+    assert candidate.alive and candidate.starts == 1  # not a sticky error: the same worker goes on

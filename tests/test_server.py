@@ -65,8 +65,8 @@ async def test_describe_task_shows_visible_cases_budget_and_baseline_never_the_h
                                 "finished": False, "stop_reason": None}
     latencies = {case["name"]: case["baseline_median_ms"] for case in answer["cases"]}
     assert latencies["odd-31x37x29"] is None  # a correctness case is not timed
-    assert latencies["square-256"] == pytest.approx(0.1, rel=0.01)
-    assert latencies["rect-384x256x320"] == pytest.approx(0.1, rel=0.01)
+    assert latencies["square-2048"] == pytest.approx(0.1, rel=0.01)
+    assert latencies["rect-2000x1500x1000"] == pytest.approx(0.1, rel=0.01)
     assert answer["baseline_score_ms"] == pytest.approx(0.1, rel=0.01)
     assert (answer["best_attempt"], answer["device"]["gpu"]) == (0, "Fake GPU")
 
@@ -181,7 +181,7 @@ async def test_time_kernel_refuses_an_invalid_candidate(run):
         assert message.startswith("not timed: candidate c") and "fails validation" in message
         assert "mismatch [odd-31x37x29]" in message and "validate or run_cases" in message
         timed = await ok(c, "time_kernel", source=kernel("latency_us=50"))
-        assert [row["case"] for row in timed["cases"]] == ["square-256", "rect-384x256x320"]
+        assert [row["case"] for row in timed["cases"]] == ["square-2048", "rect-2000x1500x1000"]
         assert timed["speedup_vs_baseline"]["ratio"] == pytest.approx(2.0, rel=0.02)
         assert timed["budget"]["probes_left_in_window"] == 18  # the refused timing was a probe too
         assert timed["budget"]["attempts_used"] == 0
@@ -197,7 +197,7 @@ async def test_resources_and_prompt(run):
         assert (await c.read_resource("referee://best.cu")).contents[0].text == INITIAL
 
         manifest = (await c.read_resource("referee://task")).contents[0].text
-        assert json.loads(manifest)["name"] == "matmul_f32" and "square-256" in manifest and HOLDOUT not in manifest
+        assert json.loads(manifest)["name"] == "matmul_f32" and "square-2048" in manifest and HOLDOUT not in manifest
 
         compiled = await ok(c, "compile_kernel", source=BROKEN)
         assert compiled["ok"] is False and compiled["log_resource"] == f"referee://compile-logs/{compiled['candidate']}"

@@ -44,7 +44,7 @@ async def test_probes_are_limited_per_window_and_the_count_survives_a_resume(tmp
     run = Run.resume(run.dir, executor())
     assert run.budget().probes_left_in_window == 2 and run.probes_total == 4
     async with client(run) as c:
-        assert (await ok(c, "run_cases", source=kernel(), cases=["square-256"]))["budget"]["probes_left_in_window"] == 1
+        assert (await ok(c, "run_cases", source=kernel(), cases=["square-2048"]))["budget"]["probes_left_in_window"] == 1
         await ok(c, "time_kernel", source=kernel())
         assert (await refused(c, "validate", source=kernel())).startswith(LIMIT + "6 left)")
         assert (await ok(c, "describe_task"))["budget"]["probes_left_in_window"] == 0
@@ -52,7 +52,7 @@ async def test_probes_are_limited_per_window_and_the_count_survives_a_resume(tmp
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("locked", ["task/initial.cu", "expected/square-256/0/c.npy"])
+@pytest.mark.parametrize("locked", ["task/initial.cu", "expected/square-2048/0/c.npy"])
 async def test_a_changed_locked_file_refuses_every_call_and_the_resume(tmp_path, locked):
     run = new_run(tmp_path)
     path = run.dir / locked

@@ -2,6 +2,7 @@
 
 import math
 import pickle
+import sys
 
 import pytest
 
@@ -334,3 +335,22 @@ def test_manifest_error(tmp_path, edits, field, message):
 
 def test_error_ids_are_unique():
     assert len({e[0] for e in ERRORS}) == len(ERRORS)
+
+
+def test_running_the_oracle_writes_nothing_into_the_task_folder(tmp_path, monkeypatch):
+    import shutil
+    from pathlib import Path
+
+    from harness.oracle import run_oracle
+    from harness.task import load_task, make_inputs
+
+    folder = tmp_path / "matmul_f32"
+    shutil.copytree(Path(__file__).parents[1] / "cases" / "matmul_f32", folder,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # as a server started by root without the variable
+    task = load_task(folder)
+    case = task.cases[0]
+    result = run_oracle(task, case.dims, make_inputs(task, case.dims, case.seed))
+    assert set(result) == {p.name for p in task.output_params}
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before

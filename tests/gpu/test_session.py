@@ -1,5 +1,6 @@
 """A scripted agent session over stdio against the installed console script, on the H200:
-compile -> validate -> time -> record seven times, the eighth refused, the audit folder right."""
+compile -> validate -> time -> record seven times (the demo's candidates), the eighth refused, the
+audit folder right."""
 
 import json
 import shutil
@@ -11,32 +12,21 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from server.audit import verify_run
+from server.demo import PLAN
 from tests.test_cli import MATMUL
 
 pytestmark = pytest.mark.gpu
-KERNELS = Path(__file__).with_name("kernels")
-TILED16 = {"grid": ["ceil_div(n, 16)", "ceil_div(m, 16)"], "block": [16, 16]}
-TILED32 = {"grid": ["ceil_div(n, 32)", "ceil_div(m, 32)"], "block": [32, 32]}
-BLOCKED = {"grid": ["ceil_div(n, 32)", "ceil_div(m, 32)"], "block": [16, 16]}
+REJECTED = {"edge bug (k tail dropped)", "does not compile"}
 
 
 def console_script() -> str:
     return shutil.which("kernel-referee") or str(Path(sys.executable).with_name("kernel-referee"))
 
 
-def plan() -> list[tuple[str, dict, str]]:
-    """(source, launch, what the referee must say) for seven attempts."""
-    source = lambda name: (KERNELS / name).read_text()  # noqa: E731
-    wrong = MATMUL.joinpath("reference.cu").read_text().replace("sum += a", "sum -= a")
-    return [
-        (source("tiled32.cu"), TILED32, "valid"),
-        (source("register_blocked.cu"), BLOCKED, "valid"),
-        (source("edge_bug.cu"), TILED16, "rejected"),
-        (wrong, TILED16, "rejected"),
-        ("this is not CUDA", TILED16, "rejected"),
-        (source("register_blocked.cu"), BLOCKED, "valid"),
-        (MATMUL.joinpath("initial.cu").read_text(), TILED16, "valid"),
-    ]
+def plan() -> list[tuple[str, list[str], dict, str]]:
+    """(source, options, launch, what the referee must say) for seven attempts: `kernel-referee demo`'s plan."""
+    return [(step.source, list(step.options), step.launch, "rejected" if step.label in REJECTED else "valid")
+            for step in PLAN]
 
 
 async def session(results: Path) -> tuple[list[dict], dict, str]:
@@ -47,8 +37,8 @@ async def session(results: Path) -> tuple[list[dict], dict, str]:
         description = (await client.call_tool("describe_task", {})).structured_content
         assert description["budget"]["attempts_left"] == 7
         assert "holdout-97x83x61" not in {c["name"] for c in description["cases"]}
-        for source, launch, expected in plan():
-            compiled = await client.call_tool("compile_kernel", {"source": source, "launch": launch})
+        for source, options, launch, expected in plan():
+            compiled = await client.call_tool("compile_kernel", {"source": source, "options": options, "launch": launch})
             assert not compiled.is_error, compiled.content
             cid = compiled.structured_content["candidate"]
             if compiled.structured_content["ok"]:
@@ -70,9 +60,9 @@ async def session(results: Path) -> tuple[list[dict], dict, str]:
 def test_scripted_session_spends_the_budget_and_leaves_a_verifiable_run(tmp_path):
     answers, summary, refusal = anyio.run(session, tmp_path)
     assert [a["attempt"] for a in answers] == list(range(1, 8))
-    for answer, (_, _, expected) in zip(answers, plan()):
+    for answer, (_, _, _, expected) in zip(answers, plan()):
         assert answer["verdict"].startswith(expected), answer
-    assert answers[2]["reasons"][0]["code"] == "mismatch" and answers[2]["reasons"][0]["case"] == "odd-31x37x29"
+    assert answers[3]["reasons"][0]["code"] == "mismatch" and answers[3]["reasons"][0]["case"] == "odd-31x37x29"
     assert answers[4]["reasons"][0]["code"] == "compile_error"
     assert answers[6]["budget"]["attempts_left"] == 0 and answers[6]["holdout"] is not None
     assert "finished" in refusal

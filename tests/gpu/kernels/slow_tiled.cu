@@ -1,5 +1,5 @@
-// Edge bug: the loop over k stops at the last full tile, so a k that is not a multiple of 16
-// loses its tail. Right on the square cases, wrong on the odd ones.
+// Fault-test kernel: the baseline's tiled product, correct, but each block first spins for about
+// 5 ms, so that a timing job lasts long enough to be interrupted from outside (tests/gpu/test_faults.py).
 #define TILE 16
 
 extern "C" __global__ void matmul_f32(const float* __restrict__ a, const float* __restrict__ b,
@@ -11,8 +11,13 @@ extern "C" __global__ void matmul_f32(const float* __restrict__ a, const float* 
     int row = blockIdx.y * TILE + threadIdx.y;
     int col = blockIdx.x * TILE + threadIdx.x;
     float sum = 0.0f;
+    if (threadIdx.x == 0 && threadIdx.y == 0) {
+        long long start = clock64();
+        while (clock64() - start < 10000000LL) {
+        }
+    }
 
-    for (int t = 0; t + TILE <= k; t += TILE) {  // drops the last partial tile of k
+    for (int t = 0; t < k; t += TILE) {
         int a_col = t + threadIdx.x;
         int b_row = t + threadIdx.y;
         a_tile[threadIdx.y][threadIdx.x] = (row < m && a_col < k) ? a[(long long)row * k + a_col] : 0.0f;

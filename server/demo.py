@@ -1,0 +1,260 @@
+"""`kernel-referee demo`: a scripted agent drives a real `kernel-referee serve` over stdio on matmul_f32.
+
+The agent's plan is seven candidates written for the demo (server/demo_kernels/, each headed by
+what it is): naive, tiled, register-blocked with float4 loads, one with an edge bug, one that does
+not compile, and two tile shapes of the register-blocked kernel. Each goes compile_kernel ->
+validate -> time_kernel -> record_attempt, which spends the budget of seven; the demo then prints
+one line per attempt (verdict, reasons, per-case median, speedup vs the baseline and vs cuBLAS) and
+the run folder. Without a GPU it compiles the candidates, shows what NVRTC reports and says that
+running them needs a GPU (exit 3, as `check`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TextIO
+
+from mcp import Client, StdioServerParameters
+
+from server.demo_table import attempt_line, compile_line, render_table
+
+KERNELS = Path(__file__).with_name("demo_kernels")
+KERNEL_NAME = "matmul_f32"
+EXIT_OK, EXIT_FAILED, EXIT_BAD, EXIT_NO_GPU = 0, 1, 2, 3
+# Handed to the server when set: the GPU it may use, and where Python finds an uninstalled checkout.
+_PASSED_ENV = ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "PYTHONPATH")
+
+Say = Callable[[str], None]
+
+
+def _tiles(size: int) -> dict:
+    return {"grid": [f"ceil_div(n, {size})", f"ceil_div(m, {size})"], "block": [16, 16] if size == 16 else [size, size]}
+
+
+def _blocked(bm: int, bn: int) -> dict:
+    return {"grid": [f"ceil_div(n, {bn})", f"ceil_div(m, {bm})"], "block": [(bm // 8) * (bn // 8)]}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One candidate of the scripted agent: a kernel file, its launch and options, and why it is tried."""
+
+    label: str
+    file: str
+    launch: dict
+    options: tuple[str, ...] = ()
+    rationale: str = ""
+
+    @property
+    def source(self) -> str:
+        return (KERNELS / self.file).read_text()
+
+
+PLAN: tuple[Step, ...] = (
+    Step("naive", "naive.cu", _tiles(16), rationale="a first correct kernel: one thread per element, no reuse"),
+    Step("tiled 32x32", "tiled.cu", _tiles(32), rationale="shared-memory tiles of 32, four times the baseline's"),
+    Step("register-blocked 128x128", "register_blocked.cu", _blocked(128, 128),
+         rationale="8x8 outputs per thread in registers, float4 loads: 64 FMAs per 4 shared loads"),
+    Step("edge bug (k tail dropped)", "edge_bug.cu", _blocked(128, 128),
+         rationale="the register-blocked kernel without the partial last step of k"),
+    Step("does not compile", "broken.cu", {"grid": ["ceil_div(n, 64)", "ceil_div(m, 16)"], "block": [16, 16]},
+         rationale="four columns per thread with float4 stores"),
+    Step("register-blocked 64x128", "register_blocked.cu", _blocked(64, 128), ("-DBM=64",),
+         rationale="half-height tiles: twice the blocks for 132 SMs"),
+    Step("register-blocked 64x64", "register_blocked.cu", _blocked(64, 64), ("-DBM=64", "-DBN=64"),
+         rationale="quarter tiles: four times the blocks, two warps each"),
+)
+
+
+class DemoError(RuntimeError):
+    """A tool call the scripted agent cannot go on from (the referee refused it or failed)."""
+
+
+@dataclass
+class Outcome:
+    """What the referee answered for one step."""
+
+    step: Step
+    compiled: dict
+    validated: dict | None = None
+    timed: dict | None = None
+    not_timed: str | None = None
+    attempt: dict | None = None
+
+
+@dataclass
+class Session:
+    description: dict
+    outcomes: list[Outcome]
+    summary: dict
+
+
+# -------------------------------------------------------------------------------- the session
+
+def server_parameters(task_dir: Path, results: Path, *, no_sandbox: bool = False, iterations: int | None = None,
+                      warmups: int | None = None) -> StdioServerParameters:
+    """`kernel-referee serve --task ... --new-run` with this interpreter: a fresh run, never a resumed one."""
+    args = ["-m", "server.cli", "serve", "--task", str(task_dir), "--results", str(results), "--new-run"]
+    if iterations is not None:
+        args += ["--iterations", str(iterations)]
+    if warmups is not None:
+        args += ["--warmups", str(warmups)]
+    if no_sandbox:
+        args.append("--no-sandbox")
+    env = {name: os.environ[name] for name in _PASSED_ENV if name in os.environ}
+    return StdioServerParameters(command=sys.executable, args=args, env=env)
+
+
+async def _call(client: Client, tool: str, arguments: dict, say: Say | None = None, prefix: str = "") -> dict:
+    result = await client.call_tool(tool, arguments, progress_callback=_progress(say, prefix) if say else None)
+    if result.is_error:
+        raise DemoError(f"{tool} refused: {result.content[0].text if result.content else '(no message)'}")
+    return result.structured_content
+
+
+def _progress(say: Say, prefix: str):
+    async def report(progress: float, total: float | None, message: str | None) -> None:
+        if message:
+            say(f"{prefix}    ... {message}")
+
+    return report
+
+
+async def drive(client: Client, plan: tuple[Step, ...], say: Say) -> list[Outcome]:
+    """Every step through compile -> validate -> time -> record_attempt on a connected client."""
+    return [await _step(client, f"[{number}/{len(plan)}] {step.label}", step, say)
+            for number, step in enumerate(plan, 1)]
+
+
+async def _step(client: Client, prefix: str, step: Step, say: Say) -> Outcome:
+    arguments = {"source": step.source, "launch": step.launch}
+    if step.options:
+        arguments["options"] = list(step.options)
+    outcome = Outcome(step, await _call(client, "compile_kernel", arguments))
+    say(f"{prefix}: compile_kernel: {compile_line(outcome.compiled)}")
+    candidate, calls = outcome.compiled["candidate"], 1
+    if outcome.compiled["ok"]:
+        outcome.validated = await _call(client, "validate", {"candidate_id": candidate})
+        failed = [f"{r['code']} [{r['case']}]" for c in outcome.validated["cases"] for r in c["reasons"]]
+        say(f"{prefix}: validate: {'passed' if outcome.validated['passed'] else 'FAILED ' + ', '.join(failed[:3])}")
+        calls += 1
+    if outcome.validated and outcome.validated["passed"]:
+        timed = await client.call_tool("time_kernel", {"candidate_id": candidate},
+                                       progress_callback=_progress(say, prefix))
+        calls += 1
+        if timed.is_error:
+            outcome.not_timed = timed.content[0].text
+            say(f"{prefix}: time_kernel: {outcome.not_timed}")
+        else:
+            outcome.timed = timed.structured_content
+            s = outcome.timed["speedup_vs_baseline"]
+            say(f"{prefix}: time_kernel: {outcome.timed['score_ms']:.3f} ms (geometric mean), "
+                f"{s['ratio']:.2f}x the baseline [{s['low']:.2f}, {s['high']:.2f}]")
+    outcome.attempt = await _call(client, "record_attempt", {
+        "candidate_id": candidate, "rationale": step.rationale or step.label,
+        "usage": {"model": "kernel-referee demo (scripted)", "calls": calls + 1}}, say, prefix)
+    say(f"{prefix}: record_attempt: {attempt_line(outcome.attempt)}")
+    return outcome
+
+
+async def session(params: StdioServerParameters, plan: tuple[Step, ...], say: Say) -> Session:
+    async with Client(params) as client:
+        first = await _call(client, "describe_task", {})
+        left = first["budget"]["attempts_left"]
+        if left != len(plan):
+            raise DemoError(f"the run has {left} attempts left; the demo plays {len(plan)} (a new run was expected)")
+        say(f"describe_task: {first['name']}, cases {', '.join(c['name'] for c in first['cases'])}; "
+            f"baseline {first['baseline_score_ms']:.3f} ms (geometric mean); budget {left} attempts")
+        outcomes = await drive(client, plan, say)
+        description = await _call(client, "describe_task", {})
+        summary = json.loads((await client.read_resource("referee://summary.json")).contents[0].text)
+    return Session(description, outcomes, summary)
+
+
+# -------------------------------------------------------------------------------- the command
+
+def task_folder() -> Path | None:
+    """cases/matmul_f32 of this checkout (an editable install), else under the working directory."""
+    for root in (Path(__file__).resolve().parents[1], Path.cwd()):
+        if (root / "cases" / "matmul_f32" / "task.toml").is_file():
+            return root / "cases" / "matmul_f32"
+    return None
+
+
+def compile_only(plan: tuple[Step, ...], arch: str, out: TextIO) -> None:
+    """The no-GPU path: NVRTC compiles every candidate (the demo's own, trusted files: no worker needed)."""
+    from harness.compile import compile_kernel
+
+    for number, step in enumerate(plan, 1):
+        result = compile_kernel(step.source, KERNEL_NAME, options=step.options, arch=arch)
+        options = f" {' '.join(step.options)}" if step.options else ""
+        print(f"[{number}/{len(plan)}] {step.label} ({step.file}{options}): "
+              f"{compile_line(_compile_answer(result))}", file=out)
+        if not result.ok:
+            print("\n".join(f"    {line}".rstrip() for line in result.log.strip().splitlines()), file=out)
+
+
+def _compile_answer(result) -> dict:
+    """A CompileResult in the shape of compile_kernel's answer, so both paths print alike."""
+    r = result.resources
+    return {"ok": result.ok, "compile_ms": result.compile_ms, "resources": None if r is None else {
+        "registers": r.registers, "spill_bytes": r.spill_store_bytes + r.spill_load_bytes,
+        "shared_bytes": r.shared_bytes, "stack_bytes": r.stack_bytes}}
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The first error inside the task groups' exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def run_demo(args, out: TextIO) -> int:
+    from anyio import run as anyio_run
+
+    from harness.device import gpu_absent_reason
+    from server.cli import sandbox_refusal
+
+    task_dir = task_folder()
+    if task_dir is None:
+        print("kernel-referee demo: cases/matmul_f32 was not found (run it from the repository root)", file=sys.stderr)
+        return EXIT_BAD
+    absent = gpu_absent_reason()
+    if absent is not None:
+        print(f"kernel-referee demo: the scripted agent's {len(PLAN)} candidates for {task_dir.name}, compiled with "
+              "NVRTC for sm_90 (the H200's architecture):", file=out)
+        compile_only(PLAN, "sm_90", out)
+        print(f"\nNo GPU: {absent}.\nRunning, checking and timing them (and serving the run) need an NVIDIA GPU; "
+              "on a GPU machine this command plays the whole run.", file=out)
+        return EXIT_NO_GPU
+    refusal = sandbox_refusal(args)
+    if refusal:
+        print(f"kernel-referee: {refusal}", file=sys.stderr)
+        return EXIT_BAD
+
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    say(f"starting `kernel-referee serve --task {task_dir} --results {args.results} --new-run`; it computes the "
+        "reference outputs and times the baseline first (its log follows on stderr)")
+    params = server_parameters(task_dir, args.results, no_sandbox=args.no_sandbox, iterations=args.iterations,
+                               warmups=args.warmups)
+    try:
+        result = anyio_run(session, params, PLAN, say)
+    except Exception as exc:  # noqa: BLE001 - a refusal, or the server stopped or never started
+        error = _innermost(exc)
+        why = str(error) if isinstance(error, DemoError) else (
+            f"the session with the server ended early ({type(error).__name__}: {error}); see the server's "
+            "messages above")
+        print(f"kernel-referee demo: {why}", file=sys.stderr)
+        return EXIT_FAILED
+    run_dir = (Path(args.results) / result.summary["run"]).resolve()
+    print("", file=out)
+    print(render_table(result.description, [(o.step.label, o.attempt) for o in result.outcomes], result.summary),
+          file=out)
+    print(f"\nrun folder: {run_dir}\n(check its audit log with: kernel-referee verify {run_dir})", file=out)
+    return EXIT_OK

@@ -1,0 +1,121 @@
+"""What `kernel-referee demo` prints: one line per tool answer while it runs, a table at the end.
+
+Printers only format: they take the tools' answers (JSON-shaped dicts, as an MCP client receives
+them) and never call anything. Latencies are in milliseconds; "-" marks what was not measured.
+"""
+
+from __future__ import annotations
+
+import math
+
+DASH = "-"
+
+
+def compile_line(answer: dict) -> str:
+    """compile_kernel's answer in one line: resources, or that it failed."""
+    if not answer["ok"]:
+        return f"compile FAILED ({answer['compile_ms']:.0f} ms)"
+    r = answer.get("resources")
+    report = "no resource report" if r is None else (
+        f"{r['registers']} registers, {r['spill_bytes']} spill bytes, {r['shared_bytes']} B shared, "
+        f"{r['stack_bytes']} B stack")
+    return f"compiled in {answer['compile_ms']:.0f} ms: {report}"
+
+
+def reasons_text(answer: dict, limit: int = 2) -> str:
+    reasons = answer.get("reasons") or []
+    if not reasons:
+        return DASH
+    shown = [f"{r['code']} [{r['case']}]" if r.get("case") else r["code"] for r in reasons[:limit]]
+    more = f" +{len(reasons) - limit}" if len(reasons) > limit else ""
+    return ", ".join(shown) + more
+
+
+def speedup_text(speedup: dict | None) -> str:
+    if not speedup:
+        return DASH
+    return f"{speedup['ratio']:.2f}x [{speedup['low']:.2f}, {speedup['high']:.2f}]"
+
+
+def attempt_line(answer: dict) -> str:
+    """record_attempt's answer in one line."""
+    line = f"attempt {answer['attempt']} {answer['verdict']}"
+    if answer["verdict"] == "rejected":
+        return f"{line}: {reasons_text(answer)}"
+    return (f"{line}, {answer['score_ms']:.3f} ms, {speedup_text(answer.get('speedup_vs_baseline'))} vs baseline, "
+            f"{speedup_text(answer.get('speedup_vs_best'))} vs the best before it")
+
+
+def _geomean_ratio(numerators: dict[str, float], denominators: dict[str, float], cases: list[str]) -> float | None:
+    """Geometric mean over `cases` of numerator / denominator; None unless every case has both."""
+    if not cases or any(not numerators.get(c) or not denominators.get(c) for c in cases):
+        return None
+    return math.exp(sum(math.log(numerators[c] / denominators[c]) for c in cases) / len(cases))
+
+
+def _ratio_text(ratio: float | None) -> str:
+    return DASH if ratio is None else f"{ratio:.2f}x"
+
+
+def _ms(value: float | None) -> str:
+    return DASH if value is None else f"{value:.3f}"
+
+
+def render_table(description: dict, attempts: list[tuple[str, dict]], summary: dict | None = None) -> str:
+    """The baseline, every attempt (label, record_attempt answer) and cuBLAS when describe_task has it.
+
+    "vs baseline" is the referee's own interleaved speedup with its 95% interval; "vs cuBLAS" is the
+    geometric mean over the performance cases of cuBLAS's median over the attempt's.
+    """
+    cases = [c["name"] for c in description["cases"] if c["role"] == "performance"]
+    baseline = {c["name"]: c.get("baseline_median_ms") for c in description["cases"]}
+    vendor = description.get("vendor") or None
+    vendor_ms = dict(vendor.get("cases") or {}) if vendor else {}
+    best = (summary or {}).get("best_attempt", description.get("best_attempt"))
+    header = ["#", "kernel", "verdict", "reasons"] + [f"{c} ms" for c in cases] + ["vs baseline", "vs cuBLAS"]
+    rows = [["0" + ("*" if best == 0 else ""), "baseline (initial.cu)", "baseline", DASH]
+            + [_ms(baseline.get(c)) for c in cases] + ["1.00x", _ratio_text(_geomean_ratio(vendor_ms, baseline, cases))]]
+    for label, answer in attempts:
+        medians = {row["case"]: row["stats"]["median_ms"] for row in answer.get("cases") or []}
+        rows.append([str(answer["attempt"]) + ("*" if answer["attempt"] == best else ""), label, answer["verdict"],
+                     reasons_text(answer)] + [_ms(medians.get(c)) for c in cases]
+                    + [speedup_text(answer.get("speedup_vs_baseline")),
+                       _ratio_text(_geomean_ratio(vendor_ms, medians, cases))])
+    if vendor:
+        rows.append([DASH, vendor.get("name", "vendor"), "(yardstick)", DASH] + [_ms(vendor_ms.get(c)) for c in cases]
+                    + [_ratio_text(_geomean_ratio(baseline, vendor_ms, cases)), "1.00x"])
+    lines = _columns(header, rows)
+    lines.append("* the run's best attempt. vs baseline: the referee's interleaved timing, 95% interval in brackets."
+                 + ("" if vendor else " vs cuBLAS: no cuBLAS timing in describe_task (-)."))
+    lines += _footer(summary)
+    return "\n".join(lines)
+
+
+def _columns(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Left-aligned text columns, latencies and ratios right-aligned."""
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    right = {i for i, h in enumerate(header) if h.endswith(" ms") or h.startswith("vs ")}
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+def _footer(summary: dict | None) -> list[str]:
+    if not summary:
+        return []
+    lines = []
+    best, speedup = summary.get("best_attempt"), summary.get("speedup_vs_baseline")
+    if best:
+        noise = "beyond noise" if speedup and speedup.get("beyond_noise") else "not beyond noise"
+        lines.append(f"best: attempt {best}, {speedup_text(speedup)} the baseline ({noise})")
+    else:
+        lines.append("best: the baseline (no attempt beat it beyond noise)")
+    holdout = summary.get("holdout")
+    if holdout:
+        verdict = "passed" if holdout.get("passed") else "FAILED"
+        lines.append(f"holdout (hidden cases {', '.join(holdout.get('cases') or [])}): attempt {holdout.get('attempt')} "
+                     f"{verdict}" + (f"; disqualified {summary.get('disqualified')}" if summary.get("disqualified") else ""))
+    lines.append(f"status: {summary.get('status')}" + (f" ({summary['stop_reason']})" if summary.get("stop_reason") else ""))
+    return lines

@@ -1,0 +1,397 @@
+"""`kernel-referee replay RUN`: a run's best kernel (or one attempt) again, on this GPU, judged afresh.
+
+The run folder is verified first; one that does not verify is refused (exit 2). Then, with the
+run's own task copy, locked expected outputs and timing protocol: the kernel on each replay request
+(best-case-N.json), on the holdout cases against the reference outputs and against the float64
+oracle, and on fresh random values against the oracle; then N interleaved timings beside the
+baseline (attempts/000.cu). server/decision.py says GO or NO-GO. The result goes to RUN/replay.json
+(RUN/replay-attempt-NNN.json for --attempt), a file the audit log does not record: appending to
+events.jsonl could break the chain of a server still holding the run (docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import secrets
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, TextIO
+
+import numpy as np
+
+from harness.device import gpu_absent_reason
+from harness.evaluate import Kernel, Settings, input_seed
+from harness.stats import geomean_speedup, speedup, summarize
+from harness.task import Case, LaunchSpec, Task, TaskError, load_task
+from harness.verdict import CheckReport
+from server import lock as locking
+from server.attempt import TimingFailed, time_side_by_side
+from server.audit import verify_run, write_json_atomic
+from server.decision import (CheckResult, Decision, RepeatResult, decide, environment_differences,
+                             other_environment_differences)
+from server.executor import Executor, GpuExecutor
+from server.run import RunSettings, expected_path, now_iso
+
+log = logging.getLogger(__name__)
+EXIT_GO, EXIT_NO_GO, EXIT_BAD_RUN, EXIT_NO_GPU = 0, 1, 2, 3
+MakeExecutor = Callable[[Task, Settings], Executor]
+Say = Callable[[str], None]
+_REQUEST = re.compile(r"best-case-([0-9]+)\.json")
+_ATTEMPT_FILE = re.compile(r"attempts/[0-9]{3}\.cu")
+
+
+class RunFolderError(Exception):
+    """The run folder cannot be replayed: incomplete, inconsistent, or no such attempt."""
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A kernel of the run as history.json recorded it."""
+
+    attempt: int
+    source_file: str
+    source: str
+    options: tuple[str, ...]
+    launch: LaunchSpec
+
+    def describe(self) -> dict:
+        return {"attempt": self.attempt, "source_file": self.source_file,
+                "source_sha256": hashlib.sha256(self.source.encode()).hexdigest(), "options": list(self.options),
+                "launch": self.launch.model_dump(mode="json")}
+
+
+@dataclass
+class RunRecord:
+    """What a replay reads from a verified run folder."""
+
+    dir: Path
+    task: Task
+    settings: RunSettings
+    lock: dict
+    summary: dict
+    kernel: Subject                 # what is replayed: the best, or the attempt asked for
+    baseline: Subject
+    is_best: bool
+    requests: list[tuple[str, dict]] = field(default_factory=list)  # (best-case-N.json, its request), the best only
+
+
+def _json(path: Path):
+    return json.loads(path.read_bytes())
+
+
+def load_record(run_dir: Path, attempt: int | None = None) -> RunRecord:
+    for name in ("run.json", "lock.json", "history.json", "summary.json"):
+        if not (run_dir / name).is_file():
+            raise RunFolderError(f"it has no {name} (a run that stopped before its baseline was recorded)")
+    try:
+        task = load_task(run_dir / "task")
+    except TaskError as exc:
+        raise RunFolderError(f"its task copy does not load: {exc}") from None
+    history = {e["attempt"]: e for e in _json(run_dir / "history.json")["attempts"]}
+    summary = _json(run_dir / "summary.json")
+    number = summary.get("best_attempt", 0) if attempt is None else attempt
+    record = RunRecord(dir=run_dir, task=task, settings=RunSettings.of_run(run_dir), lock=_json(run_dir / "lock.json"),
+                       summary=summary, kernel=_subject(run_dir, history, number),
+                       baseline=_subject(run_dir, history, 0), is_best=attempt is None)
+    if attempt is None:
+        record.requests = _requests(run_dir, task, record.kernel)
+    return record
+
+
+def _subject(run_dir: Path, history: dict[int, dict], number: int) -> Subject:
+    entry = history.get(number)
+    if entry is None:
+        raise RunFolderError(f"history.json has no attempt {number} (it has {sorted(history)})")
+    if entry.get("candidate") is None or not _ATTEMPT_FILE.fullmatch(str(entry.get("source_file"))):
+        raise RunFolderError(f"attempt {number} was interrupted: history.json records no kernel for it")
+    source = (run_dir / entry["source_file"]).read_bytes().decode()
+    if hashlib.sha256(source.encode()).hexdigest() != entry["source_sha256"]:
+        raise RunFolderError(f"{entry['source_file']} is not the source history.json records for attempt {number}")
+    return Subject(number, entry["source_file"], source, tuple(entry["options"]),
+                   LaunchSpec.model_validate(entry["launch"]))
+
+
+def _requests(run_dir: Path, task: Task, best: Subject) -> list[tuple[str, dict]]:
+    """The best's replay requests, each checked against the best attempt and the task's case it names."""
+    paths = sorted((p for p in run_dir.glob("best-case-*.json") if _REQUEST.fullmatch(p.name)),
+                   key=lambda p: int(_REQUEST.fullmatch(p.name)[1]))
+    if not paths:
+        raise RunFolderError("it has no best-case-N.json replay requests")
+    if (run_dir / "best.cu").read_bytes().decode() != best.source:
+        raise RunFolderError(f"best.cu is not the source of the best attempt ({best.attempt})")
+    requests = []
+    for path in paths:
+        request = _json(path)
+        case = task.case(request.get("case"))
+        recorded = (request.get("attempt"), tuple(request.get("options", ())), request.get("role"),
+                    request.get("dims"), request.get("seed"))
+        if recorded != (best.attempt, best.options, case.role, case.dims, case.seed):
+            raise RunFolderError(f"{path.name} does not match the best attempt ({best.attempt}) and the task's "
+                                 f"case {case.name}")
+        requests.append((path.name, request))
+    return requests
+
+
+# -- the replay -------------------------------------------------------------------------------
+
+def replay_run(record: RunRecord, make_executor: MakeExecutor, repeats: int = 3, chain_head: str | None = None,
+               say: Say | None = None) -> dict:
+    """Check and time the record's kernel on a fresh executor; the replay.json document, decision included.
+
+    A failure inside the referee (a worker that cannot start, a reference that fails) ends the replay
+    as a failed check named "referee": what was measured before it is kept, and the decision is NO-GO.
+    """
+    say = say or (lambda message: None)
+    checks: list[CheckResult] = []
+    timings: list[tuple[RepeatResult, dict]] = []
+    env_now: dict = {}
+    executor: Executor | None = None
+    try:
+        executor = make_executor(record.task, record.settings.timing)
+        with _no_bytecode():
+            env_now = executor.start()
+            _preload(executor, record)
+            _replay(executor, record, repeats, say, checks, timings)
+    except Exception as exc:  # noqa: BLE001 - reported as the replay's failure, and logged
+        log.warning("the replay could not complete", exc_info=True)
+        checks.append(CheckResult(name="referee", kind="referee", passed=False, reasons=[
+            f"the replay could not complete: {type(exc).__name__}: {exc}"[:1000]]))
+    finally:
+        if executor is not None:
+            executor.close()
+    env_run = record.lock.get("environment") or {}
+    decision = decide(checks, [r for r, _ in timings], env_run, env_now)
+    return _document(record, repeats, chain_head, checks, timings, env_run, env_now, decision)
+
+
+@contextmanager
+def _no_bytecode():
+    """The oracle is imported from the run's task copy: run as root, Python would add a __pycache__ to the
+    locked, read-only folder, and a resumed run would then refuse it as tampered."""
+    before = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    try:
+        yield
+    finally:
+        sys.dont_write_bytecode = before
+
+
+def _preload(executor: Executor, record: RunRecord) -> None:
+    """The run's locked reference outputs: the replay judges against what the run judged against."""
+    for case in record.task.cases:
+        for s in range(record.settings.timing.rotation_sets):
+            outputs = {p.name: np.load(record.dir / expected_path(case, s, p.name), allow_pickle=False)
+                       for p in record.task.output_params}
+            executor.preload(case, input_seed(case, s), outputs)
+
+
+def _replay(executor: Executor, record: RunRecord, repeats: int, say: Say, checks: list[CheckResult],
+            timings: list[tuple[RepeatResult, dict]]) -> None:
+    kernel, failed = _compile(executor, record.kernel)
+    baseline, baseline_failed = _compile(executor, record.baseline)
+    checks += [c for c in (failed, baseline_failed) if c is not None]
+    if kernel is None or baseline is None:
+        return
+    say(f"attempt {record.kernel.attempt} on its visible cases")
+    checks += _replay_checks(executor, record, kernel)
+    say("the holdout cases, against the reference outputs and the float64 oracle")
+    checks += _holdout_checks(executor, record.task, kernel)
+    say("fresh random values against the float64 oracle")
+    checks += _fresh_checks(executor, record.task, kernel)
+    for number in range(1, repeats + 1):
+        say(f"timing beside the baseline, repeat {number} of {repeats}")
+        timings.append(_repeat(executor, record, kernel, baseline, number))
+
+
+def _compile(executor: Executor, subject: Subject) -> tuple[Kernel | None, CheckResult | None]:
+    compiled = executor.compile(subject.source, subject.options)
+    if compiled.ok:
+        return Kernel(f"attempt-{subject.attempt}", compiled.cubin, compiled.lowered_name, subject.launch), None
+    return None, CheckResult(name=f"compile attempt {subject.attempt} ({subject.source_file})", kind="compile",
+                             passed=False, reasons=[f"it does not compile here: {compiled.log}"[:1000]])
+
+
+def _results(kind: str, against: str, cases: list[Case], report: CheckReport, seeds: dict[str, int] | None = None,
+             label: Callable[[Case], str] | None = None) -> list[CheckResult]:
+    """One CheckResult per case asked for; a case the check never reached (after a fault) fails."""
+    label = label or (lambda case: f"{kind} {case.name}")
+    by_case = {c.case: c for c in report.cases}
+    results = []
+    for case in cases:
+        got = by_case.get(case.name)
+        common = dict(name=label(case), kind=kind, case=case.name, against=against,
+                      seed=(seeds or {}).get(case.name, case.seed))
+        if got is None:
+            results.append(CheckResult(**common, passed=False, reasons=[
+                "not run: an earlier case ended the check (a fault, a timeout or a crash)"]))
+        else:
+            results.append(CheckResult(**common, passed=got.passed, detail=got.model_dump(mode="json"),
+                                       reasons=[f"{r.code.value}: {r.detail}" for r in got.reasons]))
+    return results
+
+
+def _replay_checks(executor: Executor, record: RunRecord, kernel: Kernel) -> list[CheckResult]:
+    """The best on each best-case-N.json request as written (its resolved launch); another attempt on every
+    visible case with its recorded launch."""
+    if not record.requests:
+        cases = list(record.task.visible_cases)
+        return _results("replay", "reference", cases, executor.check(kernel, cases))
+    results = []
+    for name, request in record.requests:
+        case = record.task.case(request["case"])
+        exact = Kernel(kernel.label, kernel.cubin, kernel.symbol, LaunchSpec.model_validate(request["launch"]))
+        results += _results("replay", "reference", [case], executor.check(exact, [case]),
+                            label=lambda c, name=name: f"replay {name} ({c.name})")
+    return results
+
+
+def _no_oracle(kind: str) -> CheckResult:
+    return CheckResult(name=kind, kind=kind, against="oracle", passed=False,
+                       reasons=["the task declares no float64 oracle (task.toml `oracle`): nothing independent "
+                                "to check against"])
+
+
+def _holdout_checks(executor: Executor, task: Task, kernel: Kernel) -> list[CheckResult]:
+    cases = list(task.holdout_cases)
+    if not cases:
+        return []  # the decision names the missing holdout checks
+    results = _results("holdout", "reference", cases, executor.check(kernel, cases))
+    if task.oracle_file is None:
+        return results + [_no_oracle("holdout-oracle")]
+    return results + _results("holdout-oracle", "oracle", cases, executor.check(kernel, cases, None, True))
+
+
+def _fresh_checks(executor: Executor, task: Task, kernel: Kernel) -> list[CheckResult]:
+    """New seeds, drawn now, on every case's shape (visible and holdout)."""
+    if task.oracle_file is None:
+        return [_no_oracle("fresh-oracle")]
+    cases = list(task.visible_cases) + list(task.holdout_cases)
+    seeds = {case.name: secrets.randbits(31) for case in cases}
+    return _results("fresh-oracle", "oracle", cases, executor.check(kernel, cases, seeds, True), seeds)
+
+
+def _repeat(executor: Executor, record: RunRecord, kernel: Kernel, baseline: Kernel,
+            number: int) -> tuple[RepeatResult, dict]:
+    """One interleaved timing (the run's rounds), the speedup over the baseline per case and overall."""
+    cases = list(record.task.performance_cases)
+    if not cases:
+        return RepeatResult(repeat=number, reasons=["the task has no performance cases"]), {}
+    try:
+        timed = time_side_by_side(executor.time, {"candidate": kernel, "baseline": baseline}, cases,
+                                  record.settings.timing_rounds)
+    except TimingFailed as failed:
+        why = "; ".join(f"{r.code.value} [{r.case}]: {r.detail}" for r in failed.reasons)
+        return RepeatResult(repeat=number, reasons=[f"the {failed.label} failed its timing: {why}"]), {}
+    stats = {label: {case: summarize(values) for case, values in per_case.items()}
+             for label, per_case in timed["samples"].items()}
+    pairs = {c.name: (stats["baseline"][c.name], stats["candidate"][c.name]) for c in cases}
+    result = RepeatResult(repeat=number, speedup=geomean_speedup(list(pairs.values())),
+                          cases={name: speedup(*pair) for name, pair in pairs.items()})
+    return result, {"stats": {label: {case: s.model_dump(mode="json") for case, s in per_case.items()}
+                              for label, per_case in stats.items()},
+                    "samples_ms": timed["samples"]}
+
+
+def _document(record: RunRecord, repeats: int, chain_head: str | None, checks: list[CheckResult],
+              timings: list[tuple[RepeatResult, dict]], env_run: dict, env_now: dict, decision: Decision) -> dict:
+    return {
+        "run": record.dir.name, "task": record.task.name, "replayed_at": now_iso(),
+        "run_status": record.summary.get("status"), "run_chain_head": chain_head,
+        "decision": decision.decision, "reasons": decision.reasons,
+        "kernel": {**record.kernel.describe(), "is_best": record.is_best},
+        "baseline": record.baseline.describe(),
+        "protocol": {"repeats": repeats, "timing_rounds": record.settings.timing_rounds,
+                     "timing": record.settings.timing.model_dump(mode="json")},
+        "checks": [c.model_dump(mode="json") for c in checks],
+        "repeats": [{**r.model_dump(mode="json"), **extra} for r, extra in timings],
+        "environment": {"run": env_run, "now": env_now,
+                        "differences": [d.model_dump(mode="json") for d in environment_differences(env_run, env_now)],
+                        "other_differences": [d.model_dump(mode="json")
+                                              for d in other_environment_differences(env_run, env_now)]},
+        # Informational: the referee's own source files that differ from those the run was locked with.
+        "referee_changes": locking.harness_changes(record.lock) if "harness" in record.lock else [],
+    }
+
+
+# -- the command ------------------------------------------------------------------------------
+
+def output_name(attempt: int | None) -> str:
+    return "replay.json" if attempt is None else f"replay-attempt-{attempt:03d}.json"
+
+
+def replay(run_dir: Path, out: TextIO, *, repeats: int = 3, attempt: int | None = None, confine: bool = True,
+           make_executor: MakeExecutor | None = None, sandbox_refusal: Callable[[], str | None] | None = None) -> int:
+    """The command: verify, load, replay, write, print. Without `make_executor`, a GpuExecutor on this GPU."""
+    run_dir = Path(run_dir)
+    if repeats < 1:
+        print(f"kernel-referee replay: --repeats must be at least 1 (got {repeats})", file=sys.stderr)
+        return EXIT_BAD_RUN
+    report = verify_run(run_dir)
+    if not report.ok:
+        print(f"{run_dir}: refused: the run folder does not verify, so nothing in it can be replayed", file=out)
+        for problem in report.problems:
+            print(f"  {problem}", file=out)
+        return EXIT_BAD_RUN
+    print(f"{run_dir}: verified ({report.records} records, chain head {report.head})", file=out)
+    try:
+        record = load_record(run_dir, attempt)
+    except (RunFolderError, OSError, ValueError, KeyError) as exc:
+        print(f"{run_dir}: cannot be replayed: {exc}", file=out)
+        return EXIT_BAD_RUN
+    if make_executor is None:
+        absent = gpu_absent_reason()
+        if absent is not None:
+            print(f"replay needs an NVIDIA GPU: {absent}. The run folder verifies; nothing was replayed and no "
+                  f"{output_name(attempt)} was written.", file=out)
+            return EXIT_NO_GPU
+        refusal = sandbox_refusal() if sandbox_refusal else None
+        if refusal:
+            print(f"kernel-referee: {refusal}", file=sys.stderr)
+            return EXIT_BAD_RUN
+        make_executor = lambda task, timing: GpuExecutor(task, timing, confine=confine)  # noqa: E731
+    document = replay_run(record, make_executor, repeats, report.head, _say)
+    path = run_dir / output_name(attempt)
+    write_json_atomic(path, document)
+    print_report(document, out)
+    print(f"wrote {path}", file=out)
+    return EXIT_GO if document["decision"] == "GO" else EXIT_NO_GO
+
+
+def print_report(document: dict, out: TextIO) -> None:
+    kernel, now = document["kernel"], document["environment"]["now"]
+    which = "best.cu" if kernel["is_best"] else kernel["source_file"]
+    print(f"replayed attempt {kernel['attempt']} ({which}) beside the baseline (attempt "
+          f"{document['baseline']['attempt']}) on {now.get('gpu', 'no GPU')}", file=out)
+    checks = document["checks"]
+    print(f"checks: {sum(c['passed'] for c in checks)} of {len(checks)} passed", file=out)
+    for check in checks:
+        if not check["passed"]:
+            print(f"  FAIL {check['name']}: {'; '.join(check['reasons'])[:300]}", file=out)
+    for r in document["repeats"]:
+        s = r["speedup"]
+        said = "; ".join(r["reasons"]) if s is None else (
+            f"{s['ratio']:.3g}x [{s['low']:.3g}, {s['high']:.3g}] over the baseline, "
+            + ("beyond noise" if s["beyond_noise"] else "not beyond noise"))
+        print(f"repeat {r['repeat']}: {said}", file=out)
+    differences = document["environment"]["differences"]
+    print("environment: " + ("matches the run's" if not differences else "differs from the run's: " + "; ".join(
+        f"{d['field']} {d['run']!r} -> {d['now']!r}" for d in differences)), file=out)
+    others = document["environment"]["other_differences"]
+    if others:
+        print("  also differs (not decisive): " + "; ".join(f"{d['field']} {d['run']!r} -> {d['now']!r}"
+                                                          for d in others), file=out)
+    if document["referee_changes"]:
+        print(f"note: {len(document['referee_changes'])} referee source file(s) differ from those that made the "
+              "run (lock.json `harness`)", file=out)
+    print(document["decision"], file=out)
+    for reason in document["reasons"]:
+        print(f"  {reason}", file=out)
+
+
+def _say(message: str) -> None:
+    print(f"  {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,179 @@
+"""`kernel-referee replay` on CPU: runs made by the real run logic with the fake executor, replayed with a fake."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.device import gpu_absent_reason
+from harness.task import load_task
+from server.attempt import finish, record_attempt
+from server.audit import verify_run
+from server.cli import main
+from server.replay import replay
+from tests.fake_executor import FakeExecutor
+from tests.server_support import HOLDOUT, VISIBLE, kernel, new_run, read_json
+
+no_gpu = pytest.mark.skipif(gpu_absent_reason() is None, reason="this machine has a GPU")
+
+
+def make_run(tmp_path: Path, *sources: str) -> Path:
+    """A finished run whose attempts are `sources`, in order."""
+    run = new_run(tmp_path)
+    try:
+        for number, source in enumerate(sources, start=1):
+            record_attempt(run, run.candidate(None, source), f"try {number}", None, None)
+        finish(run, "done", None)
+        return run.dir
+    finally:
+        run.close()
+
+
+def fake(task, timing, gpu: str = "Fake GPU"):
+    return FakeExecutor(task, gpu=gpu)
+
+
+class HoldoutFailsHere(FakeExecutor):
+    """This GPU gets the holdout cases wrong for every kernel (a best that fails a holdout on replay)."""
+
+    def _source(self, kernel):
+        return super()._source(kernel) + "\n// fake: wrong-holdout\n"
+
+
+class BreaksDuringTiming(FakeExecutor):
+    def time(self, kernel, cases):
+        raise RuntimeError("worker error on case square-256: the driver went away")
+
+
+def replayed(run_dir: Path, make_executor=fake, **options) -> tuple[int, dict, str]:
+    out = io.StringIO()
+    code = replay(run_dir, out, make_executor=make_executor, **options)
+    name = "replay.json" if options.get("attempt") is None else f"replay-attempt-{options['attempt']:03d}.json"
+    document = read_json(run_dir / name) if (run_dir / name).exists() else None
+    return code, document, out.getvalue()
+
+
+@pytest.fixture
+def good_run(tmp_path) -> Path:
+    return make_run(tmp_path, kernel("latency_us=50"))
+
+
+def test_a_good_run_replays_to_go_and_still_verifies(good_run):
+    log_before = (good_run / "events.jsonl").read_bytes()
+    code, document, out = replayed(good_run, repeats=2)
+    assert code == 0, out
+    assert document["decision"] == "GO" and document["reasons"][0].startswith("all ")
+    assert (document["run"], document["task"], document["run_status"]) == ("run-001", "matmul_f32", "finished")
+    assert document["kernel"]["attempt"] == 1 and document["kernel"]["is_best"] is True
+    assert document["kernel"]["source_sha256"] == read_json(good_run / "history.json")["attempts"][1]["source_sha256"]
+    assert document["baseline"]["attempt"] == 0 and document["baseline"]["source_file"] == "attempts/000.cu"
+    names = [c["name"] for c in document["checks"]]
+    assert names == ([f"replay best-case-{i}.json ({case})" for i, case in enumerate(VISIBLE)]
+                     + [f"holdout {HOLDOUT}", f"holdout-oracle {HOLDOUT}"]
+                     + [f"fresh-oracle {case}" for case in VISIBLE + [HOLDOUT]])
+    assert all(c["passed"] for c in document["checks"])
+    fresh = [c for c in document["checks"] if c["kind"] == "fresh-oracle"]
+    run_seeds = {c.name: c.seed for c in load_task(good_run / "task").cases}
+    assert all(c["against"] == "oracle" and c["seed"] != run_seeds[c["case"]] for c in fresh)
+    assert [r["repeat"] for r in document["repeats"]] == [1, 2]
+    for r in document["repeats"]:
+        assert r["speedup"]["beyond_noise"] and r["speedup"]["ratio"] == pytest.approx(2.0, rel=0.02)
+        assert sorted(r["cases"]) == sorted(r["stats"]["candidate"]) == ["rect-2000x1500x1000", "square-2048"]
+        assert len(r["samples_ms"]["baseline"]["square-2048"]) == 2 * 50  # two interleaved rounds of 50
+    assert document["environment"]["differences"] == [] and document["environment"]["now"]["gpu"] == "Fake GPU"
+    assert document["run_chain_head"] == verify_run(good_run).head
+    assert "GO" in out and "checks: 9 of 9 passed" in out and "repeat 2: 2" in out
+    assert (good_run / "events.jsonl").read_bytes() == log_before  # the audit log is left alone
+    report = verify_run(good_run)
+    assert report.ok, report.problems
+
+
+def test_a_disqualified_attempt_replays_to_no_go_naming_the_holdout_case(tmp_path):
+    run_dir = make_run(tmp_path, kernel("latency_us=40", "wrong-holdout"), kernel("latency_us=70"))
+    assert (read_json(run_dir / "summary.json")["best_attempt"], read_json(run_dir / "summary.json")["disqualified"]) \
+        == (2, [1])
+    code, document, out = replayed(run_dir, attempt=1, repeats=1)
+    assert code == 1
+    assert document["decision"] == "NO-GO" and document["kernel"]["attempt"] == 1
+    assert document["kernel"]["is_best"] is False
+    assert [r.split(" failed:")[0] for r in document["reasons"]] == [
+        f"holdout {HOLDOUT}", f"holdout-oracle {HOLDOUT}", f"fresh-oracle {HOLDOUT}"]
+    assert all("mismatch" in r for r in document["reasons"])
+    assert [c["name"] for c in document["checks"] if c["kind"] == "replay"] == [f"replay {c}" for c in VISIBLE]
+    assert document["repeats"][0]["speedup"]["ratio"] == pytest.approx(2.5, rel=0.02)
+    assert f"FAIL holdout {HOLDOUT}: mismatch" in out and "NO-GO" in out
+    assert not (run_dir / "replay.json").exists()  # the best's replay is another file
+    assert replayed(run_dir)[0] == 0  # the attempt that replaced it replays to GO
+    assert verify_run(run_dir).ok
+
+
+def test_a_best_that_fails_the_holdout_on_this_gpu_is_no_go(good_run):
+    code, document, _ = replayed(good_run, lambda task, timing: HoldoutFailsHere(task))
+    assert code == 1
+    assert any(r.startswith(f"holdout {HOLDOUT} failed: mismatch") for r in document["reasons"])
+    assert not any(r.startswith("replay") for r in document["reasons"])  # the visible cases still pass
+
+
+def test_another_gpu_is_no_go_naming_the_field(good_run):
+    code, document, out = replayed(good_run, lambda task, timing: fake(task, timing, gpu="Other GPU"))
+    assert code == 1
+    assert document["reasons"] == ["environment differs from the run's: gpu: run 'Fake GPU', now 'Other GPU'"]
+    assert document["environment"]["differences"] == [{"field": "gpu", "run": "Fake GPU", "now": "Other GPU"}]
+    assert "environment: differs from the run's: gpu 'Fake GPU' -> 'Other GPU'" in out
+
+
+def test_a_best_that_is_the_baseline_is_no_go_for_every_repeat(tmp_path):
+    run_dir = make_run(tmp_path)
+    code, document, _ = replayed(run_dir, repeats=2)
+    assert code == 1
+    assert [r.split(":")[0] for r in document["reasons"]] == ["repeat 1", "repeat 2"]
+    assert all("is not beyond noise" in r for r in document["reasons"])
+
+
+def test_a_failure_inside_the_referee_is_no_go_and_keeps_what_was_checked(good_run):
+    code, document, _ = replayed(good_run, lambda task, timing: BreaksDuringTiming(task))
+    assert code == 1
+    first, last = document["reasons"]
+    assert first == ("referee failed: the replay could not complete: RuntimeError: worker error on case "
+                     "square-256: the driver went away")
+    assert last == "no timing repeat was made"
+    assert len(document["checks"]) == 10 and all(c["passed"] for c in document["checks"][:9])
+    assert document["repeats"] == []
+
+
+def test_a_tampered_run_is_refused_before_anything_runs(good_run, capsys):
+    history = good_run / "history.json"
+    history.write_text(history.read_text().replace('"valid-faster"', '"baseline"'))
+    assert main(["replay", str(good_run)]) == 2
+    out = capsys.readouterr().out
+    assert "refused: the run folder does not verify" in out
+    assert "history.json: sha256 differs from the last recorded write" in out
+    assert not (good_run / "replay.json").exists()
+
+
+def test_bad_arguments_are_exit_2(good_run, capsys):
+    assert replay(good_run, io.StringIO(), repeats=0, make_executor=fake) == 2
+    assert "--repeats must be at least 1" in capsys.readouterr().err
+    out = io.StringIO()
+    assert replay(good_run, out, attempt=99, make_executor=fake) == 2
+    assert "history.json has no attempt 99 (it has [0, 1])" in out.getvalue()
+    assert main(["replay", str(good_run.parent / "run-404")]) == 2
+    assert not list(good_run.glob("replay*.json"))
+
+
+@no_gpu
+def test_without_a_gpu_the_folder_is_verified_and_replay_says_it_needs_one(good_run, capsys):
+    assert main(["replay", str(good_run)]) == 3
+    out = capsys.readouterr().out
+    assert f"{good_run}: verified (" in out
+    assert "replay needs an NVIDIA GPU: " in out and "nothing was replayed" in out
+    assert not (good_run / "replay.json").exists()
+
+
+def test_replay_json_is_strict_json(good_run):
+    replayed(good_run, repeats=1)
+    text = (good_run / "replay.json").read_text()
+    json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in replay.json"))
