@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
 from mcp import Client, StdioServerParameters
 
-from server.demo_table import attempt_line, compile_line, render_table
+from server.demo_table import attempt_line, compile_line, ms_text, render_table
 
 KERNELS = Path(__file__).with_name("demo_kernels")
 KERNEL_NAME = "matmul_f32"
@@ -32,7 +33,7 @@ Say = Callable[[str], None]
 
 
 def _tiles(size: int) -> dict:
-    return {"grid": [f"ceil_div(n, {size})", f"ceil_div(m, {size})"], "block": [16, 16] if size == 16 else [size, size]}
+    return {"grid": [f"ceil_div(n, {size})", f"ceil_div(m, {size})"], "block": [size, size]}
 
 
 def _blocked(bm: int, bn: int) -> dict:
@@ -84,6 +85,7 @@ class Outcome:
     timed: dict | None = None
     not_timed: str | None = None
     attempt: dict | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time of each tool call
 
 
 @dataclass
@@ -97,8 +99,8 @@ class Session:
 
 def server_parameters(task_dir: Path, results: Path, *, no_sandbox: bool = False, iterations: int | None = None,
                       warmups: int | None = None) -> StdioServerParameters:
-    """`kernel-referee serve --task ... --new-run` with this interpreter: a fresh run, never a resumed one."""
-    args = ["-m", "server.cli", "serve", "--task", str(task_dir), "--results", str(results), "--new-run"]
+    """`kernel-referee serve --task ... --new-run` of this installation: a fresh run, never a resumed one."""
+    args = ["serve", "--task", str(task_dir), "--results", str(results), "--new-run"]
     if iterations is not None:
         args += ["--iterations", str(iterations)]
     if warmups is not None:
@@ -106,14 +108,24 @@ def server_parameters(task_dir: Path, results: Path, *, no_sandbox: bool = False
     if no_sandbox:
         args.append("--no-sandbox")
     env = {name: os.environ[name] for name in _PASSED_ENV if name in os.environ}
-    return StdioServerParameters(command=sys.executable, args=args, env=env)
+    script = Path(sys.executable).with_name("kernel-referee")  # the console script beside this interpreter
+    if script.is_file():
+        return StdioServerParameters(command=str(script), args=args, env=env)
+    return StdioServerParameters(command=sys.executable, args=["-m", "server.cli", *args], env=env)
 
 
-async def _call(client: Client, tool: str, arguments: dict, say: Say | None = None, prefix: str = "") -> dict:
+async def _call(client: Client, tool: str, arguments: dict, say: Say | None = None, prefix: str = "",
+                refusal_ok: bool = False) -> tuple[dict | str, float]:
+    """(structured answer, or the refusal's text where `refusal_ok`; seconds the call took)."""
+    started = time.perf_counter()
     result = await client.call_tool(tool, arguments, progress_callback=_progress(say, prefix) if say else None)
+    seconds = time.perf_counter() - started
     if result.is_error:
-        raise DemoError(f"{tool} refused: {result.content[0].text if result.content else '(no message)'}")
-    return result.structured_content
+        text = result.content[0].text if result.content else "(no message)"
+        if refusal_ok:
+            return text, seconds
+        raise DemoError(f"{tool} refused: {text}")
+    return result.structured_content, seconds
 
 
 def _progress(say: Say, prefix: str):
@@ -134,43 +146,42 @@ async def _step(client: Client, prefix: str, step: Step, say: Say) -> Outcome:
     arguments = {"source": step.source, "launch": step.launch}
     if step.options:
         arguments["options"] = list(step.options)
-    outcome = Outcome(step, await _call(client, "compile_kernel", arguments))
-    say(f"{prefix}: compile_kernel: {compile_line(outcome.compiled)}")
-    candidate, calls = outcome.compiled["candidate"], 1
-    if outcome.compiled["ok"]:
-        outcome.validated = await _call(client, "validate", {"candidate_id": candidate})
+    compiled, seconds = await _call(client, "compile_kernel", arguments)
+    outcome = Outcome(step, compiled, seconds={"compile_kernel": seconds})
+    say(f"{prefix}: compile_kernel: {compile_line(compiled)} ({seconds:.1f} s)")
+    candidate = compiled["candidate"]
+    if compiled["ok"]:
+        outcome.validated, outcome.seconds["validate"] = await _call(client, "validate", {"candidate_id": candidate})
         failed = [f"{r['code']} [{r['case']}]" for c in outcome.validated["cases"] for r in c["reasons"]]
-        say(f"{prefix}: validate: {'passed' if outcome.validated['passed'] else 'FAILED ' + ', '.join(failed[:3])}")
-        calls += 1
+        verdict = "passed" if outcome.validated["passed"] else "FAILED " + ", ".join(failed[:3])
+        say(f"{prefix}: validate: {verdict} ({outcome.seconds['validate']:.1f} s)")
     if outcome.validated and outcome.validated["passed"]:
-        timed = await client.call_tool("time_kernel", {"candidate_id": candidate},
-                                       progress_callback=_progress(say, prefix))
-        calls += 1
-        if timed.is_error:
-            outcome.not_timed = timed.content[0].text
-            say(f"{prefix}: time_kernel: {outcome.not_timed}")
+        timed, outcome.seconds["time_kernel"] = await _call(client, "time_kernel", {"candidate_id": candidate}, say,
+                                                            prefix, refusal_ok=True)
+        if isinstance(timed, str):
+            outcome.not_timed = timed
+            say(f"{prefix}: time_kernel: {timed}")
         else:
-            outcome.timed = timed.structured_content
-            s = outcome.timed["speedup_vs_baseline"]
-            say(f"{prefix}: time_kernel: {outcome.timed['score_ms']:.3f} ms (geometric mean), "
-                f"{s['ratio']:.2f}x the baseline [{s['low']:.2f}, {s['high']:.2f}]")
-    outcome.attempt = await _call(client, "record_attempt", {
+            outcome.timed, s = timed, timed["speedup_vs_baseline"]
+            say(f"{prefix}: time_kernel: {timed['score_ms']:.3f} ms (geometric mean), {s['ratio']:.2f}x the baseline "
+                f"[{s['low']:.2f}, {s['high']:.2f}] ({outcome.seconds['time_kernel']:.1f} s)")
+    outcome.attempt, outcome.seconds["record_attempt"] = await _call(client, "record_attempt", {
         "candidate_id": candidate, "rationale": step.rationale or step.label,
-        "usage": {"model": "kernel-referee demo (scripted)", "calls": calls + 1}}, say, prefix)
-    say(f"{prefix}: record_attempt: {attempt_line(outcome.attempt)}")
+        "usage": {"model": "kernel-referee demo (scripted)", "calls": len(outcome.seconds) + 1}}, say, prefix)
+    say(f"{prefix}: record_attempt: {attempt_line(outcome.attempt)} ({outcome.seconds['record_attempt']:.1f} s)")
     return outcome
 
 
 async def session(params: StdioServerParameters, plan: tuple[Step, ...], say: Say) -> Session:
-    async with Client(params) as client:
-        first = await _call(client, "describe_task", {})
+    async with Client(params, cache=None) as client:  # describe_task is read twice: never from a cache
+        first, _ = await _call(client, "describe_task", {})
         left = first["budget"]["attempts_left"]
         if left != len(plan):
             raise DemoError(f"the run has {left} attempts left; the demo plays {len(plan)} (a new run was expected)")
         say(f"describe_task: {first['name']}, cases {', '.join(c['name'] for c in first['cases'])}; "
-            f"baseline {first['baseline_score_ms']:.3f} ms (geometric mean); budget {left} attempts")
+            f"baseline {ms_text(first.get('baseline_score_ms'))} ms (geometric mean); budget {left} attempts")
         outcomes = await drive(client, plan, say)
-        description = await _call(client, "describe_task", {})
+        description, _ = await _call(client, "describe_task", {})
         summary = json.loads((await client.read_resource("referee://summary.json")).contents[0].text)
     return Session(description, outcomes, summary)
 

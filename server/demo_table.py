@@ -57,7 +57,7 @@ def _ratio_text(ratio: float | None) -> str:
     return DASH if ratio is None else f"{ratio:.2f}x"
 
 
-def _ms(value: float | None) -> str:
+def ms_text(value: float | None) -> str:
     return DASH if value is None else f"{value:.3f}"
 
 
@@ -73,17 +73,19 @@ def render_table(description: dict, attempts: list[tuple[str, dict]], summary: d
     vendor_ms = dict(vendor.get("cases") or {}) if vendor else {}
     best = (summary or {}).get("best_attempt", description.get("best_attempt"))
     header = ["#", "kernel", "verdict", "reasons"] + [f"{c} ms" for c in cases] + ["vs baseline", "vs cuBLAS"]
-    rows = [["0" + ("*" if best == 0 else ""), "baseline (initial.cu)", "baseline", DASH]
-            + [_ms(baseline.get(c)) for c in cases] + ["1.00x", _ratio_text(_geomean_ratio(vendor_ms, baseline, cases))]]
+
+    def row(number: str, label: str, verdict: str, reasons: str, medians: dict, vs_baseline: str) -> list[str]:
+        vs_vendor = _ratio_text(_geomean_ratio(vendor_ms, medians, cases))
+        return [number, label, verdict, reasons] + [ms_text(medians.get(c)) for c in cases] + [vs_baseline, vs_vendor]
+
+    rows = [row("0" + ("*" if best == 0 else ""), "baseline (initial.cu)", "baseline", DASH, baseline, "1.00x")]
     for label, answer in attempts:
-        medians = {row["case"]: row["stats"]["median_ms"] for row in answer.get("cases") or []}
-        rows.append([str(answer["attempt"]) + ("*" if answer["attempt"] == best else ""), label, answer["verdict"],
-                     reasons_text(answer)] + [_ms(medians.get(c)) for c in cases]
-                    + [speedup_text(answer.get("speedup_vs_baseline")),
-                       _ratio_text(_geomean_ratio(vendor_ms, medians, cases))])
+        medians = {r["case"]: r["stats"]["median_ms"] for r in answer.get("cases") or []}
+        rows.append(row(str(answer["attempt"]) + ("*" if answer["attempt"] == best else ""), label, answer["verdict"],
+                        reasons_text(answer), medians, speedup_text(answer.get("speedup_vs_baseline"))))
     if vendor:
-        rows.append([DASH, vendor.get("name", "vendor"), "(yardstick)", DASH] + [_ms(vendor_ms.get(c)) for c in cases]
-                    + [_ratio_text(_geomean_ratio(baseline, vendor_ms, cases)), "1.00x"])
+        rows.append(row(DASH, vendor.get("name", "vendor"), "(yardstick)", DASH, vendor_ms,
+                        _ratio_text(_geomean_ratio(baseline, vendor_ms, cases))))
     lines = _columns(header, rows)
     lines.append("* the run's best attempt. vs baseline: the referee's interleaved timing, 95% interval in brackets."
                  + ("" if vendor else " vs cuBLAS: no cuBLAS timing in describe_task (-)."))
@@ -97,7 +99,8 @@ def _columns(header: list[str], rows: list[list[str]]) -> list[str]:
     right = {i for i, h in enumerate(header) if h.endswith(" ms") or h.startswith("vs ")}
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+        padded = (c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(padded).rstrip()
 
     return [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
@@ -115,7 +118,9 @@ def _footer(summary: dict | None) -> list[str]:
     holdout = summary.get("holdout")
     if holdout:
         verdict = "passed" if holdout.get("passed") else "FAILED"
-        lines.append(f"holdout (hidden cases {', '.join(holdout.get('cases') or [])}): attempt {holdout.get('attempt')} "
-                     f"{verdict}" + (f"; disqualified {summary.get('disqualified')}" if summary.get("disqualified") else ""))
-    lines.append(f"status: {summary.get('status')}" + (f" ({summary['stop_reason']})" if summary.get("stop_reason") else ""))
+        dropped = f"; disqualified {summary['disqualified']}" if summary.get("disqualified") else ""
+        lines.append(f"holdout (hidden cases {', '.join(holdout.get('cases') or [])}): "
+                     f"attempt {holdout.get('attempt')} {verdict}{dropped}")
+    stop = f" ({summary['stop_reason']})" if summary.get("stop_reason") else ""
+    lines.append(f"status: {summary.get('status')}{stop}")
     return lines

@@ -117,6 +117,10 @@ class GpuExecutor:
         self.compiler.interrupt()
         self.pool.candidate.interrupt()
 
+    def fresh_worker(self) -> None:
+        """Stop the candidate worker: the next candidate job starts a new process with a new CUDA context."""
+        self.pool.candidate.kill()
+
     def close(self) -> None:
         self.compiler.close()
         self.pool.close()

@@ -106,7 +106,8 @@ def rows(table: str) -> dict[str, list[str]]:
 
 
 def test_the_table_shows_each_attempt_against_the_baseline_and_cublas():
-    description = dict(DESCRIPTION, vendor={"name": "cuBLAS", "cases": {"square-2048": 0.5, "rect-2000x1500x1000": 0.2}})
+    cublas = {"name": "cuBLAS", "cases": {"square-2048": 0.5, "rect-2000x1500x1000": 0.2}}
+    description = dict(DESCRIPTION, vendor=cublas)
     table = render_table(description, ATTEMPTS, SUMMARY)
     header = table.splitlines()[0].split()
     assert header[:4] == ["#", "kernel", "verdict", "reasons"] and "square-2048" in header

@@ -38,7 +38,8 @@ async def session(results: Path) -> tuple[list[dict], dict, str]:
         assert description["budget"]["attempts_left"] == 7
         assert "holdout-97x83x61" not in {c["name"] for c in description["cases"]}
         for source, options, launch, expected in plan():
-            compiled = await client.call_tool("compile_kernel", {"source": source, "options": options, "launch": launch})
+            compiled = await client.call_tool("compile_kernel", {"source": source, "options": options,
+                                                                 "launch": launch})
             assert not compiled.is_error, compiled.content
             cid = compiled.structured_content["candidate"]
             if compiled.structured_content["ok"]:
