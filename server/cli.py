@@ -68,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="a scripted agent plays a whole run of matmul_f32 against the real "
                                "server over stdio and prints a table (without a GPU: compiles its kernels)")
     demo.add_argument("--results", type=Path, default=Path("results"), help="where the run goes (default ./results)")
+    demo.add_argument("--task", type=Path, help="a task folder whose kernel has matmul_f32's signature, e.g. one "
+                      "with other shapes (default: cases/matmul_f32)")
     demo.add_argument("--warmups", type=int, help="passed to serve (default: its own)")
     demo.add_argument("--iterations", type=int, help="passed to serve (default: its own)")
     demo.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)

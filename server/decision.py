@@ -19,6 +19,8 @@ from harness.stats import Speedup
 ENVIRONMENT_FIELDS = ("gpu", "compute_capability", "driver_cuda_version", "nvrtc", "cuda_bindings")
 # Facts that differ between any two starts of a worker: never reported as a difference.
 _VOLATILE = frozenset({"event_overhead_ms"})
+# Where a fact came from, not what it is: the same device peaks read from the cache are not a difference.
+_PROVENANCE = frozenset({"source", "measured_at"})
 
 # Each kind of independent check a GO needs at least one of, and what it is.
 REQUIRED_CHECKS = {
@@ -68,7 +70,8 @@ class Decision(BaseModel):
 
 def _normal(value: Any) -> Any:
     """Compare as JSON: a fingerprint read back from lock.json holds lists where a live one may hold tuples."""
-    return json.loads(json.dumps(value))
+    value = json.loads(json.dumps(value))
+    return {k: v for k, v in value.items() if k not in _PROVENANCE} if isinstance(value, dict) else value
 
 
 def environment_differences(env_run: dict, env_now: dict,

@@ -196,6 +196,21 @@ def task_folder() -> Path | None:
     return None
 
 
+def _unsuited(task_dir: Path) -> str | None:
+    """Why the demo's candidates cannot play this task (they are matmul_f32 kernels), or None."""
+    from harness.task import TaskError, load_task
+
+    try:
+        task = load_task(task_dir)
+    except (TaskError, OSError) as exc:
+        return f"{task_dir} is not a task folder: {exc}"
+    shipped = task_folder()
+    signature = load_task(shipped).signature if shipped else task.signature
+    if task.kernel_name != KERNEL_NAME or " ".join(task.signature.split()) != " ".join(signature.split()):
+        return f"the demo's candidates are {KERNEL_NAME} kernels; {task_dir} asks for `{task.signature}`"
+    return None
+
+
 def compile_only(plan: tuple[Step, ...], arch: str, out: TextIO) -> None:
     """The no-GPU path: NVRTC compiles every candidate (the demo's own, trusted files: no worker needed)."""
     from harness.compile import compile_kernel
@@ -230,9 +245,13 @@ def run_demo(args, out: TextIO) -> int:
     from harness.device import gpu_absent_reason
     from server.cli import sandbox_refusal
 
-    task_dir = task_folder()
+    task_dir = getattr(args, "task", None) or task_folder()
     if task_dir is None:
         print("kernel-referee demo: cases/matmul_f32 was not found (run it from the repository root)", file=sys.stderr)
+        return EXIT_BAD
+    refused = _unsuited(Path(task_dir))
+    if refused:
+        print(f"kernel-referee demo: {refused}", file=sys.stderr)
         return EXIT_BAD
     absent = gpu_absent_reason()
     if absent is not None:

@@ -128,6 +128,15 @@ def test_clock_sandbox_and_event_overhead_do_not_decide():
     assert [d.field for d in other_environment_differences(ENV, now)] == ["sandbox", "sm_clock_khz"]
 
 
+def test_peaks_read_from_the_cache_are_no_difference_but_other_peaks_are():
+    measured = {"memory_gbps": 4250.1, "fp32_tflops": 51.2, "source": "measured", "measured_at": "2026-12-03T09:05"}
+    cached = {**measured, "source": "cache"}
+    assert other_environment_differences({**ENV, "peaks": measured}, {**ENV, "peaks": cached}) == []
+    slower = {**cached, "memory_gbps": 3900.0}
+    assert [d.field for d in other_environment_differences({**ENV, "peaks": measured}, {**ENV, "peaks": slower})] \
+        == ["peaks"]
+
+
 def test_every_failure_at_once_names_each_of_them():
     checks = good_checks()
     checks[0] = check("replay", "odd-31x37x29", passed=False, reasons=["race"])

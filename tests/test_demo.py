@@ -70,6 +70,18 @@ def test_demo_without_a_gpu_compiles_every_candidate_and_says_why(tmp_path):
     assert not results.exists()  # nothing ran, so no run folder
 
 
+def test_demo_refuses_a_task_its_matmul_candidates_cannot_play(tmp_path):
+    saxpy = REPO / "tests" / "fixtures" / "tasks" / "saxpy"
+    done = subprocess.run([sys.executable, "-m", "server.cli", "demo", "--task", str(saxpy), "--results",
+                           str(tmp_path / "results")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "the demo's candidates are matmul_f32 kernels" in done.stderr and "saxpy" in done.stderr, done.stderr
+    missing = subprocess.run([sys.executable, "-m", "server.cli", "demo", "--task", str(tmp_path / "nowhere")],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "is not a task folder" in missing.stderr, missing.stderr
+    assert not (tmp_path / "results").exists()
+
+
 # ------------------------------------------------------------------------------- the table
 
 def stats(median_ms: float) -> dict:

@@ -1,5 +1,6 @@
-// Fault-test kernel: the baseline's tiled product, correct, but each block first spins for about
-// 5 ms, so that a timing job lasts long enough to be interrupted from outside (tests/gpu/test_faults.py).
+// Fault-test kernel: the baseline's tiled product, correct, but its first block first spins for
+// about 50 ms, so that every launch, whatever the shape, lasts long enough for a timing job to be
+// interrupted from outside (tests/gpu/test_faults.py).
 #define TILE 16
 
 extern "C" __global__ void matmul_f32(const float* __restrict__ a, const float* __restrict__ b,
@@ -11,9 +12,9 @@ extern "C" __global__ void matmul_f32(const float* __restrict__ a, const float* 
     int row = blockIdx.y * TILE + threadIdx.y;
     int col = blockIdx.x * TILE + threadIdx.x;
     float sum = 0.0f;
-    if (threadIdx.x == 0 && threadIdx.y == 0) {
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
         long long start = clock64();
-        while (clock64() - start < 10000000LL) {
+        while (clock64() - start < 100000000LL) {
         }
     }
 
