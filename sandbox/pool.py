@@ -60,6 +60,7 @@ class Worker:
         self._reader: wire.DeadlineReader | None = None
         self._scratch: Path | None = None
         self._stderr = None
+        self.in_flight = False  # a job sent and not yet answered
 
     # -- life cycle -------------------------------------------------------------------------
     @property
@@ -187,13 +188,17 @@ class Worker:
     def call(self, header: dict, blobs: list, deadline_s: float, max_answer_bytes: int) -> tuple[dict, list[bytes]]:
         """Send one job and wait for its answer, at most `deadline_s` seconds after sending."""
         self.ensure_started()
+        self.in_flight = True
         try:
-            wire.send(self._jobs, header, blobs)
-        except (BrokenPipeError, OSError) as exc:
-            detail = self._death_note()
-            self.kill()
-            raise WorkerCrashed(f"{self.name} worker died before taking the job ({exc}); {detail}") from None
-        answer, answer_blobs = self._receive(time.monotonic() + deadline_s, max_answer_bytes)
+            try:
+                wire.send(self._jobs, header, blobs)
+            except (BrokenPipeError, OSError) as exc:
+                detail = self._death_note()
+                self.kill()
+                raise WorkerCrashed(f"{self.name} worker died before taking the job ({exc}); {detail}") from None
+            answer, answer_blobs = self._receive(time.monotonic() + deadline_s, max_answer_bytes)
+        finally:
+            self.in_flight = False
         if answer.get("status") == "fault":
             self._reap_after_fault()
         return answer, answer_blobs

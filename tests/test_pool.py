@@ -2,6 +2,7 @@
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +35,20 @@ def test_round_trip_returns_blobs(worker):
     assert answer["status"] == "ok"
     assert blobs == [b"two" * 1000, b"one"]
     assert worker.starts == 1
+
+
+def test_a_job_is_in_flight_from_its_sending_until_its_answer_or_the_workers_death(worker):
+    assert not worker.in_flight
+    worker.call({"op": "run", "behaviour": "echo"}, [], 10, 1 << 20)
+    assert not worker.in_flight
+    seen = []
+    watcher = threading.Thread(target=lambda: (time.sleep(0.3), seen.append(worker.in_flight), worker.interrupt()))
+    watcher.start()
+    with pytest.raises(WorkerCrashed):
+        worker.call({"op": "run", "behaviour": "hang"}, [], 10, 1 << 20)
+    watcher.join()
+    assert seen == [True]
+    assert not worker.in_flight
 
 
 def test_hang_is_killed_at_the_deadline_and_the_next_job_gets_a_fresh_worker(worker):

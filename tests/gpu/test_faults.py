@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,15 @@ def attempt(run: Run, source: str, progress=None):
     return record_attempt(run, candidate, "fault test", None, progress)
 
 
+def wait_for(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def attempt_recorded(run: Run, number: int) -> dict:
     (entry,) = [e for e in run.history if e["attempt"] == number]
     return entry
@@ -87,8 +97,12 @@ def test_a_gpu_worker_killed_mid_attempt_rejects_it_once_and_the_next_attempt_wo
     thread = threading.Thread(target=record)
     thread.start()
     assert timing_started.wait(120), "the attempt never reached its timing"
-    pid = run.executor.pool.candidate.pid
-    threading.Event().wait(0.3)  # well inside the slow kernel's timing job
+    worker = run.executor.pool.candidate
+    # The timing job is sent once the case's input sets are made; each of its 33 launches lasts >= 50 ms.
+    assert wait_for(lambda: worker.in_flight, 60), "the timing job was never sent"
+    pid = worker.pid
+    threading.Event().wait(0.5)  # well inside the slow kernel's timing job
+    assert worker.in_flight
     os.kill(pid, signal.SIGKILL)
     thread.join(120)
     assert not thread.is_alive()
