@@ -110,6 +110,14 @@ class Context:
             driver_version=int(check(driver.cuDriverGetVersion(), "cuDriverGetVersion")),
         )
 
+    def pci_bus_id(self) -> str | None:
+        """The device's PCI bus id, by which NVML finds the same device; None where the driver cannot tell."""
+        err, raw = driver.cuDeviceGetPCIBusId(64, self.device)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return None
+        raw = raw if isinstance(raw, bytes) else bytes(raw)
+        return raw.split(b"\0", 1)[0].decode(errors="replace") or None
+
     def synchronize(self) -> None:
         check(driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
 

@@ -153,8 +153,9 @@ def read_arrays(blobs: list[bytes], specs: list[ArraySpec]) -> dict[str, np.ndar
 
 
 def check_integrity(header: dict, guard_blobs: list[bytes], layout: Layout, guard_seed: int,
-                    input_sets: list[dict[str, np.ndarray]]) -> Integrity:
-    """Compare guard bands with their canaries and device inputs (by hash) with what was sent."""
+                    input_sets: list[dict[str, np.ndarray]], sent_hashes: list[dict | None] | None = None) -> Integrity:
+    """Compare guard bands with their canaries and device inputs (by hash) with what was sent.
+    `sent_hashes`, where given, are the sent inputs' hashes computed earlier (None: compute them)."""
     integrity = Integrity()
     arrays = layout.arrays
     if len(guard_blobs) != 2 * len(arrays) * len(input_sets):
@@ -177,8 +178,10 @@ def check_integrity(header: dict, guard_blobs: list[bytes], layout: Layout, guar
     if not isinstance(hashes, list) or len(hashes) != len(input_sets):
         raise AnswerError("input hashes missing")
     for set_index, inputs in enumerate(input_sets):
+        known = (sent_hashes or [None] * len(input_sets))[set_index] or {}
         for spec in layout.inputs:
-            if hashes[set_index].get(spec.name) != sha256(inputs[spec.name]):
+            sent = known.get(spec.name) or sha256(inputs[spec.name])
+            if hashes[set_index].get(spec.name) != sent:
                 integrity.modified_inputs.append(spec.name)
     integrity.modified_inputs = sorted(set(integrity.modified_inputs))
     return integrity

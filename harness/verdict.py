@@ -68,6 +68,9 @@ class CaseTiming(BaseModel):
     host_kept_up: bool | None = None  # the whole timed loop was queued before the GPU reached it
     reasons: list[Reason] = []
     warnings: list[str] = []
+    batches: int = 1                  # timing jobs merged (noise-adaptive sampling)
+    noise: float | None = None        # half-width of the median's 95% interval, relative to the median
+    gpu: dict | None = None           # clocks, throttling and other processes around the timing (harness/nvml.py)
 
 
 class TimingReport(BaseModel):

@@ -80,7 +80,8 @@ def serve(jobs, answers, ordinal: int, confined: dict) -> int:
 
     arch = arch_for(*context.info.compute_capability)
     wire.send(answers, {"status": "ready", "device": context.info.as_dict(), "arch": arch,
-                        "event_overhead_ms": utilities.event_overhead_ms, "pid": os.getpid(), **confined})
+                        "event_overhead_ms": utilities.event_overhead_ms, "pid": os.getpid(),
+                        "pci_bus_id": context.pci_bus_id(), **confined})
     while True:
         try:
             header, blobs = wire.receive(jobs, MAX_JOB_BYTES)

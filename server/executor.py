@@ -17,6 +17,7 @@ import numpy as np
 from harness.baselines import VendorReport, time_vendor
 from harness.compile import CompileCache, CompileResult, nvrtc_version
 from harness.evaluate import Kernel, Referee, Settings
+from harness.nvml import Nvml
 from harness.peaks import device_peaks
 from harness.task import Case, Task
 from harness.verdict import CheckReport, TimingReport
@@ -74,6 +75,7 @@ class GpuExecutor:
             raise ExecutorError(f"the task's reference does not compile:\n{reference.log}")
         kernel = Kernel("reference", reference.cubin, reference.lowered_name, self.task.reference_launch or self.task.launch)
         self.referee = Referee(self.task, self.pool, kernel, self.settings)
+        self.referee.nvml = Nvml(hello.get("pci_bus_id"))
         device = hello["device"]
         driver = device["driver_version"]
         self.facts = {
@@ -84,6 +86,8 @@ class GpuExecutor:
             "driver_cuda_version": f"{driver // 1000}.{driver % 1000 // 10}", "nvrtc": nvrtc_version(),
             "cuda_bindings": package_version("cuda-bindings"), "event_overhead_ms": hello["event_overhead_ms"],
             "sandbox": {"confined": self.confine, "landlock_abi": landlock_abi()},
+            "gpu_state": self.referee.nvml.read().model_dump(mode="json") if self.referee.nvml.available else None,
+            "nvml_note": self.referee.nvml.note,
         }
         self.facts.update(self._peaks(device))
         return self.facts

@@ -35,7 +35,9 @@ from harness.task import DTYPES
 from sandbox.worker import confine_from_argv
 
 BEHAVIOURS = {"honest", "oob_after", "oob_before", "modify_input", "unwritten", "race",
-              "stale_timing", "skip_timing", "fault", "out_of_memory", "no_cublas"}
+              "stale_timing", "skip_timing", "fault", "out_of_memory", "no_cublas",
+              "quiet_timing", "noisy_timing"}
+SAMPLE_SPREAD_MS = {"quiet_timing": 0.00001, "noisy_timing": 0.02}
 FAKE_PEAKS = {"memory_gbps": 4000.0, "fp32_tflops": 50.0, "tensor_bf16_tflops": 800.0}
 EXIT_STICKY = 3
 
@@ -158,7 +160,7 @@ def _time(header, blobs, behaviour, compute=None):
     unwritten = [poisoned[i % sets] + (10 if behaviour == "skip_timing" and i % 4 == 0 else 0)
                  for i in range(iterations)]
     rng = np.random.default_rng(header["guard_seed"] % (1 << 32))
-    samples = [float(0.05 + x) for x in rng.normal(0.0, 0.001, iterations)]
+    samples = [float(0.05 + abs(x)) for x in rng.normal(0.0, SAMPLE_SPREAD_MS.get(behaviour, 0.001), iterations)]
     checked_blobs = [results[i % sets] for i in checked]
     hashes, guards = _evidence(header, input_sets, behaviour)
     answer = {"status": "ok", "samples_ms": samples, "unwritten": unwritten, "input_sha256": hashes,

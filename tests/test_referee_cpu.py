@@ -87,14 +87,32 @@ def test_an_honest_kernel_passes_check_and_timing(referee, task):
     assert timing.score_ms is not None and 0.04 < timing.score_ms < 0.06
     assert [t.case for t in timing.cases] == [c.name for c in task.performance_cases]
     for case in timing.cases:
-        assert case.launches == 20 and len(case.samples_ms) == 20 and case.stats.n == 20
-        assert case.checked_launches == 3 + 4  # min_checked_launches + one last output per input set
+        # batches of 20 until the median is known to +-0.5% (the fake's spread needs a few)
+        assert case.launches == 20 * case.batches and len(case.samples_ms) == case.stats.n == case.launches
+        assert 1 <= case.batches <= 20 and case.noise <= 0.005
+        assert case.checked_launches == (3 + 4) * case.batches  # min_checked_launches + last output per input set
         assert case.unwritten_launches == 0
         assert case.achieved_gbps is not None and case.achieved_gbps > 0
         assert case.achieved_tflops is not None and case.achieved_tflops > 0
         assert case.host_kept_up is True and not case.warnings
         assert case.event_overhead_ms == pytest.approx(0.002)
     assert referee.pool.candidate.starts == 1 and referee.pool.candidate.hello["confined"] is False
+
+
+@pytest.mark.parametrize("referee", ["quiet_timing"], indirect=True)
+def test_a_quiet_kernel_stops_after_its_first_batch(referee, task):
+    for case in _time(referee, task).cases:
+        assert case.passed and case.batches == 1 and case.launches == 20
+        assert case.noise <= 0.005 and not case.warnings
+
+
+@pytest.mark.parametrize("referee", ["noisy_timing"], indirect=True)
+def test_a_noisy_kernel_is_sampled_up_to_the_cap_and_says_it_missed_the_target(referee, task):
+    referee.settings = referee.settings.model_copy(update={"max_iterations": 60})
+    for case in _time(referee, task).cases:
+        assert case.passed and case.batches == 3 and case.launches == 60 == len(case.samples_ms)
+        assert case.noise > 0.005
+        assert any("short of the +-0.50% target" in w for w in case.warnings), case.warnings
 
 
 @pytest.mark.parametrize("referee, where", [("oob_after", "after the end"), ("oob_before", "before the start")],

@@ -42,10 +42,10 @@ def test_shipped_kernels_pass_check_and_timing(referee, matmul_task, arch, which
     assert timing.passed, timing.reasons
     assert timing.score_ms > 0
     for case in timing.cases:
-        assert case.stats.n == 40 and case.stats.median_ms > 0
+        assert case.stats.n == 40 * case.batches and case.stats.median_ms > 0
         assert case.achieved_gbps > 0 and case.achieved_tflops > 0
         assert 0 < case.event_overhead_ms < 0.02
-        assert case.host_kept_up and case.warnings == []
+        assert case.host_kept_up and not [w for w in case.warnings if "queue" in w], case.warnings
 
 
 def test_naive_reference_is_slower_than_tiled_baseline(referee, matmul_task, arch):

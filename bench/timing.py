@@ -1,0 +1,323 @@
+"""How good the referee's timing is, measured on a GPU: fidelity, repeatability, discrimination
+and overhead. Prints tables and writes timing.json (docs/timing.md explains each number).
+
+    python bench/timing.py [--out DIR] [--runs 5] [--trials 20] [--no-ncu] [--no-triton]
+
+- fidelity: the referee's median against Nsight Compute's gpu__time_duration (`ncu
+  --clock-control none --cache-control all`) and triton.testing.do_bench's median, where installed;
+- repeatability: coefficient of variation of the median over independent runs (each in a new worker);
+- discrimination: matmul_f32's baseline against a copy made about 2% slower by extra work, in
+  paired trials timed side by side like record_attempt does; and the same kernel against itself (A/A);
+- overhead: record_attempt's wall time against its compile time plus the GPU time of its launches;
+  a worker's cold start; a compile-cache hit.
+
+Without a GPU it says so and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.direct import REPEATS  # noqa: E402
+from harness.device import gpu_absent_reason  # noqa: E402
+from harness.evaluate import Kernel, Settings  # noqa: E402
+from harness.stats import speedup, summarize  # noqa: E402
+from harness.task import Case, load_task  # noqa: E402
+from server.attempt import record_attempt, time_side_by_side  # noqa: E402
+from server.executor import GpuExecutor  # noqa: E402
+from server.run import Run, RunSettings  # noqa: E402
+
+CASES = ROOT / "cases"
+BENCH = Path(__file__).resolve().parent
+# (label, task, source, dims): from a few microseconds to a few milliseconds, memory- and compute-bound.
+KERNELS = [
+    ("transpose 512x512", "transpose_f32", "initial", {"rows": 512, "cols": 512}),
+    ("softmax 2048x1024", "softmax_f32", "initial", {"rows": 2048, "cols": 1024}),
+    ("transpose 4096x2048", "transpose_f32", "initial", {"rows": 4096, "cols": 2048}),
+    ("layernorm 4096x4096", "layernorm_f32", "initial", {"rows": 4096, "cols": 4096}),
+    ("softmax 4096x4096", "softmax_f32", "initial", {"rows": 4096, "cols": 4096}),
+    ("layernorm 32768x768", "layernorm_f32", "initial", {"rows": 32768, "cols": 768}),
+    ("matmul_f32 512^3", "matmul_f32", "initial", {"m": 512, "n": 512, "k": 512}),
+    ("matmul_bf16 2048^3", "matmul_bf16", "initial", {"m": 2048, "n": 2048, "k": 2048}),
+    ("matmul_f32 2000x1500x1000", "matmul_f32", "initial", {"m": 2000, "n": 1500, "k": 1000}),
+    ("matmul_f32 2048^3", "matmul_f32", "initial", {"m": 2048, "n": 2048, "k": 2048}),
+    ("matmul_f32 ref 2048^3", "matmul_f32", "reference", {"m": 2048, "n": 2048, "k": 2048}),
+    ("matmul_bf16 ref 2048^3", "matmul_bf16", "reference", {"m": 2048, "n": 2048, "k": 2048}),
+]
+DISCRIMINATION_CASE = Case(name="bench-1024x1024x2048", role="performance", dims={"m": 1024, "n": 1024, "k": 2048},
+                           seed=20261203)
+SLOWER = BENCH / "kernels" / "matmul_f32_slower.cu"
+OVERHEAD_CANDIDATE = ROOT / "tests" / "gpu" / "kernels" / "tiled32.cu"
+
+
+def case_for(label: str, dims: dict) -> Case:
+    return Case(name="bench-" + "x".join(str(v) for v in dims.values()), role="performance", dims=dims,
+                seed=sum(map(ord, label)))
+
+
+class Bench:
+    def __init__(self, out: Path, runs: int, trials: int):
+        self.out, self.runs, self.trials = out, runs, trials
+        self.results: dict = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "settings": {}}
+        self.executors: dict[str, GpuExecutor] = {}
+        self.kernels: dict[str, tuple[Kernel, Case, str]] = {}
+
+    def save(self) -> None:
+        (self.out / "timing.json").write_text(json.dumps(self.results, indent=1, default=str))
+
+    def executor(self, task_name: str) -> GpuExecutor:
+        if task_name not in self.executors:
+            executor = GpuExecutor(load_task(CASES / task_name), Settings())
+            facts = executor.start()
+            self.results.setdefault("environment", {k: facts.get(k) for k in (
+                "gpu", "driver_cuda_version", "nvrtc", "cuda_bindings", "sm_clock_khz", "gpu_state", "nvml_note")})
+            self.results["settings"] = Settings().model_dump()
+            self.executors[task_name] = executor
+        return self.executors[task_name]
+
+    def compiled(self, task_name: str, source: Path, which: str = "initial") -> Kernel:
+        executor = self.executor(task_name)
+        result = executor.compile(source.read_text(), ())
+        if not result.ok:
+            raise RuntimeError(f"{source} does not compile:\n{result.log}")
+        task = executor.task
+        launch = task.reference_launch if which == "reference" and task.reference_launch else task.launch
+        return Kernel(which, result.cubin, result.lowered_name, launch)
+
+    # -- repeatability, and the referee's side of fidelity ---------------------------------------
+    def repeatability(self) -> None:
+        rows = {label: [] for label, *_ in KERNELS}
+        details = {}
+        for label, task_name, which, dims in KERNELS:
+            source = CASES / task_name / f"{which}.cu"
+            self.kernels[label] = (self.compiled(task_name, source, which), case_for(label, dims), task_name)
+        for run in range(self.runs):
+            for executor in self.executors.values():
+                executor.fresh_worker()  # each run in a new worker: independent contexts, allocations, clocks
+            for label, (kernel, case, task_name) in self.kernels.items():
+                timing = self.executor(task_name).time(kernel, [case]).cases[0]
+                if not timing.passed:
+                    raise RuntimeError(f"{label}: {timing.reasons}")
+                rows[label].append(timing.stats.median_ms)
+                details.setdefault(label, []).append({"median_ms": timing.stats.median_ms, "launches": timing.launches,
+                                                      "noise": timing.noise, "warnings": timing.warnings,
+                                                      "gpu": timing.gpu})
+            print(f"  run {run + 1}/{self.runs} done", flush=True)
+        self.results["kernels"] = [{
+            "label": label, "task": task_name, "which": which, "dims": dims, "medians_ms": rows[label],
+            "median_ms": statistics.median(rows[label]),
+            "cv": statistics.stdev(rows[label]) / statistics.mean(rows[label]) if len(rows[label]) > 1 else 0.0,
+            "runs": details[label]} for label, task_name, which, dims in KERNELS]
+        self.save()
+
+    # -- fidelity against outside clocks -----------------------------------------------------
+    def plan(self) -> Path:
+        path = self.out / "plan.json"
+        path.write_text(json.dumps([{
+            "label": label, "task": str(CASES / task_name), "which": which,
+            "source": str(CASES / task_name / f"{which}.cu"), "case": case_for(label, dims).name, "dims": dims,
+            "seed": case_for(label, dims).seed} for label, task_name, which, dims in KERNELS], indent=1))
+        return path
+
+    def ncu(self) -> None:
+        ncu = shutil.which("ncu")
+        if ncu is None:
+            self.results["ncu"] = {"note": "ncu is not on PATH"}
+            return
+        command = [ncu, "--clock-control", "none", "--cache-control", "all", "--metrics", "gpu__time_duration.sum",
+                   "--csv", "--print-units", "base", sys.executable, str(BENCH / "direct.py"), "ncu", str(self.plan())]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        (self.out / "ncu.log").write_text(done.stdout + "\n--- stderr\n" + done.stderr)
+        values = ncu_durations_ms(done.stdout)
+        if done.returncode != 0 or len(values) != REPEATS * len(KERNELS):
+            self.results["ncu"] = {"note": f"ncu exit {done.returncode}, {len(values)} values "
+                                           f"(expected {REPEATS * len(KERNELS)}); see ncu.log"}
+            return
+        self.results["ncu"] = {"median_ms": {label: statistics.median(values[i * REPEATS:(i + 1) * REPEATS])
+                                             for i, (label, *_) in enumerate(KERNELS)}}
+        self.save()
+
+    def triton(self) -> None:
+        out = self.out / "triton.json"
+        done = subprocess.run([sys.executable, str(BENCH / "direct.py"), "triton", str(self.plan()), str(out)],
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            self.results["triton"] = {"note": f"do_bench did not run (exit {done.returncode}): {done.stderr[-600:]}"}
+        else:
+            self.results["triton"] = json.loads(out.read_text())
+        self.save()
+
+    # -- discrimination ------------------------------------------------------------------------
+    def discrimination(self) -> None:
+        base = self.compiled("matmul_f32", CASES / "matmul_f32" / "initial.cu")
+        slower = self.compiled("matmul_f32", SLOWER)
+        executor = self.executor("matmul_f32")
+        rounds = RunSettings().timing_rounds
+
+        def trial(first: tuple[str, Kernel], second: tuple[str, Kernel]) -> tuple[float, bool, bool]:
+            """(median of B / median of A, B slower beyond noise, B faster beyond noise)."""
+            timed = time_side_by_side(executor.time, dict([first, second]), [DISCRIMINATION_CASE], rounds)
+            a, b = (summarize(timed["samples"][label][DISCRIMINATION_CASE.name]) for label in ("A", "B"))
+            return b.median_ms / a.median_ms, speedup(b, a).beyond_noise, speedup(a, b).beyond_noise
+
+        slow, same = [], []
+        for i in range(self.trials):
+            pair = [("A", base), ("B", slower)]
+            slow.append(trial(*(pair if i % 2 == 0 else pair[::-1])))
+            same.append(trial(("A", base), ("B", base)))
+        self.results["discrimination"] = {
+            "case": DISCRIMINATION_CASE.model_dump(), "rounds": rounds, "trials": self.trials,
+            "slower_ratio_median": statistics.median(r for r, _, _ in slow),
+            "slower_ranked_slower": sum(r > 1 for r, _, _ in slow),
+            "slower_beyond_noise": sum(s for _, s, _ in slow),
+            "slower_wrongly_faster": sum(f for _, _, f in slow),
+            "aa_ratio_spread": [min(r for r, _, _ in same), max(r for r, _, _ in same)],
+            "aa_false_claims": sum(s or f for _, s, f in same),
+            "trials_slower": slow, "trials_aa": same}
+        self.save()
+
+    # -- overhead -------------------------------------------------------------------------------
+    def overhead(self) -> None:
+        executor = self.executor("matmul_f32")
+        started = time.perf_counter()
+        executor.fresh_worker()
+        executor.pool.candidate.ensure_started()
+        cold_start_s = time.perf_counter() - started
+        source = OVERHEAD_CANDIDATE.read_text() + f"\n// bench {time.time_ns()}\n"  # a compile, not a cache hit
+        first = executor.compile(source, ())
+        started = time.perf_counter()
+        hit = executor.compile(source, ())
+        hit_ms = (time.perf_counter() - started) * 1e3
+
+        run_executor = GpuExecutor(load_task(CASES / "matmul_f32"), Settings())
+        busy = {"s": 0.0}
+        timed = run_executor.time
+
+        def time_and_count(kernel, cases):
+            """Counts the GPU time of every timed launch, warm-ups included (at the case's median)."""
+            report = timed(kernel, cases)
+            for c in report.cases:
+                if c.stats is not None:
+                    warmups = run_executor.settings.warmups * c.batches
+                    busy["s"] += (sum(c.samples_ms) + warmups * c.stats.median_ms) * 1e-3
+            return report
+
+        run_executor.time = time_and_count
+        with tempfile.TemporaryDirectory() as results:
+            run = Run.create(CASES / "matmul_f32", Path(results), RunSettings(), run_executor)
+            try:
+                candidate = run.candidate(None, OVERHEAD_CANDIDATE.read_text() + f"\n// overhead {time.time_ns()}\n",
+                                          None, None)
+                started = time.perf_counter()
+                answer = record_attempt(run, candidate, "bench: overhead", None, None)
+                wall_s = time.perf_counter() - started
+                entry = run.history[-1]
+            finally:
+                run_executor.close()
+                run.close()
+        compile_s = (entry.get("compile") or {}).get("compile_ms", 0.0) / 1e3
+        self.results["overhead"] = {
+            "record_attempt_wall_s": wall_s, "verdict": answer.verdict, "compile_s": compile_s,
+            "gpu_busy_s": busy["s"], "bound_s": compile_s + 1.3 * busy["s"] + 0.3,
+            "host_s": wall_s - compile_s - busy["s"], "worker_cold_start_s": cold_start_s,
+            "compile_ms": first.compile_ms, "cache_hit_ms": hit_ms}
+        self.save()
+
+    def close(self) -> None:
+        for executor in self.executors.values():
+            executor.close()
+
+
+NCU_UNITS_MS = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0}
+
+
+def ncu_durations_ms(text: str) -> list[float]:
+    """gpu__time_duration of every profiled launch, in launch order, from `ncu --csv` output."""
+    lines = [line for line in text.splitlines() if line.startswith('"')]
+    values = []
+    for row in csv.DictReader(io.StringIO("\n".join(lines))):
+        if row.get("Metric Name") == "gpu__time_duration.sum":
+            unit = row.get("Metric Unit", "ns").strip().lower()
+            values.append(float(row["Metric Value"].replace(",", "")) * NCU_UNITS_MS[unit])
+    return values
+
+
+def report(results: dict) -> str:
+    lines = ["| kernel | referee median (us) | CV over runs | ncu (us) | vs ncu | do_bench (us) | vs do_bench |",
+             "|---|---|---|---|---|---|---|"]
+    ncu = (results.get("ncu") or {}).get("median_ms", {})
+    triton = (results.get("triton") or {}).get("median_ms", {})
+    for k in results.get("kernels", []):
+        ours = k["median_ms"]
+        theirs = [ncu.get(k["label"]), triton.get(k["label"])]
+        cells = []
+        for value in theirs:
+            cells += [f"{value * 1e3:.1f}", f"{ours / value - 1:+.2%}"] if value else ["—", "—"]
+        lines.append(f"| {k['label']} | {ours * 1e3:.1f} | {k['cv']:.2%} | " + " | ".join(cells) + " |")
+    for section in ("ncu", "triton"):
+        if note := (results.get(section) or {}).get("note"):
+            lines.append(f"\n{section}: {note}")
+    d = results.get("discrimination")
+    if d:
+        lines.append(f"\ndiscrimination on {d['case']['name']}: the 2%-slower copy (median ratio "
+                     f"{d['slower_ratio_median']:.4f}) ranked slower in {d['slower_ranked_slower']}/{d['trials']}, "
+                     f"slower beyond noise in {d['slower_beyond_noise']}/{d['trials']}, "
+                     f"wrongly faster in {d['slower_wrongly_faster']}/{d['trials']}; "
+                     f"A/A false claims {d['aa_false_claims']}/{d['trials']} "
+                     f"(ratios {d['aa_ratio_spread'][0]:.4f} to {d['aa_ratio_spread'][1]:.4f})")
+    o = results.get("overhead")
+    if o:
+        lines.append(f"overhead: record_attempt {o['record_attempt_wall_s']:.2f} s ({o['verdict']}) against the bound "
+                     f"compile + 1.3 x GPU busy + 0.3 s = {o['compile_s']:.2f} + 1.3 x {o['gpu_busy_s']:.2f} + 0.3 = "
+                     f"{o['bound_s']:.2f} s; host time {o['host_s']:.2f} s; worker cold start "
+                     f"{o['worker_cold_start_s']:.2f} s; compile {o['compile_ms']:.0f} ms, cache hit {o['cache_hit_ms']:.1f} ms")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=BENCH / "results")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--no-ncu", action="store_true")
+    parser.add_argument("--no-triton", action="store_true")
+    args = parser.parse_args(argv)
+    if (reason := gpu_absent_reason()) is not None:
+        print(f"bench/timing.py measures timing on a GPU, and there is none here: {reason}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    bench = Bench(args.out, args.runs, args.trials)
+    steps = [("repeatability", bench.repeatability), ("discrimination", bench.discrimination),
+             ("overhead", bench.overhead)]
+    steps += [] if args.no_ncu else [("ncu", bench.ncu)]
+    steps += [] if args.no_triton else [("triton", bench.triton)]
+    try:
+        for name, step in steps:
+            started = time.perf_counter()
+            print(f"{name} ...", flush=True)
+            step()
+            bench.results.setdefault("seconds", {})[name] = round(time.perf_counter() - started, 1)
+            bench.save()
+    finally:
+        bench.close()
+    print(report(bench.results))
+    print(f"\nwrote {args.out / 'timing.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

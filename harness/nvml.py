@@ -1,0 +1,139 @@
+"""What the GPU was doing around a timing: clocks, throttle reasons, temperature, power and the
+other processes on the device, read through NVML by the trusted parent.
+
+A timing taken while the clocks were pulled down, or while another process shared the GPU, is
+noise; the referee records these readings beside the samples and warns about them, so that a
+person reading a run can tell a measurement from an accident. Where NVML is missing (no driver,
+no library) every reading is None with a note: the timing still counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+
+from pydantic import BaseModel, ConfigDict
+
+log = logging.getLogger(__name__)
+
+# nvmlClocksEventReasons bits (nvml.h). Idle, application-clock and sync-boost settings are
+# benign; the others mean the GPU ran below the clocks it could have.
+THROTTLE_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+BENIGN = {"gpu_idle", "applications_clocks_setting", "sync_boost", "display_clock_setting"}
+
+
+class GpuState(BaseModel):
+    """One reading of the device."""
+
+    model_config = ConfigDict(frozen=True)
+
+    sm_clock_mhz: int | None = None
+    max_sm_clock_mhz: int | None = None
+    memory_clock_mhz: int | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
+    throttle: list[str] = []
+    processes: list[int] = []  # pids with a compute context on the device (as NVML sees them)
+
+
+class GpuWatch(BaseModel):
+    """Readings before and after one timing job, and what they imply."""
+
+    model_config = ConfigDict(frozen=True)
+
+    before: GpuState
+    after: GpuState
+    other_processes: list[int] = []
+    warnings: list[str] = []
+
+
+def decode_reasons(mask: int) -> list[str]:
+    names = [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
+    unknown = mask & ~sum(THROTTLE_REASONS)
+    return names + ([f"unknown_0x{unknown:x}"] if unknown else [])
+
+
+def judge(before: GpuState, after: GpuState, ours: Iterable[int]) -> GpuWatch:
+    """Warnings for a timing taken between these two readings; `ours` are the referee's own pids."""
+    mine = set(ours)
+    seen = {p for p in (*before.processes, *after.processes) if p > 0}
+    if seen & mine or not seen:
+        others = sorted(seen - mine)
+    else:  # NVML shows pids of another pid namespace (a container): only the count can tell
+        others = sorted(seen) if len(seen) > len(mine) else []
+    warnings = []
+    harmful = sorted({r for r in (*before.throttle, *after.throttle) if r not in BENIGN})
+    if harmful:
+        warnings.append(f"the GPU was throttled during the timing ({', '.join(harmful)}): samples may be slow")
+    if others:
+        warnings.append(f"other processes used the GPU during the timing (pids {', '.join(map(str, others))}): "
+                        "comparisons made on a shared GPU are noise")
+    clocks = [s.sm_clock_mhz for s in (before, after) if s.sm_clock_mhz]
+    peak = after.max_sm_clock_mhz or before.max_sm_clock_mhz
+    if peak and clocks and min(clocks) < 0.8 * peak and "gpu_idle" not in (*before.throttle, *after.throttle):
+        warnings.append(f"the SM clock read {min(clocks)} MHz, under 80% of its {peak} MHz maximum")
+    return GpuWatch(before=before, after=after, other_processes=others, warnings=warnings)
+
+
+class Nvml:
+    """NVML for one device, found by its PCI bus id (CUDA and NVML may number devices differently)."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, pci_bus_id: str | None = None, index: int = 0):
+        self.note: str | None = None
+        self._nvml = self._handle = None
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self._handle = (pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id) if pci_bus_id
+                            else pynvml.nvmlDeviceGetHandleByIndex(index))
+            self._nvml = pynvml
+        except Exception as exc:  # noqa: BLE001 - ImportError or any NVMLError: no readings
+            self.note = f"NVML unavailable: {exc}"
+            log.info(self.note)
+
+    @property
+    def available(self) -> bool:
+        return self._handle is not None
+
+    def read(self) -> GpuState:
+        if not self.available:
+            return GpuState()
+        n, h = self._nvml, self._handle
+        with self._lock:
+            return GpuState(
+                sm_clock_mhz=_try(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM),
+                max_sm_clock_mhz=_try(n.nvmlDeviceGetMaxClockInfo, h, n.NVML_CLOCK_SM),
+                memory_clock_mhz=_try(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_MEM),
+                temperature_c=_try(n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU),
+                power_w=_scaled(_try(n.nvmlDeviceGetPowerUsage, h), 1e-3),
+                throttle=decode_reasons(_try(_reasons_call(n), h) or 0),
+                processes=[int(p.pid) for p in (_try(n.nvmlDeviceGetComputeRunningProcesses, h) or [])],
+            )
+
+
+def _reasons_call(n):
+    return getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons
+
+
+def _try(call, *args):
+    try:
+        return call(*args)
+    except Exception:  # noqa: BLE001 - a reading the driver does not support is simply absent
+        return None
+
+
+def _scaled(value, factor):
+    return None if value is None else round(value * factor, 1)

@@ -1,0 +1,63 @@
+"""bench/timing.py's pure parts: reading ncu's CSV, the report's table and verdicts, no GPU."""
+
+import json
+
+import pytest
+
+from bench import timing
+from harness.device import gpu_absent_reason
+
+NCU_CSV = '''==PROF== Connected to process 4242 (/usr/bin/python3)
+==PROF== Profiling "transpose_f32": 0%....50%....100% - 1 pass
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","4242","python3","127.0.0.1","transpose_f32","1","13","(32, 8, 1)","(16, 16, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","4,384"
+"1","4242","python3","127.0.0.1","transpose_f32","1","13","(32, 8, 1)","(16, 16, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","4416"
+"2","4242","python3","127.0.0.1","matmul_f32","1","13","(16, 16, 1)","(128, 128, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","2153.5"
+"2","4242","python3","127.0.0.1","matmul_f32","1","13","(16, 16, 1)","(128, 128, 1)","0","9.0","Command line profiler metrics","sm__cycles_elapsed.avg","cycle","1000"
+==PROF== Disconnected from process 4242
+'''
+
+
+def test_ncu_durations_are_read_in_launch_order_in_milliseconds_whatever_the_unit():
+    assert timing.ncu_durations_ms(NCU_CSV) == pytest.approx([0.004384, 0.004416, 2.1535])
+
+
+def test_the_report_compares_each_kernel_with_both_outside_clocks():
+    results = {
+        "kernels": [{"label": "matmul_f32 2048^3", "median_ms": 2.2, "cv": 0.001},
+                    {"label": "transpose 512x512", "median_ms": 0.005, "cv": 0.02}],
+        "ncu": {"median_ms": {"matmul_f32 2048^3": 2.0}},
+        "triton": {"note": "do_bench did not run (exit 1): no triton"},
+        "discrimination": {"case": {"name": "bench-1024x1024x2048"}, "trials": 20, "slower_ratio_median": 1.021,
+                           "slower_ranked_slower": 20, "slower_beyond_noise": 19, "slower_wrongly_faster": 0,
+                           "aa_false_claims": 0, "aa_ratio_spread": [0.998, 1.003]},
+    }
+    text = timing.report(results)
+    assert "| matmul_f32 2048^3 | 2200.0 | 0.10% | 2000.0 | +10.00% | — | — |" in text
+    assert "| transpose 512x512 | 5.0 | 2.00% | — | — | — | — |" in text
+    assert "triton: do_bench did not run (exit 1): no triton" in text
+    assert "ranked slower in 20/20, slower beyond noise in 19/20, wrongly faster in 0/20; A/A false claims 0/20" in text
+
+
+def test_the_bench_kernels_span_microseconds_to_milliseconds_over_at_least_eight_kernels():
+    assert len(timing.KERNELS) >= 8
+    assert len({label for label, *_ in timing.KERNELS}) == len(timing.KERNELS)
+    for label, task, which, dims in timing.KERNELS:
+        source = timing.CASES / task / f"{which}.cu"
+        assert source.is_file(), label
+        loaded = timing.load_task(timing.CASES / task)
+        assert set(dims) == set(loaded.performance_cases[0].dims), label
+
+
+def test_the_slower_variant_differs_from_the_baseline_only_by_its_extra_steps():
+    base = (timing.CASES / "matmul_f32" / "initial.cu").read_text().splitlines()[2:]
+    slower = timing.SLOWER.read_text().splitlines()[2:]
+    changed = [(a, b) for a, b in zip(base, slower, strict=True) if a != b]
+    assert changed == [("    for (int t = 0; t < k; t += TILE) {", "    for (int t = 0; t < k + k / 50; t += TILE) {")]
+
+
+@pytest.mark.skipif(gpu_absent_reason() is None, reason="a GPU is present: the bench would run")
+def test_without_a_gpu_the_bench_says_so_and_exits_2(tmp_path, capsys):
+    assert timing.main(["--out", str(tmp_path)]) == 2
+    assert "there is none here" in capsys.readouterr().err
+    assert not (tmp_path / "timing.json").exists()

@@ -1,0 +1,60 @@
+"""What the NVML readings around a timing imply: throttling, a low clock, other processes."""
+
+from harness.nvml import GpuState, Nvml, decode_reasons, judge
+
+
+def test_throttle_masks_decode_to_names_and_keep_unknown_bits():
+    assert decode_reasons(0) == []
+    assert decode_reasons(0x1 | 0x4 | 0x40) == ["gpu_idle", "sw_power_cap", "hw_thermal_slowdown"]
+    assert decode_reasons(0x8 | 0x10000) == ["hw_slowdown", "unknown_0x10000"]
+
+
+def test_a_quiet_gpu_used_only_by_the_referee_gives_no_warning():
+    before = GpuState(sm_clock_mhz=1980, max_sm_clock_mhz=1980, throttle=["gpu_idle"], processes=[11, 12])
+    after = GpuState(sm_clock_mhz=1965, max_sm_clock_mhz=1980, throttle=[], processes=[11, 12])
+    watch = judge(before, after, [11, 12])
+    assert watch.warnings == [] and watch.other_processes == []
+
+
+def test_power_or_thermal_throttling_is_a_warning_and_benign_reasons_are_not():
+    watch = judge(GpuState(throttle=["sync_boost"]), GpuState(throttle=["sw_power_cap", "hw_thermal_slowdown"]), [])
+    assert watch.warnings == ["the GPU was throttled during the timing (hw_thermal_slowdown, sw_power_cap): "
+                              "samples may be slow"]
+    assert judge(GpuState(throttle=["applications_clocks_setting", "display_clock_setting"]), GpuState(), []).warnings == []
+
+
+def test_an_sm_clock_under_80_percent_of_its_maximum_is_a_warning_unless_the_gpu_was_idle():
+    low = GpuState(sm_clock_mhz=1200, max_sm_clock_mhz=1980)
+    assert judge(low, low, []).warnings == ["the SM clock read 1200 MHz, under 80% of its 1980 MHz maximum"]
+    idle = GpuState(sm_clock_mhz=345, max_sm_clock_mhz=1980, throttle=["gpu_idle"])
+    assert judge(idle, GpuState(sm_clock_mhz=1980, max_sm_clock_mhz=1980), []).warnings == []
+
+
+def test_another_process_on_the_gpu_is_named():
+    watch = judge(GpuState(processes=[11, 12, 999]), GpuState(processes=[11, 12]), [11, 12])
+    assert watch.other_processes == [999]
+    assert watch.warnings == ["other processes used the GPU during the timing (pids 999): "
+                              "comparisons made on a shared GPU are noise"]
+
+
+def test_pids_of_another_namespace_are_judged_by_their_count():
+    # NVML in a container may list host pids: none is ours, so only a surplus means another user.
+    assert judge(GpuState(processes=[70001, 70002]), GpuState(processes=[70001, 70002]), [11, 12]).warnings == []
+    crowded = judge(GpuState(processes=[70001, 70002, 70003]), GpuState(), [11, 12])
+    assert crowded.other_processes == [70001, 70002, 70003] and len(crowded.warnings) == 1
+
+
+def test_without_nvml_every_reading_is_empty_and_says_why(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_pynvml(name, *args, **kwargs):
+        if name == "pynvml":
+            raise ImportError("No module named 'pynvml'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pynvml)
+    nvml = Nvml("00000000:01:00.0")
+    assert not nvml.available and "NVML unavailable" in nvml.note
+    assert nvml.read() == GpuState()
