@@ -62,6 +62,13 @@ DISCRIMINATION_CASE = Case(name="bench-1024x1024x2048", role="performance", dims
                            seed=20261203)
 SLOWER = BENCH / "kernels" / "matmul_f32_slower.cu"
 OVERHEAD_CANDIDATE = ROOT / "tests" / "gpu" / "kernels" / "tiled32.cu"
+OVERHEAD_LAUNCH = {"grid": ["ceil_div(n, 32)", "ceil_div(m, 32)"], "block": [32, 32]}
+
+
+def launch_for(task, which: str):
+    """The launch the referee gives the task's own kernels (server/check.py)."""
+    own = task.reference_launch if which == "reference" else task.initial_launch
+    return own or task.launch
 
 
 def case_for(label: str, dims: dict) -> Case:
@@ -94,9 +101,7 @@ class Bench:
         result = executor.compile(source.read_text(), ())
         if not result.ok:
             raise RuntimeError(f"{source} does not compile:\n{result.log}")
-        task = executor.task
-        launch = task.reference_launch if which == "reference" and task.reference_launch else task.launch
-        return Kernel(which, result.cubin, result.lowered_name, launch)
+        return Kernel(which, result.cubin, result.lowered_name, launch_for(executor.task, which))
 
     # -- repeatability, and the referee's side of fidelity ---------------------------------------
     def repeatability(self) -> None:
@@ -221,7 +226,7 @@ class Bench:
             run = Run.create(CASES / "matmul_f32", Path(results), RunSettings(), run_executor)
             try:
                 candidate = run.candidate(None, OVERHEAD_CANDIDATE.read_text() + f"\n// overhead {time.time_ns()}\n",
-                                          None, None)
+                                          None, OVERHEAD_LAUNCH)
                 started = time.perf_counter()
                 answer = record_attempt(run, candidate, "bench: overhead", None, None)
                 wall_s = time.perf_counter() - started
@@ -301,9 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     bench = Bench(args.out, args.runs, args.trials)
-    steps = [("repeatability", bench.repeatability), ("discrimination", bench.discrimination),
-             ("overhead", bench.overhead)]
+    steps = [("repeatability", bench.repeatability)]
     steps += [] if args.no_ncu else [("ncu", bench.ncu)]
+    steps += [("discrimination", bench.discrimination), ("overhead", bench.overhead)]
     steps += [] if args.no_triton else [("triton", bench.triton)]
     try:
         for name, step in steps:
