@@ -222,6 +222,7 @@ class Bench:
             return report
 
         run_executor.time = time_and_count
+        calls = {name: _wall_clocked(run_executor, name) for name in ("check", "time", "time_vendor", "compile")}
         with tempfile.TemporaryDirectory() as results:
             run = Run.create(CASES / "matmul_f32", Path(results), RunSettings(), run_executor)
             try:
@@ -239,7 +240,8 @@ class Bench:
             "record_attempt_wall_s": wall_s, "verdict": answer.verdict, "compile_s": compile_s,
             "gpu_busy_s": busy["s"], "bound_s": compile_s + 1.3 * busy["s"] + 0.3,
             "host_s": wall_s - compile_s - busy["s"], "worker_cold_start_s": cold_start_s,
-            "compile_ms": first.compile_ms, "cache_hit_ms": hit_ms}
+            "compile_ms": first.compile_ms, "cache_hit_ms": hit_ms,
+            "executor_calls": {name: clock.summary() for name, clock in calls.items()}}
         self.save()
 
     def close(self) -> None:
@@ -248,6 +250,30 @@ class Bench:
 
 
 NCU_UNITS_MS = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0}
+
+
+class _WallClock:
+    def __init__(self):
+        self.calls, self.seconds = 0, 0.0
+
+    def summary(self) -> dict:
+        return {"calls": self.calls, "wall_s": round(self.seconds, 3)}
+
+
+def _wall_clocked(executor, name: str) -> _WallClock:
+    """Replace executor.<name> by a wrapper that adds up its calls' wall time: where record_attempt's time goes."""
+    clock, inner = _WallClock(), getattr(executor, name)
+
+    def timed(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            clock.calls += 1
+            clock.seconds += time.perf_counter() - started
+
+    setattr(executor, name, timed)
+    return clock
 
 
 def ncu_durations_ms(text: str) -> list[float]:
@@ -290,6 +316,10 @@ def report(results: dict) -> str:
                      f"compile + 1.3 x GPU busy + 0.3 s = {o['compile_s']:.2f} + 1.3 x {o['gpu_busy_s']:.2f} + 0.3 = "
                      f"{o['bound_s']:.2f} s; host time {o['host_s']:.2f} s; worker cold start "
                      f"{o['worker_cold_start_s']:.2f} s; compile {o['compile_ms']:.0f} ms, cache hit {o['cache_hit_ms']:.1f} ms")
+        calls = o.get("executor_calls") or {}
+        if calls:
+            lines.append("record_attempt's executor calls: " + ", ".join(
+                f"{name} {c['calls']} in {c['wall_s']:.2f} s" for name, c in calls.items()))
     return "\n".join(lines)
 
 

@@ -77,8 +77,8 @@ def judge(before: GpuState, after: GpuState, ours: Iterable[int]) -> GpuWatch:
     if harmful:
         warnings.append(f"the GPU was throttled during the timing ({', '.join(harmful)}): samples may be slow")
     if others:
-        warnings.append(f"other processes used the GPU during the timing (pids {', '.join(map(str, others))}): "
-                        "comparisons made on a shared GPU are noise")
+        warnings.append(f"other processes held a context on the GPU during the timing (pids {', '.join(map(str, others))}): "
+                        "if they ran work, comparisons made meanwhile are noise")
     clocks = [s.sm_clock_mhz for s in (before, after) if s.sm_clock_mhz]
     peak = after.max_sm_clock_mhz or before.max_sm_clock_mhz
     if peak and clocks and min(clocks) < 0.8 * peak and "gpu_idle" not in (*before.throttle, *after.throttle):

@@ -61,3 +61,15 @@ def test_without_a_gpu_the_bench_says_so_and_exits_2(tmp_path, capsys):
     assert timing.main(["--out", str(tmp_path)]) == 2
     assert "there is none here" in capsys.readouterr().err
     assert not (tmp_path / "timing.json").exists()
+
+
+def test_wall_clocked_executor_methods_count_calls_and_time_and_still_answer():
+    class Executor:
+        def check(self, value):
+            return value * 2
+
+    executor = Executor()
+    clock = timing._wall_clocked(executor, "check")
+    assert executor.check(21) == 42 and executor.check(1) == 2
+    summary = clock.summary()
+    assert summary["calls"] == 2 and summary["wall_s"] >= 0

@@ -33,8 +33,8 @@ def test_an_sm_clock_under_80_percent_of_its_maximum_is_a_warning_unless_the_gpu
 def test_another_process_on_the_gpu_is_named():
     watch = judge(GpuState(processes=[11, 12, 999]), GpuState(processes=[11, 12]), [11, 12])
     assert watch.other_processes == [999]
-    assert watch.warnings == ["other processes used the GPU during the timing (pids 999): "
-                              "comparisons made on a shared GPU are noise"]
+    assert watch.warnings == ["other processes held a context on the GPU during the timing (pids 999): "
+                              "if they ran work, comparisons made meanwhile are noise"]
 
 
 def test_pids_of_another_namespace_are_judged_by_their_count():
