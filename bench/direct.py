@@ -37,8 +37,7 @@ class Prepared:
         result = compile_kernel(source, task.kernel_name, arch=arch_for(*context.info.compute_capability))
         if not result.ok:
             raise RuntimeError(f"{entry['label']} does not compile:\n{result.log}")
-        own = task.reference_launch if entry["which"] == "reference" else task.initial_launch
-        self.geometry = (own or task.launch).resolve(case)
+        self.geometry = task.own_launch(entry["which"]).resolve(case)
         self.module = gpu.Module(result.cubin)
         self.function = self.module.function(result.lowered_name)
         gpu.allow_dynamic_shared(self.function, self.geometry.shared_bytes)

@@ -65,12 +65,6 @@ OVERHEAD_CANDIDATE = ROOT / "tests" / "gpu" / "kernels" / "tiled32.cu"
 OVERHEAD_LAUNCH = {"grid": ["ceil_div(n, 32)", "ceil_div(m, 32)"], "block": [32, 32]}
 
 
-def launch_for(task, which: str):
-    """The launch the referee gives the task's own kernels (server/check.py)."""
-    own = task.reference_launch if which == "reference" else task.initial_launch
-    return own or task.launch
-
-
 def case_for(label: str, dims: dict) -> Case:
     return Case(name="bench-" + "x".join(str(v) for v in dims.values()), role="performance", dims=dims,
                 seed=sum(map(ord, label)))
@@ -101,7 +95,7 @@ class Bench:
         result = executor.compile(source.read_text(), ())
         if not result.ok:
             raise RuntimeError(f"{source} does not compile:\n{result.log}")
-        return Kernel(which, result.cubin, result.lowered_name, launch_for(executor.task, which))
+        return Kernel(which, result.cubin, result.lowered_name, executor.task.own_launch(which))
 
     # -- repeatability, and the referee's side of fidelity ---------------------------------------
     def repeatability(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from pydantic import BaseModel
@@ -79,8 +79,7 @@ class Referee:
         self.settings = settings or Settings()
         self.peaks: DevicePeaks | None = None  # measured (harness/peaks.py): each timing's roofline fraction
         self.nvml: Nvml | None = None  # clocks, throttling and other processes read around each timing
-        self._timing_inputs: dict[tuple[str, int], dict[str, np.ndarray]] = {}
-        self._input_hashes: dict[int, dict[str, str]] = {}  # by id() of a cached input set, which stays alive
+        self._timing_inputs: dict[tuple[str, int], tuple[dict[str, np.ndarray], dict[str, str]]] = {}  # with hashes
         self._expected: dict[tuple[str, int], dict[str, np.ndarray]] = {}
 
     # -- expected outputs --------------------------------------------------------------------
@@ -244,17 +243,13 @@ class Referee:
         cap); every batch is judged on its own (fresh re-checked launches, fresh guard seed), then
         the samples are merged. The GPU's clocks, throttling and other users are read around it."""
         s = self.settings
-        seeds = [input_seed(case, i) for i in range(s.rotation_sets)]
-        input_sets = [self._inputs_for_timing(case, seed) for seed in seeds]
-        expected_sets = [self.expected(case, seed) for seed in seeds]
-        layout = jobs.Layout.for_case(self.task, case.dims)
+        timed = self._timed_case(case)
         rule = StoppingRule(min_samples=s.iterations, max_samples=max(s.max_iterations, s.iterations),
                             target_rel_halfwidth=s.noise_target)
         before = self.nvml.read() if self.nvml else None
         batches: list[CaseTiming] = []
-        verified: dict = {}  # outputs already found right, by input set: identical bytes need no second comparison
         while True:
-            timing = self._time_batch(case, make_job, worker, layout, input_sets, expected_sets, verified)
+            timing = self._time_batch(timed, make_job, worker)
             if not timing.passed:
                 return timing.model_copy(update={"batches": len(batches) + 1})
             batches.append(timing)
@@ -265,42 +260,47 @@ class Referee:
         watch = judge(before, self.nvml.read(), self._our_pids()) if self.nvml and before else None
         return self._merged(case, batches, rule, watch)
 
-    def _inputs_for_timing(self, case: Case, seed: int) -> dict[str, np.ndarray]:
-        """Timing inputs are fixed per case and seed; made once, they stay out of every later timing's wall time."""
-        key = (case.name, seed)
-        if key not in self._timing_inputs:
-            inputs = make_inputs(self.task, case.dims, seed)
-            self._timing_inputs[key] = inputs
-            self._input_hashes[id(inputs)] = {name: jobs.sha256(array) for name, array in inputs.items()}
-        return self._timing_inputs[key]
+    def _timed_case(self, case: Case) -> _TimedCase:
+        """What every batch of a case's timing shares. The input sets (and their hashes) are fixed per
+        case and seed: made once, they stay out of every later timing's wall time."""
+        seeds = [input_seed(case, i) for i in range(self.settings.rotation_sets)]
+        for seed in seeds:
+            if (case.name, seed) not in self._timing_inputs:
+                inputs = make_inputs(self.task, case.dims, seed)
+                self._timing_inputs[(case.name, seed)] = (inputs, {n: jobs.sha256(a) for n, a in inputs.items()})
+        layout = jobs.Layout.for_case(self.task, case.dims)
+        expected_sets = [self.expected(case, seed) for seed in seeds]
+        return _TimedCase(
+            case=case, layout=layout, expected_sets=expected_sets,
+            input_sets=[self._timing_inputs[(case.name, seed)][0] for seed in seeds],
+            sent_hashes=[self._timing_inputs[(case.name, seed)][1] for seed in seeds],
+            poison_counts=[_poison_count(expected, layout, jobs.TIMING_POISON) for expected in expected_sets])
 
     def _our_pids(self) -> list[int]:
         return [w.pid for w in (self.pool.candidate, self.pool.reference) if w.alive]
 
-    def _time_batch(self, case, make_job, worker, layout, input_sets, expected_sets, verified) -> CaseTiming:
+    def _time_batch(self, timed: _TimedCase, make_job, worker: Worker) -> CaseTiming:
         """`make_job(case, layout, input_sets, timing)` gives ((header, blobs), None) or (None, a Reason)."""
-        s = self.settings
+        s, case, layout = self.settings, timed.case, timed.layout
         checked = _secret_subset(s.iterations, s.checked_launches)
         guard_seed = secrets.randbits(62)
-        job, failure = make_job(case, layout, input_sets, {
+        job, failure = make_job(case, layout, timed.input_sets, {
             "warmups": s.warmups, "iterations": s.iterations, "cold_l2": s.cold_l2,
             "checked_launches": checked, "guard_seed": guard_seed})
         if failure is not None:
             return CaseTiming(case=case.name, passed=False, reasons=[failure])
         header, blobs = job
-        out_bytes = sum(a.nbytes for a in layout.outputs) * (len(checked) + len(input_sets))
+        sets = len(timed.input_sets)
+        out_bytes = sum(a.nbytes for a in layout.outputs) * (len(checked) + sets)
         answer, blobs_back, failure = self._call(worker, header, blobs, s.time_deadline_s,
-                                                 out_bytes + _guard_bytes(layout, len(input_sets)), case.name)
+                                                 out_bytes + _guard_bytes(layout, sets), case.name)
         if failure is not None:
             return CaseTiming(case=case.name, passed=False, reasons=[failure])
-        return self._judge_timing(case, layout, answer, blobs_back, checked, input_sets, expected_sets, guard_seed,
-                                  verified)
+        return self._judge_timing(timed, answer, blobs_back, checked, guard_seed)
 
     def _merged(self, case: Case, batches: list[CaseTiming], rule: StoppingRule, watch: GpuWatch | None) -> CaseTiming:
         samples = [x for b in batches for x in b.samples_ms]
         stats = summarize(samples)
-        seconds = stats.median_ms * 1e-3
-        flops, moved = self.task.flops(case.dims), self.task.bytes_moved(case.dims)
         warnings = list(dict.fromkeys(w for b in batches for w in b.warnings))
         if watch is not None:
             warnings += watch.warnings
@@ -308,56 +308,57 @@ class Referee:
         if noise > self.settings.noise_target:
             warnings.append(f"the median is known to +-{noise:.2%} after {len(samples)} launches, "
                             f"short of the +-{self.settings.noise_target:.2%} target")
-        last = batches[-1]
-        return last.model_copy(update={
+        kept_up = [b.host_kept_up for b in batches if b.host_kept_up is not None]
+        return batches[-1].model_copy(update={
             "stats": stats, "samples_ms": samples, "launches": len(samples),
             "checked_launches": sum(b.checked_launches for b in batches),
             "unwritten_launches": sum(b.unwritten_launches for b in batches),
-            "host_kept_up": all(b.host_kept_up is not False for b in batches) if any(
-                b.host_kept_up is not None for b in batches) else None,
+            "host_kept_up": all(kept_up) if kept_up else None,
             "warnings": warnings, "batches": len(batches), "noise": noise,
-            "gpu": watch.model_dump(mode="json") if watch else None,
-            "achieved_gbps": moved / seconds / 1e9 if moved else None,
-            "achieved_tflops": flops / seconds / 1e12 if flops else None,
-            "roofline_fraction": roofline_fraction(last.roofline_ms, stats.median_ms)})
+            "gpu": watch.model_dump(mode="json") if watch else None, **self._rates(case, stats)})
 
-    def _judge_timing(self, case, layout, answer, blobs, checked, input_sets, expected_sets, guard_seed,
-                      verified=None) -> CaseTiming:
-        n_out, sets = len(layout.outputs), len(input_sets)
+    def _rates(self, case: Case, stats) -> dict:
+        """Achieved GB/s and TFLOP/s, the roofline bound and the fraction of it, at the median."""
+        seconds = stats.median_ms * 1e-3
+        flops, moved = self.task.flops(case.dims), self.task.bytes_moved(case.dims)
+        bound_ms = roofline_ms(self.peaks, moved, flops, self.task.cost.compute)
+        return {"achieved_gbps": moved / seconds / 1e9 if moved else None,
+                "achieved_tflops": flops / seconds / 1e12 if flops else None,
+                "roofline_ms": bound_ms, "roofline_fraction": roofline_fraction(bound_ms, stats.median_ms)}
+
+    def _judge_timing(self, timed: _TimedCase, answer, blobs, checked, guard_seed) -> CaseTiming:
+        case, layout = timed.case, timed.layout
+        n_out, sets = len(layout.outputs), len(timed.input_sets)
         samples = [float(x) for x in answer.get("samples_ms", [])]
         unwritten = answer.get("unwritten", [])
         if len(samples) != self.settings.iterations or len(unwritten) != self.settings.iterations:
             raise jobs.AnswerError("timing answer has the wrong number of samples")
-        reasons = _integrity_reasons(
-            jobs.check_integrity(answer, blobs[(len(checked) + sets) * n_out:], layout, guard_seed, input_sets,
-                                 [self._input_hashes.get(id(inputs)) for inputs in input_sets]), case.name)
-        poison_counts = [_poison_count(expected, layout, jobs.TIMING_POISON) for expected in expected_sets]
+        reasons = _integrity_reasons(jobs.check_integrity(
+            answer, blobs[(len(checked) + sets) * n_out:], layout, guard_seed, timed.input_sets, timed.sent_hashes),
+            case.name)
+        poison_counts = timed.poison_counts
         short = [i for i, count in enumerate(unwritten) if count != poison_counts[i % sets]]
         if short:
             reasons.append(Reason(code=ReasonCode.UNWRITTEN_OUTPUT, case=case.name, detail=(
                 f"{len(short)} of {len(samples)} timed launches left output elements unwritten "
                 f"(first: launch {short[0]}, {unwritten[short[0]] - poison_counts[short[0] % sets]} elements)")))
-        stale = self._stale_outputs(case, layout, blobs, checked, expected_sets, {} if verified is None else verified)
+        stale = self._stale_outputs(timed, blobs, checked)
         if stale:
             reasons.append(Reason(code=ReasonCode.TIMED_OUTPUT_MISMATCH, case=case.name, detail=(
                 f"{len(stale)} re-checked timed outputs are wrong (first: {stale[0]}); "
                 "a result must not depend on earlier launches")))
         stats = summarize(samples)
-        seconds = stats.median_ms * 1e-3
         kept_up = answer.get("host_kept_up")
         warnings = [] if kept_up is not False else [
             "the host could not queue the timed launches ahead of the GPU: samples may include idle gaps"]
-        flops, moved = self.task.flops(case.dims), self.task.bytes_moved(case.dims)
-        bound_ms = roofline_ms(self.peaks, moved, flops, self.task.cost.compute)
         return CaseTiming(
-            case=case.name, passed=not reasons, stats=stats, samples_ms=samples, launches=len(samples), checked_launches=len(checked) + sets,
-            unwritten_launches=len(short), event_overhead_ms=answer.get("event_overhead_ms"), reasons=reasons,
-            host_kept_up=kept_up, warnings=warnings,
-            achieved_gbps=moved / seconds / 1e9 if moved else None,
-            achieved_tflops=flops / seconds / 1e12 if flops else None,
-            roofline_ms=bound_ms, roofline_fraction=roofline_fraction(bound_ms, stats.median_ms))
+            case=case.name, passed=not reasons, stats=stats, samples_ms=samples, launches=len(samples),
+            checked_launches=len(checked) + sets, unwritten_launches=len(short),
+            event_overhead_ms=answer.get("event_overhead_ms"), reasons=reasons, host_kept_up=kept_up,
+            warnings=warnings, **self._rates(case, stats))
 
-    def _stale_outputs(self, case, layout, blobs, checked, expected_sets, verified: dict) -> list[str]:
+    def _stale_outputs(self, timed: _TimedCase, blobs, checked) -> list[str]:
+        layout, expected_sets, verified = timed.layout, timed.expected_sets, timed.verified
         n_out, sets = len(layout.outputs), len(expected_sets)
         labelled = [(f"launch {i} (input set {i % sets})", i % sets) for i in checked]
         labelled += [(f"last output of input set {s}", s) for s in range(sets)]
@@ -376,6 +377,20 @@ class Referee:
                 elif known is None:
                     verified[(set_index, spec.name)] = raw
         return stale
+
+
+@dataclass
+class _TimedCase:
+    """One case's timing state, shared by its batches."""
+
+    case: Case
+    layout: jobs.Layout
+    input_sets: list[dict[str, np.ndarray]]
+    sent_hashes: list[dict[str, str]]
+    expected_sets: list[dict[str, np.ndarray]]
+    poison_counts: list[int]
+    # Outputs already found right, by (input set, output): identical bytes need no second comparison.
+    verified: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
 
 
 @dataclass

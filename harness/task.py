@@ -351,6 +351,12 @@ class Task(BaseModel):
     def bytes_moved(self, dims: Mapping[str, int]) -> float | None:
         return None if self.cost.bytes is None else float(expr.evaluate(self.cost.bytes, dims))
 
+    def own_launch(self, which: Literal["reference", "initial"]) -> LaunchSpec:
+        """The launch of the task's own reference or initial kernel: its own section, else [launch]."""
+        if which not in ("reference", "initial"):
+            raise ValueError(f"which must be 'reference' or 'initial', got {which!r}")
+        return (self.reference_launch if which == "reference" else self.initial_launch) or self.launch
+
     def source(self, which: Literal["reference", "initial"]) -> str:
         files = {"reference": self.reference_file, "initial": self.initial_file}
         if which not in files:

@@ -47,7 +47,7 @@ def _claim_slot(run: Run, number: int, candidate: Candidate) -> None:
 
 
 def record_baseline(run: Run, progress: Progress | None) -> None:
-    baseline = run._register(run.task.source("initial"), (), run.task.initial_launch or run.task.launch)
+    baseline = run._register(run.task.source("initial"), (), run.task.own_launch("initial"))
     _claim_slot(run, 0, baseline)
     run.audit.append("attempt_started", {"attempt": 0, "candidate": baseline.id})
     entry, gpu_seconds = _evaluate(run, 0, baseline, {"baseline": None}, fresh=False, progress=progress)

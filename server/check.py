@@ -44,8 +44,7 @@ class Target:
 def targets_for(task: Task, kernel_file: Path | None, launch: LaunchSpec | None) -> list[Target]:
     if kernel_file is not None:
         return [Target(str(kernel_file), kernel_file.read_text(), launch or task.launch)]
-    return [Target("reference", task.source("reference"), task.reference_launch or task.launch),
-            Target("initial", task.source("initial"), task.initial_launch or task.launch)]
+    return [Target(which, task.source(which), task.own_launch(which)) for which in ("reference", "initial")]
 
 
 def run_check(task: Task, targets: list[Target], settings: Settings, out: TextIO, json_path: Path | None = None,
@@ -84,7 +83,7 @@ def _run(task: Task, targets: list[Target], settings: Settings, out: TextIO, con
             print("\nThe task does not fit on this GPU:\n  " + "\n  ".join(problems), file=out)
             return EXIT_FAILED, pool.candidate.hello
         referee = Referee(task, pool, Kernel("reference", reference.cubin, reference.lowered_name,
-                                              task.reference_launch or task.launch), settings)
+                                              task.own_launch("reference")), settings)
         referee.peaks, notes = device_peaks(pool.reference, pool.candidate.hello["device"])
         yardsticks["peaks"] = referee.peaks.model_dump(mode="json") if referee.peaks else None
         print_peaks(referee.peaks, notes, out)

@@ -73,7 +73,7 @@ class GpuExecutor:
         reference = self.compile(self.task.source("reference"), ())
         if not reference.ok:
             raise ExecutorError(f"the task's reference does not compile:\n{reference.log}")
-        kernel = Kernel("reference", reference.cubin, reference.lowered_name, self.task.reference_launch or self.task.launch)
+        kernel = Kernel("reference", reference.cubin, reference.lowered_name, self.task.own_launch("reference"))
         self.referee = Referee(self.task, self.pool, kernel, self.settings)
         self.referee.nvml = Nvml(hello.get("pci_bus_id"))
         device = hello["device"]

@@ -368,3 +368,13 @@ def test_documented_example_loads(tmp_path):
     assert task.launch.resolve(task.case("tall")) == LaunchGeometry(
         grid=(8, 128, 1), block=(8, 32, 1), shared_bytes=0)
     assert task.launch.resolve(task.case("odd")).grid == (3, 2, 1)
+
+
+def test_the_tasks_own_kernels_take_their_own_launch_or_the_default():
+    root = Path(__file__).resolve().parents[1] / "cases"
+    softmax, matmul = load_task(root / "softmax_f32"), load_task(root / "matmul_f32")
+    assert softmax.reference_launch is not None and softmax.own_launch("reference") == softmax.reference_launch
+    assert softmax.reference_launch != softmax.launch and softmax.own_launch("initial") == softmax.launch
+    assert matmul.reference_launch is None and matmul.own_launch("reference") == matmul.launch
+    with pytest.raises(ValueError):
+        matmul.own_launch("candidate")
