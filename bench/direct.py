@@ -4,6 +4,10 @@
                                                run under `ncu --clock-control none --cache-control all`
     python bench/direct.py triton PLAN.json OUT.json
                                                triton.testing.do_bench's median for each kernel
+    python bench/direct.py flush PLAN.json OUT.json
+                                               CUDA-event medians of each kernel after each way of
+                                               emptying L2 (a read, a memset, none), and an empty
+                                               kernel's: what the flush and the events add
 
 PLAN.json is written by bench/timing.py: for each kernel its task folder, source file, case and
 seed. Inputs are the task's own (harness.task.make_inputs), so every clock sees the same work.
@@ -90,12 +94,53 @@ def with_triton(plan: list[dict], out: Path) -> None:
     out.write_text(json.dumps({"triton": triton.__version__, "median_ms": medians}, indent=1))
 
 
+FLUSH_LAUNCHES = 200
+
+
+def by_flush(plan: list[dict], out: Path) -> None:
+    from harness import execute
+
+    context, kernels = prepare_all(plan)
+    compiled = compile_kernel(execute.UTILITY_SOURCE, "referee_empty", arch=arch_for(*context.info.compute_capability))
+    utilities = execute.Utilities(context, compiled.cubin)
+    stream = context.stream
+    ways = {"read": utilities.flush_l2,
+            "memset": lambda: gpu.fill(utilities.flush.ptr, 0x3C, utilities.flush_bytes, stream),
+            "none": lambda: None}
+
+    def median_ms(launch, before) -> float:
+        pairs = [gpu.EventPair() for _ in range(FLUSH_LAUNCHES)]
+        try:
+            utilities.hold(FLUSH_LAUNCHES)
+            for pair in pairs:
+                before()
+                gpu.record(pair.start, stream)
+                launch()
+                gpu.record(pair.end, stream)
+            context.synchronize()
+            return float(np.median([pair.elapsed_ms() for pair in pairs]))
+        finally:
+            for pair in pairs:
+                pair.destroy()
+
+    empty = lambda: gpu.launch(utilities.empty, (1, 1, 1), (1, 1, 1), 0, stream, 0)  # noqa: E731
+    results = {"empty_kernel_ms": median_ms(empty, lambda: None), "median_ms": {}}
+    for entry, kernel in zip(plan, kernels, strict=True):
+        for _ in range(10):
+            kernel.launch(stream)
+        results["median_ms"][entry["label"]] = {way: median_ms(lambda k=kernel: k.launch(stream), before)
+                                                for way, before in ways.items()}
+    out.write_text(json.dumps(results, indent=1))
+
+
 def main(argv: list[str]) -> int:
     mode, plan = argv[1], json.loads(Path(argv[2]).read_text())
     if mode == "ncu":
         under_ncu(plan)
     elif mode == "triton":
         with_triton(plan, Path(argv[3]))
+    elif mode == "flush":
+        by_flush(plan, Path(argv[3]))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     return 0

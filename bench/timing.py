@@ -160,6 +160,19 @@ class Bench:
             self.results["triton"] = json.loads(out.read_text())
         self.save()
 
+    def flush(self) -> None:
+        """Each kernel by CUDA events after a read of twice L2 (the referee's flush), a memset of it, and
+        no flush; and an empty kernel: how much of the gap to ncu the flush and the events make."""
+        out = self.out / "flush.json"
+        done = subprocess.run([sys.executable, str(BENCH / "direct.py"), "flush", str(self.plan()), str(out)],
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            self.results["flush"] = {"note": f"the flush comparison did not run (exit {done.returncode}): "
+                                             f"{done.stderr[-600:]}"}
+        else:
+            self.results["flush"] = json.loads(out.read_text())
+        self.save()
+
     # -- discrimination ------------------------------------------------------------------------
     def discrimination(self) -> None:
         base = self.compiled("matmul_f32", CASES / "matmul_f32" / "initial.cu")
@@ -296,6 +309,16 @@ def report(results: dict) -> str:
     for section in ("ncu", "triton"):
         if note := (results.get(section) or {}).get("note"):
             lines.append(f"\n{section}: {note}")
+    flush = results.get("flush") or {}
+    if flush.get("median_ms"):
+        lines += ["", f"by CUDA events, after each flush (an empty kernel reads {flush['empty_kernel_ms'] * 1e3:.2f} us):",
+                  "| kernel | read flush (us) | memset flush (us) | no flush (us) | ncu (us) |", "|---|---|---|---|---|"]
+        for label, ways in flush["median_ms"].items():
+            theirs = ncu.get(label)
+            lines.append(f"| {label} | {ways['read'] * 1e3:.1f} | {ways['memset'] * 1e3:.1f} | {ways['none'] * 1e3:.1f} | "
+                         + (f"{theirs * 1e3:.1f} |" if theirs else "— |"))
+    elif flush.get("note"):
+        lines.append(f"\nflush: {flush['note']}")
     d = results.get("discrimination")
     if d:
         lines.append(f"\ndiscrimination on {d['case']['name']}: the 2%-slower copy (median ratio "
@@ -332,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args.out, args.runs, args.trials)
     steps = [("repeatability", bench.repeatability)]
     steps += [] if args.no_ncu else [("ncu", bench.ncu)]
+    steps += [("flush", bench.flush)]
     steps += [("discrimination", bench.discrimination), ("overhead", bench.overhead)]
     steps += [] if args.no_triton else [("triton", bench.triton)]
     try:

@@ -79,8 +79,12 @@ class Referee:
         self.settings = settings or Settings()
         self.peaks: DevicePeaks | None = None  # measured (harness/peaks.py): each timing's roofline fraction
         self.nvml: Nvml | None = None  # clocks, throttling and other processes read around each timing
-        self._timing_inputs: dict[tuple[str, int], tuple[dict[str, np.ndarray], dict[str, str]]] = {}  # with hashes
+        # Inputs of a case's fixed seeds (its own and its rotation sets'), with their hashes: made once.
+        self._inputs: dict[tuple[str, int], tuple[dict[str, np.ndarray], dict[str, str]]] = {}
         self._expected: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+        # sha256 of timed outputs found right, by (case, input seed, output): the same bytes again need
+        # neither a second trip from the worker nor a second comparison.
+        self._verified: dict[tuple[str, int, str], set[str]] = {}
 
     # -- expected outputs --------------------------------------------------------------------
     def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
@@ -98,9 +102,21 @@ class Referee:
         truth = run_oracle(self.task, case.dims, make_inputs(self.task, case.dims, seed))
         return {p.name: truth[p.name].astype(DTYPES[p.dtype]) for p in self.task.output_params}
 
-    def _run_reference(self, case: Case, seed: int) -> dict[str, np.ndarray]:
+    def inputs(self, case: Case, seed: int) -> tuple[dict[str, np.ndarray], dict[str, str] | None]:
+        """A case's inputs for a seed, and their hashes where known. Those of the case's fixed seeds are
+        kept; a secret seed's are made afresh (and used once)."""
+        key = (case.name, seed)
+        if key in self._inputs:
+            return self._inputs[key]
         inputs = make_inputs(self.task, case.dims, seed)
-        result = self._run(self.pool.reference, self.reference, case, inputs)
+        if seed not in {input_seed(case, i) for i in range(self.settings.rotation_sets)}:
+            return inputs, None
+        self._inputs[key] = (inputs, {n: jobs.sha256(a) for n, a in inputs.items()})
+        return self._inputs[key]
+
+    def _run_reference(self, case: Case, seed: int, made=None) -> dict[str, np.ndarray]:
+        inputs, hashes = made or self.inputs(case, seed)
+        result = self._run(self.pool.reference, self.reference, case, inputs, hashes)
         if result.failure is not None:
             raise ReferenceFailed(f"reference kernel failed on case {case.name}: {result.failure.detail}")
         problems = result.integrity.guard_violations + [f"modified input {n}" for n in result.integrity.modified_inputs]
@@ -130,14 +146,14 @@ class Referee:
         return CheckReport(passed=passed, cases=results)
 
     def _check_case(self, kernel: Kernel, case: Case, seed: int, against_oracle: bool) -> CaseCheck:
+        made = self.inputs(case, seed)
         if against_oracle:
             expected = self.oracle_expected(case, seed)
         elif seed == case.seed:
             expected = self.expected(case, seed)
         else:  # a secret seed is used once: its outputs are not kept for the rest of the run
-            expected = self._run_reference(case, seed)
-        inputs = make_inputs(self.task, case.dims, seed)
-        result = self._run(self.pool.candidate, kernel, case, inputs)
+            expected = self._run_reference(case, seed, made)
+        result = self._run(self.pool.candidate, kernel, case, *made)
         if result.failure is not None:
             return CaseCheck(case=case.name, role=case.role, passed=False, reasons=[result.failure])
         reasons = _integrity_reasons(result.integrity, case.name)
@@ -169,7 +185,8 @@ class Referee:
         return CaseCheck(case=case.name, role=case.role, passed=not reasons, outputs=outputs,
                          agreement=verdict.value, reasons=reasons, warnings=warnings)
 
-    def _run(self, worker: Worker, kernel: Kernel, case: Case, inputs: dict[str, np.ndarray]) -> "_RunResult":
+    def _run(self, worker: Worker, kernel: Kernel, case: Case, inputs: dict[str, np.ndarray],
+             hashes: dict[str, str] | None = None) -> "_RunResult":
         layout = jobs.Layout.for_case(self.task, case.dims)
         geometry, failure = _geometry(kernel, case)
         if failure is not None:
@@ -183,9 +200,9 @@ class Referee:
         if failure is not None:
             return _RunResult(layout, failure=failure)
         n = len(layout.outputs)
-        runs = [jobs.read_arrays(answer_blobs[i * n:(i + 1) * n], layout.outputs) for i in range(len(jobs.POISON_BYTES))]
-        guards = answer_blobs[n * len(jobs.POISON_BYTES):]
-        integrity = jobs.check_integrity(answer, guards, layout, guard_seed, [inputs])
+        outputs, guards = jobs.unpack_outputs(answer, answer_blobs, jobs.run_slots(len(jobs.POISON_BYTES), n), {})
+        runs = [jobs.read_arrays(outputs[i * n:(i + 1) * n], layout.outputs) for i in range(len(jobs.POISON_BYTES))]
+        integrity = jobs.check_integrity(answer, guards, layout, guard_seed, [inputs], [hashes])
         return _RunResult(layout, runs=runs, integrity=integrity)
 
     def _call(self, worker: Worker, header: dict, blobs: list, deadline_s: float, max_bytes: int, case: str):
@@ -264,17 +281,16 @@ class Referee:
         """What every batch of a case's timing shares. The input sets (and their hashes) are fixed per
         case and seed: made once, they stay out of every later timing's wall time."""
         seeds = [input_seed(case, i) for i in range(self.settings.rotation_sets)]
-        for seed in seeds:
-            if (case.name, seed) not in self._timing_inputs:
-                inputs = make_inputs(self.task, case.dims, seed)
-                self._timing_inputs[(case.name, seed)] = (inputs, {n: jobs.sha256(a) for n, a in inputs.items()})
+        made = [self.inputs(case, seed) for seed in seeds]
         layout = jobs.Layout.for_case(self.task, case.dims)
         expected_sets = [self.expected(case, seed) for seed in seeds]
+        verified = {f"{s}/{j}": self._verified.setdefault((case.name, seed, spec.name), set())
+                    for s, seed in enumerate(seeds) for j, spec in enumerate(layout.outputs)}
         return _TimedCase(
             case=case, layout=layout, expected_sets=expected_sets,
-            input_sets=[self._timing_inputs[(case.name, seed)][0] for seed in seeds],
-            sent_hashes=[self._timing_inputs[(case.name, seed)][1] for seed in seeds],
-            poison_counts=[_poison_count(expected, layout, jobs.TIMING_POISON) for expected in expected_sets])
+            input_sets=[inputs for inputs, _ in made], sent_hashes=[hashes for _, hashes in made],
+            poison_counts=[_poison_count(expected, layout, jobs.TIMING_POISON) for expected in expected_sets],
+            verified=verified)
 
     def _our_pids(self) -> list[int]:
         return [w.pid for w in (self.pool.candidate, self.pool.reference) if w.alive]
@@ -286,7 +302,8 @@ class Referee:
         guard_seed = secrets.randbits(62)
         job, failure = make_job(case, layout, timed.input_sets, {
             "warmups": s.warmups, "iterations": s.iterations, "cold_l2": s.cold_l2,
-            "checked_launches": checked, "guard_seed": guard_seed})
+            "checked_launches": checked, "guard_seed": guard_seed,
+            "known_outputs": {slot: sorted(hashes) for slot, hashes in timed.verified.items() if hashes}})
         if failure is not None:
             return CaseTiming(case=case.name, passed=False, reasons=[failure])
         header, blobs = job
@@ -333,16 +350,16 @@ class Referee:
         unwritten = answer.get("unwritten", [])
         if len(samples) != self.settings.iterations or len(unwritten) != self.settings.iterations:
             raise jobs.AnswerError("timing answer has the wrong number of samples")
+        outputs, guards = jobs.unpack_outputs(answer, blobs, jobs.time_slots(checked, sets, n_out), timed.verified)
         reasons = _integrity_reasons(jobs.check_integrity(
-            answer, blobs[(len(checked) + sets) * n_out:], layout, guard_seed, timed.input_sets, timed.sent_hashes),
-            case.name)
+            answer, guards, layout, guard_seed, timed.input_sets, timed.sent_hashes), case.name)
         poison_counts = timed.poison_counts
         short = [i for i, count in enumerate(unwritten) if count != poison_counts[i % sets]]
         if short:
             reasons.append(Reason(code=ReasonCode.UNWRITTEN_OUTPUT, case=case.name, detail=(
                 f"{len(short)} of {len(samples)} timed launches left output elements unwritten "
                 f"(first: launch {short[0]}, {unwritten[short[0]] - poison_counts[short[0] % sets]} elements)")))
-        stale = self._stale_outputs(timed, blobs, checked)
+        stale = self._stale_outputs(timed, outputs, answer["output_sha256"], checked)
         if stale:
             reasons.append(Reason(code=ReasonCode.TIMED_OUTPUT_MISMATCH, case=case.name, detail=(
                 f"{len(stale)} re-checked timed outputs are wrong (first: {stale[0]}); "
@@ -357,25 +374,30 @@ class Referee:
             event_overhead_ms=answer.get("event_overhead_ms"), reasons=reasons, host_kept_up=kept_up,
             warnings=warnings, **self._rates(case, stats))
 
-    def _stale_outputs(self, timed: _TimedCase, blobs, checked) -> list[str]:
-        layout, expected_sets, verified = timed.layout, timed.expected_sets, timed.verified
+    def _stale_outputs(self, timed: _TimedCase, outputs: list[bytes | None], hashes: list[str], checked) -> list[str]:
+        """Re-checked and last outputs that are wrong. An output given as None is one whose bytes were
+        already found right for its slot (jobs.unpack_outputs); each new one is compared, once; `hashes`
+        are the outputs' sha256, checked by jobs.unpack_outputs against the bytes that came."""
+        layout, expected_sets = timed.layout, timed.expected_sets
         n_out, sets = len(layout.outputs), len(expected_sets)
         labelled = [(f"launch {i} (input set {i % sets})", i % sets) for i in checked]
         labelled += [(f"last output of input set {s}", s) for s in range(sets)]
-        stale = []
+        stale, compared = [], {}
         for k, (label, set_index) in enumerate(labelled):
-            got = jobs.read_arrays(blobs[k * n_out:(k + 1) * n_out], layout.outputs)
-            for spec in layout.outputs:
-                raw = np.ascontiguousarray(got[spec.name]).view(np.uint8)
-                known = verified.get((set_index, spec.name))
-                if known is not None and np.array_equal(known, raw):
-                    continue  # the very bytes of an output of this input set already found right
-                tol = self.task.tolerances[spec.name]
-                check = compare_output(spec.name, expected_sets[set_index][spec.name], got[spec.name], tol.rtol, tol.atol)
-                if not check.passed:
-                    stale.append(f"{label}: {_mismatch_detail(check)}")
-                elif known is None:
-                    verified[(set_index, spec.name)] = raw
+            for j, spec in enumerate(layout.outputs):
+                blob, digest = outputs[k * n_out + j], hashes[k * n_out + j]
+                if blob is None:
+                    continue
+                key = (set_index, j, digest)
+                if key not in compared:
+                    got = jobs.read_arrays([blob], [spec])[spec.name]
+                    tol = self.task.tolerances[spec.name]
+                    compared[key] = compare_output(spec.name, expected_sets[set_index][spec.name], got,
+                                                   tol.rtol, tol.atol)
+                    if compared[key].passed:
+                        timed.verified[f"{set_index}/{j}"].add(digest)
+                if not compared[key].passed:
+                    stale.append(f"{label}: {_mismatch_detail(compared[key])}")
         return stale
 
 
@@ -389,8 +411,8 @@ class _TimedCase:
     sent_hashes: list[dict[str, str]]
     expected_sets: list[dict[str, np.ndarray]]
     poison_counts: list[int]
-    # Outputs already found right, by (input set, output): identical bytes need no second comparison.
-    verified: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
+    # sha256 of the outputs found right, by slot ("SET/OUTPUT"): the Referee's sets, shared by every timing.
+    verified: dict[str, set[str]] = field(default_factory=dict)
 
 
 @dataclass

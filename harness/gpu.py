@@ -171,6 +171,12 @@ def download(ptr: int, nbytes: int) -> np.ndarray:
     return host
 
 
+def download_into(ptr: int, host: np.ndarray) -> None:
+    """Device bytes into an existing contiguous uint8 array."""
+    if host.nbytes:
+        check(driver.cuMemcpyDtoH(host.ctypes.data, ptr, host.nbytes), "cuMemcpyDtoH")
+
+
 def copy(destination: int, source: int, nbytes: int, stream) -> None:
     if nbytes:
         check(driver.cuMemcpyDtoDAsync(destination, source, nbytes, stream), "cuMemcpyDtoDAsync")
@@ -194,8 +200,8 @@ class Module:
     """A CUBIN loaded for one job, so that `__device__` state cannot outlive the job."""
 
     def __init__(self, cubin: bytes):
-        self._image = cubin  # keep the bytes alive while the driver reads them
-        self.handle = check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
+        self._image = bytes(cubin)  # keep the bytes alive while the driver reads them (a view would not do)
+        self.handle = check(driver.cuModuleLoadData(self._image), "cuModuleLoadData")
 
     def function(self, name: str):
         return check(driver.cuModuleGetFunction(self.handle, name.encode()), f"cuModuleGetFunction({name})")

@@ -9,6 +9,7 @@ sent, never taken from a worker's say-so.
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,7 +86,72 @@ def canary(seed: int, buffer_index: int, guard_bytes: int = GUARD_BYTES) -> tupl
 
 
 def sha256(array: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(array).view(np.uint8).tobytes()).hexdigest()
+    return hashlib.sha256(memoryview(np.ascontiguousarray(array).view(np.uint8).reshape(-1))).hexdigest()
+
+
+_hashers: ThreadPoolExecutor | None = None
+
+
+def digests(blobs: list) -> list[str]:
+    """sha256 of each blob, large ones on several threads (hashlib lets go of the GIL)."""
+    global _hashers
+    if sum(memoryview(b).nbytes for b in blobs) < (8 << 20) or len(blobs) < 2:
+        return [hashlib.sha256(b).hexdigest() for b in blobs]
+    if _hashers is None:
+        _hashers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sha256")
+    return list(_hashers.map(lambda b: hashlib.sha256(b).hexdigest(), blobs))
+
+
+# -- outputs in answers: each distinct output travels once ------------------------------------------
+# Every output blob of an answer has a slot, "SET/OUTPUT" (its input set and which output it is). The
+# worker sends the sha256 of every output, and the bytes of each distinct output once, except those
+# whose hash the job names as already verified for that very slot: a kernel's outputs repeat from
+# launch to launch, and 16 MB outputs re-sent and re-compared made most of an attempt's host time.
+
+def run_slots(poisons: int, outputs: int) -> list[str]:
+    return [f"0/{j}" for _ in range(poisons) for j in range(outputs)]
+
+
+def time_slots(checked: list[int], sets: int, outputs: int) -> list[str]:
+    """The re-checked launches' outputs (in launch order), then the last output of every set."""
+    return ([f"{i % sets}/{j}" for i in sorted(set(checked)) for j in range(outputs)]
+            + [f"{s}/{j}" for s in range(sets) for j in range(outputs)])
+
+
+def pack_outputs(blobs: list, slots: list[str], known: dict[str, list[str]]) -> tuple[dict, list]:
+    """Worker side: the answer's output fields and the output blobs to send, in slot order."""
+    hashes = digests(blobs)
+    sent, seen = [], set()
+    for blob, slot, digest in zip(blobs, slots, hashes, strict=True):
+        if digest in seen or digest in known.get(slot, ()):
+            continue
+        seen.add(digest)
+        sent.append(blob)
+    return {"output_sha256": hashes, "outputs_sent": len(sent)}, sent
+
+
+def unpack_outputs(answer: dict, blobs: list[bytes], slots: list[str],
+                   known: dict[str, set[str]]) -> tuple[list[bytes | None], list[bytes]]:
+    """Parent side: one entry per slot, the output's bytes, or None for an output whose hash the job
+    named as verified for that slot; and the blobs after the outputs. The parent hashes the bytes it
+    got itself: an output is bound to its hash here, not by the worker's say-so."""
+    hashes, count = answer.get("output_sha256"), answer.get("outputs_sent")
+    if (not isinstance(hashes, list) or len(hashes) != len(slots) or not all(isinstance(h, str) for h in hashes)
+            or not isinstance(count, int) or not 0 <= count <= min(len(blobs), len(slots))):
+        raise AnswerError("the answer's output hashes do not match the job")
+    sent = blobs[:count]
+    by_hash = dict(zip(digests(sent), sent))
+    if len(by_hash) != count or not set(by_hash) <= set(hashes):
+        raise AnswerError("the answer's output bytes do not match their hashes")
+    outputs = []
+    for slot, digest in zip(slots, hashes):
+        if digest in by_hash:
+            outputs.append(by_hash[digest])
+        elif digest in known.get(slot, ()):
+            outputs.append(None)
+        else:
+            raise AnswerError(f"output {slot} was neither sent nor verified before")
+    return outputs, blobs[count:]
 
 
 def geometry_to_wire(geometry: LaunchGeometry) -> dict:
@@ -101,11 +167,13 @@ def run_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
 
 def time_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
              input_sets: list[dict[str, np.ndarray]], *, warmups: int, iterations: int, cold_l2: bool,
-             checked_launches: list[int], guard_seed: int) -> tuple[dict, list]:
+             checked_launches: list[int], guard_seed: int,
+             known_outputs: dict[str, list[str]] | None = None) -> tuple[dict, list]:
+    """`known_outputs`: by slot ("SET/OUTPUT"), the sha256 of outputs already found right, not to be sent again."""
     header = {"op": "time", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
               "sets": len(input_sets), "warmups": warmups, "iterations": iterations, "cold_l2": cold_l2,
               "poison": TIMING_POISON, "checked_launches": sorted(checked_launches),
-              "guard_seed": guard_seed, "guard_bytes": GUARD_BYTES}
+              "guard_seed": guard_seed, "guard_bytes": GUARD_BYTES, "known_outputs": known_outputs or {}}
     blobs = [cubin]
     for inputs in input_sets:
         blobs += [_contiguous(inputs[a.name], a) for a in layout.inputs]

@@ -28,6 +28,8 @@ from sandbox.environment import worker_environment
 log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 90.0
+# Each direction's shared memory region (sparse: only what a message touches is memory).
+REGION_BYTES = 1 << 30
 WORKER_COMMAND = (sys.executable, "-m", "sandbox.worker")
 
 
@@ -60,6 +62,8 @@ class Worker:
         self._reader: wire.DeadlineReader | None = None
         self._scratch: Path | None = None
         self._stderr = None
+        self._regions: tuple[wire.Region, wire.Region] | None = None  # (jobs, answers), once the worker maps them
+        self._shared = False
         self.in_flight = False  # a job sent and not yet answered
 
     # -- life cycle -------------------------------------------------------------------------
@@ -78,17 +82,25 @@ class Worker:
         confine_args = self._confine_args()
         jobs_read, jobs_write = os.pipe()
         answers_read, answers_write = os.pipe()
+        regions = (wire.Region.create(f"{self.name}-jobs", REGION_BYTES),
+                   wire.Region.create(f"{self.name}-answers", REGION_BYTES))
         self._stderr = open(self._scratch / "stderr.log", "w+b")
         try:
             self._process = subprocess.Popen(
-                [*self.command, str(jobs_read), str(answers_write), str(self.device), *confine_args],
-                pass_fds=(jobs_read, answers_write),
+                [*self.command, str(jobs_read), str(answers_write), str(self.device), *confine_args,
+                 f"--shm={regions[0].fd},{regions[1].fd},{REGION_BYTES}"],
+                pass_fds=(jobs_read, answers_write, regions[0].fd, regions[1].fd),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=self._stderr, cwd=self._scratch, env=worker_environment(self._scratch),
                 start_new_session=True)  # its own process group: a kill takes every child with it
+        except BaseException:
+            for region in regions:
+                region.close()
+            raise
         finally:
             os.close(jobs_read)
             os.close(answers_write)
+        self._regions = regions
         self.starts += 1
         self._jobs = os.fdopen(jobs_write, "wb")
         self._reader = wire.DeadlineReader(answers_read)
@@ -102,6 +114,7 @@ class Worker:
             raise WorkerError(f"{self.name} worker could not start: {hello.get('error')}: {hello.get('detail')}")
         self._check_confined(hello)
         self.hello = hello
+        self._shared = hello.get("shared_regions") is True  # a worker that did not map the regions gets every blob by pipe
         log.info("%s worker %d ready on %s (%s)", self.name, self._process.pid, hello["device"]["name"],
                  "confined" if hello.get("confined") else "not confined")
         return hello
@@ -173,6 +186,9 @@ class Worker:
             except OSError:
                 pass
         self._jobs = self._reader = self._stderr = None
+        for region in self._regions or ():
+            region.close()
+        self._regions, self._shared = None, False
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
@@ -191,7 +207,7 @@ class Worker:
         self.in_flight = True
         try:
             try:
-                wire.send(self._jobs, header, blobs)
+                wire.send(self._jobs, header, blobs, self._regions[0] if self._shared else None)
             except (BrokenPipeError, OSError) as exc:
                 detail = self._death_note()
                 self.kill()
@@ -205,7 +221,7 @@ class Worker:
 
     def _receive(self, deadline: float, max_bytes: int) -> tuple[dict, list[bytes]]:
         try:
-            return self._reader.receive(deadline, max_bytes)
+            return self._reader.receive(deadline, max_bytes, self._regions[1] if self._shared else None)
         except wire.WireTimeout:
             self.kill()
             raise JobTimeout(f"{self.name} worker killed at its deadline") from None

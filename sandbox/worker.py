@@ -1,6 +1,8 @@
 """The GPU worker: one process, one CUDA context, jobs read from a dedicated pipe.
 
-Started by sandbox/pool.py as `python -m sandbox.worker JOBS_FD ANSWERS_FD DEVICE [--confine=JSON]`.
+Started by sandbox/pool.py as
+`python -m sandbox.worker JOBS_FD ANSWERS_FD DEVICE [--confine=JSON] [--shm=JOBS_MEMFD,ANSWERS_MEMFD,BYTES]`:
+with --shm, large blobs travel through the two shared regions (harness/wire.py), and 'ready' says so.
 Its stdout is not the protocol (device printf writes there). It answers every job, and exits after a
 sticky CUDA error so the parent starts a clean one.
 
@@ -68,7 +70,7 @@ def _context_healthy() -> bool:
     return driver.cuCtxSynchronize()[0] == driver.CUresult.CUDA_SUCCESS
 
 
-def serve(jobs, answers, ordinal: int, confined: dict) -> int:
+def serve(jobs, answers, ordinal: int, confined: dict, regions=(None, None)) -> int:
     try:
         context, utilities = _start(ordinal)
     except Exception as exc:  # noqa: BLE001 - any startup failure is reported, then we exit
@@ -81,10 +83,10 @@ def serve(jobs, answers, ordinal: int, confined: dict) -> int:
     arch = arch_for(*context.info.compute_capability)
     wire.send(answers, {"status": "ready", "device": context.info.as_dict(), "arch": arch,
                         "event_overhead_ms": utilities.event_overhead_ms, "pid": os.getpid(),
-                        "pci_bus_id": context.pci_bus_id(), **confined})
+                        "pci_bus_id": context.pci_bus_id(), "shared_regions": regions[0] is not None, **confined})
     while True:
         try:
-            header, blobs = wire.receive(jobs, MAX_JOB_BYTES)
+            header, blobs = wire.receive(jobs, MAX_JOB_BYTES, regions[0])
         except wire.PeerClosed:
             return 0
         if header.get("op") == "exit":
@@ -100,7 +102,8 @@ def serve(jobs, answers, ordinal: int, confined: dict) -> int:
                            "detail": traceback.format_exc(limit=5)}, []
         if answer["status"] != "ok" and answer["status"] != "fault" and not _context_healthy():
             answer["status"] = "fault"
-        wire.send(answers, answer, out)
+        wire.send(answers, answer, out, regions[1])
+        del blobs, out  # views into the jobs region end with the job
         if answer["status"] == "fault":
             return EXIT_STICKY
 
@@ -117,6 +120,15 @@ def confine_from_argv(argv: list[str]) -> dict:
     return {"confined": True, "confinement_notes": notes}
 
 
+def regions_from_argv(argv: list[str]) -> tuple:
+    """The (jobs, answers) shared regions that --shm names, or (None, None)."""
+    specs = [a.split("=", 1)[1] for a in argv if a.startswith("--shm=")]
+    if not specs:
+        return None, None
+    jobs_fd, answers_fd, size = (int(x) for x in specs[-1].split(","))
+    return wire.Region(jobs_fd, size), wire.Region(answers_fd, size)
+
+
 def main(argv: list[str]) -> int:
     positional = [a for a in argv[1:] if not a.startswith("--")]
     jobs_fd, answers_fd, ordinal = int(positional[0]), int(positional[1]), int(positional[2])
@@ -127,7 +139,7 @@ def main(argv: list[str]) -> int:
             wire.send(answers, {"status": "startup_error", "error": "ConfinementError",
                                 "detail": f"the worker could not be confined: {exc}"})
             return EXIT_STARTUP
-        return serve(jobs, answers, ordinal, confined)
+        return serve(jobs, answers, ordinal, confined, regions_from_argv(argv))
 
 
 if __name__ == "__main__":

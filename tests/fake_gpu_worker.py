@@ -30,9 +30,9 @@ import sys
 import numpy as np
 
 from harness import wire
-from harness.jobs import canary
+from harness.jobs import canary, pack_outputs, run_slots, time_slots
 from harness.task import DTYPES
-from sandbox.worker import confine_from_argv
+from sandbox.worker import confine_from_argv, regions_from_argv
 
 BEHAVIOURS = {"honest", "oob_after", "oob_before", "modify_input", "unwritten", "race",
               "stale_timing", "skip_timing", "fault", "out_of_memory", "no_cublas",
@@ -111,7 +111,8 @@ def _run(header, blobs, behaviour):
     inputs, shape = _inputs(header, blobs[1:])
     outputs = [_launch(inputs, shape, byte, behaviour, run) for run, byte in enumerate(header["poisons"])]
     hashes, guards = _evidence(header, [inputs], behaviour)
-    return {"status": "ok", "input_sha256": hashes}, outputs + guards
+    fields, sent = pack_outputs(outputs, run_slots(len(outputs), 1), {})
+    return {"status": "ok", "input_sha256": hashes, **fields}, sent + guards
 
 
 def _column_major(flat, rows, cols, ld):
@@ -163,9 +164,10 @@ def _time(header, blobs, behaviour, compute=None):
     samples = [float(0.05 + abs(x)) for x in rng.normal(0.0, SAMPLE_SPREAD_MS.get(behaviour, 0.001), iterations)]
     checked_blobs = [results[i % sets] for i in checked]
     hashes, guards = _evidence(header, input_sets, behaviour)
+    fields, sent = pack_outputs(checked_blobs + results, time_slots(checked, sets, 1), header.get("known_outputs") or {})
     answer = {"status": "ok", "samples_ms": samples, "unwritten": unwritten, "input_sha256": hashes,
-              "event_overhead_ms": 0.002, "host_kept_up": True}
-    return answer, checked_blobs + results + guards
+              "event_overhead_ms": 0.002, "host_kept_up": True, **fields}
+    return answer, sent + guards
 
 
 def main(argv):
@@ -179,11 +181,12 @@ def main(argv):
         wire.send(answers, {"status": "startup_error", "error": "BadBehaviour", "detail": behaviour})
         return 4
     confined = confine_from_argv(argv)
+    regions = regions_from_argv(argv)
     wire.send(answers, {"status": "ready", "device": dict(DEVICE, ordinal=int(fds[2])), "arch": "sm_90",
-                        "event_overhead_ms": 0.002, "pid": os.getpid(), **confined})
+                        "event_overhead_ms": 0.002, "pid": os.getpid(), "shared_regions": regions[0] is not None, **confined})
     while True:
         try:
-            header, blobs = wire.receive(jobs, 1 << 34)
+            header, blobs = wire.receive(jobs, 1 << 34, regions[0])
         except wire.PeerClosed:
             return 0
         op = header.get("op")
@@ -211,7 +214,7 @@ def main(argv):
             answer, out = _peaks(header, behaviour)
         else:
             answer, out = {"status": "error", "error": "UNKNOWN_OP", "detail": f"unknown op {op!r}"}, []
-        wire.send(answers, answer, out)
+        wire.send(answers, answer, out, regions[1])
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import sys
 import time
 
 from harness import wire
-from sandbox.worker import confine_from_argv
+from sandbox.worker import confine_from_argv, regions_from_argv
 
 
 def main(argv):
@@ -28,11 +28,14 @@ def main(argv):
     confined = confine_from_argv(argv)
     if "--pretend-unconfined" in flags:
         confined["confined"] = False
+    # --pipe-only: a worker that ignores the shared regions (the parent must fall back to the pipe)
+    regions = (None, None) if "--pipe-only" in flags else regions_from_argv(argv)
     wire.send(answers, {"status": "ready", "device": {"name": "fake"}, "arch": "sm_90", "event_overhead_ms": 0.002,
-                        "pid": os.getpid(), "env": sorted(os.environ), **confined})
+                        "pid": os.getpid(), "env": sorted(os.environ), "shared_regions": regions[0] is not None,
+                        **confined})
     while True:
         try:
-            header, blobs = wire.receive(jobs, 1 << 30)
+            header, blobs = wire.receive(jobs, 1 << 30, regions[0])
         except wire.PeerClosed:
             return 0
         behaviour = header.get("behaviour")
@@ -53,7 +56,11 @@ def main(argv):
         if behaviour == "fault":
             wire.send(answers, {"status": "fault", "error": "CUDA_ERROR_ILLEGAL_ADDRESS", "detail": "boom"})
             return 3
-        wire.send(answers, {"status": "ok", "pid": os.getpid()}, list(reversed(blobs)))
+        if behaviour == "bad-region":  # says its blobs are in the region, beyond its end
+            wire.send(answers, {"status": "ok", "shm": [1 << 40]})
+            continue
+        wire.send(answers, {"status": "ok", "pid": os.getpid(), "in_region": any(isinstance(b, memoryview) for b in blobs)},
+                  [bytes(b) for b in reversed(blobs)], regions[1])
 
 
 def _can_read(path):

@@ -39,6 +39,18 @@ def test_the_report_compares_each_kernel_with_both_outside_clocks():
     assert "ranked slower in 20/20, slower beyond noise in 19/20, wrongly faster in 0/20; A/A false claims 0/20" in text
 
 
+def test_the_report_sets_each_flush_beside_ncu():
+    results = {"ncu": {"median_ms": {"softmax 4096x4096": 0.037}},
+               "flush": {"empty_kernel_ms": 0.0034, "median_ms": {
+                   "softmax 4096x4096": {"read": 0.0405, "memset": 0.0432, "none": 0.030},
+                   "transpose 512x512": {"read": 0.006, "memset": 0.006, "none": 0.005}}}}
+    text = timing.report(results)
+    assert "an empty kernel reads 3.40 us" in text
+    assert "| softmax 4096x4096 | 40.5 | 43.2 | 30.0 | 37.0 |" in text
+    assert "| transpose 512x512 | 6.0 | 6.0 | 5.0 | — |" in text
+    assert "flush: exit 1" in timing.report({"flush": {"note": "exit 1"}})
+
+
 def test_the_bench_kernels_span_microseconds_to_milliseconds_over_at_least_eight_kernels():
     assert len(timing.KERNELS) >= 8
     assert len({label for label, *_ in timing.KERNELS}) == len(timing.KERNELS)

@@ -1,5 +1,8 @@
 """The parent's strict reading of worker answers: guard bands, input hashes, array shapes."""
 
+import hashlib
+import os
+
 import numpy as np
 import pytest
 
@@ -94,3 +97,53 @@ def test_jobs_refuse_inputs_that_do_not_match_the_layout(task, layout):
     with pytest.raises(ValueError, match="input a: expected float32"):
         jobs.run_job(b"cubin", "matmul_f32", layout, geometry,
                      {"a": np.ones((3, 5), np.float64), "b": np.ones((5, 4), np.float32)}, (0xFF,), 1)
+
+
+# -- outputs in answers ---------------------------------------------------------------------------
+def _h(blob: bytes) -> str:
+    return hashlib.sha256(blob).hexdigest()
+
+
+def test_time_slots_name_the_input_set_of_every_output():
+    assert jobs.time_slots([5, 2, 2], sets=4, outputs=2) == ["2/0", "2/1", "1/0", "1/1", "0/0", "0/1", "1/0", "1/1",
+                                                             "2/0", "2/1", "3/0", "3/1"]
+    assert jobs.run_slots(2, 1) == ["0/0", "0/0"]
+
+
+def test_each_distinct_output_travels_once_and_known_ones_not_at_all():
+    x, y, z = b"x" * 100, b"y" * 100, b"z" * 100
+    slots = ["0/0", "1/0", "0/0", "1/0", "0/0"]
+    fields, sent = jobs.pack_outputs([x, y, x, z, x], slots, {"1/0": [_h(y)]})
+    assert sent == [x, z]
+    assert fields == {"output_sha256": [_h(x), _h(y), _h(x), _h(z), _h(x)], "outputs_sent": 2}
+    outputs, rest = jobs.unpack_outputs(fields, sent + [b"guard"], slots, {"1/0": {_h(y)}})
+    assert outputs == [x, None, x, z, x] and rest == [b"guard"]
+
+
+def test_a_hash_known_for_another_slot_still_travels():
+    x = b"x" * 100  # right for set 0; a kernel that gives it for set 1 too must be compared there
+    fields, sent = jobs.pack_outputs([x], ["1/0"], {"0/0": [_h(x)]})
+    assert sent == [x]
+    outputs, _ = jobs.unpack_outputs(fields, sent, ["1/0"], {"0/0": {_h(x)}})
+    assert outputs == [x]
+
+
+@pytest.mark.parametrize("tamper, match", [
+    (lambda f, b: ({**f, "outputs_sent": 3}, b), "do not match the job"),
+    (lambda f, b: ({**f, "output_sha256": f["output_sha256"][:1]}, b), "do not match the job"),
+    (lambda f, b: (f, [b"other" * 20] + b[1:]), "do not match their hashes"),
+    (lambda f, b: ({**f, "output_sha256": [_h(b"y"), f["output_sha256"][1]], "outputs_sent": 1}, b[1:]),
+     "neither sent nor verified"),
+])
+def test_answers_whose_outputs_do_not_add_up_are_refused(tamper, match):
+    x, y = b"x" * 100, b"w" * 100
+    fields, sent = jobs.pack_outputs([x, y], ["0/0", "1/0"], {})
+    fields, blobs = tamper(fields, sent)
+    with pytest.raises(jobs.AnswerError, match=match):
+        jobs.unpack_outputs(fields, blobs, ["0/0", "1/0"], {})
+
+
+def test_digests_of_large_blobs_match_hashlib_on_any_number_of_threads():
+    blobs = [os.urandom(3 << 20) for _ in range(5)]
+    assert jobs.digests(blobs) == [_h(b) for b in blobs]
+    assert jobs.digests([np.frombuffer(blobs[0], np.uint8)]) == [_h(blobs[0])]

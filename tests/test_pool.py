@@ -114,3 +114,29 @@ def test_secrets_do_not_reach_the_worker(monkeypatch):
 def test_the_real_worker_without_a_gpu_says_why():
     with pytest.raises(WorkerError, match="could not start"):
         Worker("candidate", startup_timeout_s=60).start()
+
+
+def test_large_blobs_travel_through_the_shared_regions_both_ways(worker):
+    big = os.urandom(3 << 20)
+    answer, blobs = worker.call({"op": "run", "behaviour": "echo"}, [b"small", big], 10, 1 << 30)
+    assert worker.hello["shared_regions"] is True
+    assert answer["in_region"] is True  # the worker read the big blob in place, from the jobs region
+    assert blobs == [big, b"small"]
+    assert all(isinstance(b, bytes) for b in blobs)  # copied out of the answers region
+
+
+def test_a_worker_that_ignores_the_regions_gets_everything_by_pipe():
+    with Worker("test", command=FAKE + ("--pipe-only",), startup_timeout_s=30) as w:
+        big = os.urandom(3 << 20)
+        answer, blobs = w.call({"op": "run", "behaviour": "echo"}, [big], 10, 1 << 30)
+        assert w.hello["shared_regions"] is False
+        assert answer["in_region"] is False
+        assert blobs == [big]
+
+
+def test_an_answer_pointing_outside_its_region_is_malformed_and_the_worker_replaced(worker):
+    with pytest.raises(WorkerError, match="region"):
+        worker.call({"op": "run", "behaviour": "bad-region"}, [], 10, 1 << 50)
+    assert not worker.alive
+    answer, _ = worker.call({"op": "run", "behaviour": "echo"}, [], 10, 1 << 20)
+    assert answer["status"] == "ok" and worker.starts == 2

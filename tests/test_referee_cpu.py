@@ -99,6 +99,35 @@ def test_an_honest_kernel_passes_check_and_timing(referee, task):
     assert referee.pool.candidate.starts == 1 and referee.pool.candidate.hello["confined"] is False
 
 
+def _answers(worker: Worker) -> list[tuple[dict, list]]:
+    """Record every (answer, blobs) the worker gives from now on."""
+    seen, call = [], worker.call
+
+    def recorded(*args, **kwargs):
+        answer, blobs = call(*args, **kwargs)
+        seen.append((answer, blobs))
+        return answer, blobs
+
+    worker.call = recorded
+    return seen
+
+
+@pytest.mark.parametrize("referee", ["quiet_timing"], indirect=True)
+def test_outputs_found_right_are_not_sent_again_and_distinct_ones_once(referee, task):
+    answers = _answers(referee.pool.candidate)
+    first = _time(referee, task)
+    again = _time(referee, task)
+    assert first.passed and again.passed
+    sets = referee.settings.rotation_sets
+    # the first timing of each case sends each set's output once (the 3 re-checked and 4 last ones repeat them)
+    assert [a["outputs_sent"] for a, _ in answers] == [sets] * len(first.cases) + [0] * len(again.cases)
+    assert all(len(a["output_sha256"]) == 3 + sets for a, _ in answers)
+    assert [c.checked_launches for c in again.cases] == [c.checked_launches for c in first.cases]
+    check = _answers(referee.pool.candidate)
+    assert _check(referee, task).passed
+    assert all(a["outputs_sent"] == 1 for a, _ in check)  # the two poisoned runs agree: their output travels once
+
+
 @pytest.mark.parametrize("referee", ["quiet_timing"], indirect=True)
 def test_a_quiet_kernel_stops_after_its_first_batch(referee, task):
     for case in _time(referee, task).cases:
