@@ -85,6 +85,7 @@ class Referee:
         # sha256 of timed outputs found right, by (case, input seed, output): the same bytes again need
         # neither a second trip from the worker nor a second comparison.
         self._verified: dict[tuple[str, int, str], set[str]] = {}
+        self._poison_counts: dict[tuple[str, int], int] = {}  # elements of a right output equal to the poison
 
     # -- expected outputs --------------------------------------------------------------------
     def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
@@ -96,6 +97,7 @@ class Referee:
     def preload(self, case: Case, seed: int, outputs: dict[str, np.ndarray]) -> None:
         """Use outputs computed earlier (a resumed run's locked expected outputs)."""
         self._expected[(case.name, seed)] = outputs
+        self._poison_counts.pop((case.name, seed), None)
 
     def oracle_expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
         """The independent float64 oracle's answer, rounded to each output's dtype."""
@@ -289,8 +291,14 @@ class Referee:
         return _TimedCase(
             case=case, layout=layout, expected_sets=expected_sets,
             input_sets=[inputs for inputs, _ in made], sent_hashes=[hashes for _, hashes in made],
-            poison_counts=[_poison_count(expected, layout, jobs.TIMING_POISON) for expected in expected_sets],
+            poison_counts=[self._poison_count(case, seed, layout) for seed in seeds],
             verified=verified)
+
+    def _poison_count(self, case: Case, seed: int, layout: jobs.Layout) -> int:
+        key = (case.name, seed)
+        if key not in self._poison_counts:
+            self._poison_counts[key] = _poison_count(self.expected(case, seed), layout, jobs.TIMING_POISON)
+        return self._poison_counts[key]
 
     def _our_pids(self) -> list[int]:
         return [w.pid for w in (self.pool.candidate, self.pool.reference) if w.alive]

@@ -159,9 +159,14 @@ class GuardedBuffer:
 
 
 def upload(ptr: int, array: np.ndarray) -> None:
+    """Host bytes to the device, landed before anything else runs. cuMemcpyHtoD from pageable memory
+    returns once the bytes are staged, not when they arrive, and it runs on the legacy stream, which
+    the job's non-blocking stream does not wait for: without the synchronize, a kernel could read an
+    input still in flight."""
     data = np.ascontiguousarray(array)
     if data.nbytes:
         check(driver.cuMemcpyHtoD(ptr, data.ctypes.data, data.nbytes), "cuMemcpyHtoD")
+        check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
 
 
 def download(ptr: int, nbytes: int) -> np.ndarray:

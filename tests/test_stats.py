@@ -6,6 +6,7 @@ import pytest
 from harness.stats import (
     EXACT_BINOMIAL_MAX_N,
     LatencyStats,
+    NOISE_FLOOR,
     Speedup,
     StoppingRule,
     geomean_speedup,
@@ -252,6 +253,19 @@ def test_speedup_from_summaries_of_real_streams():
     result = speedup(baseline, candidate)
     assert result.ratio == pytest.approx(1.5, rel=0.02)
     assert result.beyond_noise
+
+
+def test_disjoint_intervals_closer_than_the_noise_floor_are_not_beyond_noise():
+    # 0.2% apart with intervals of +-0.01%: disjoint, but within what one job differs from the next
+    close = speedup(stats_around(1.002, 0.0001), stats_around(1.0, 0.0001))
+    assert close.low > 1.0 and close.beyond_noise is False
+    # the conservative end must clear the floor, not just the ratio
+    edge = speedup(stats_around(1.0 + NOISE_FLOOR + 0.002, 0.001), stats_around(1.0, 0.001))
+    assert edge.ratio > 1.0 + NOISE_FLOOR and edge.low < 1.0 + NOISE_FLOOR and edge.beyond_noise is False
+    two_percent = speedup(stats_around(1.02, 0.001), stats_around(1.0, 0.001))
+    assert two_percent.beyond_noise is True
+    assert geomean_speedup([(stats_around(1.02, 0.001), stats_around(1.0, 0.001)),
+                            (stats_around(1.002, 0.0001), stats_around(1.0, 0.0001))]).beyond_noise is False
 
 
 def test_speedup_rejects_zero_candidate_median():
