@@ -297,6 +297,13 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
     sets, iterations = header["sets"], header["iterations"]
     checked = sorted(set(header["checked_launches"]))
     cubin, input_blobs = (None, blobs) if launcher is not None else (blobs[0], blobs[1:])
+    phases, mark = {}, [perf_counter()]
+
+    def phase(name: str) -> None:  # the worker's own seconds per phase, for the bench
+        now = perf_counter()
+        phases[name] = round(now - mark[0], 6)
+        mark[0] = now
+
     job = _Job(context, header, cubin, sets=sets, launcher=launcher)
     counters = snapshots = queued = None
     pairs: list[gpu.EventPair] = []
@@ -307,8 +314,10 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
         pairs = [gpu.EventPair() for _ in range(iterations)]
         queued = gpu.EventPair()
         per_set = len(input_blobs) // sets
+        phase("setup")
         for s in range(sets):
             job.upload_inputs(s, input_blobs[s * per_set:(s + 1) * per_set])
+        phase("upload")
         gpu.fill(counters.ptr, 0, counters.nbytes, context.stream)
         for i in range(header["warmups"]):
             job.poison(i % sets, header["poison"])
@@ -337,9 +346,11 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
         host_kept_up = not gpu.completed(queued.start)
         utilities.queued(iterations, perf_counter() - queue_started, host_kept_up)
         context.synchronize()
+        phase("gpu")
         samples_ms = [pair.elapsed_ms() for pair in pairs]
         unwritten = np.frombuffer(gpu.download(counters.ptr, 8 * iterations).tobytes(), dtype=np.uint64)
         hashes, guards = job.evidence(utilities.staging)  # staging is reused for the outputs below
+        phase("evidence")
         host = utilities.staging.take(snapshots.nbytes + output_bytes * sets)
         gpu.download_into(snapshots.ptr, host[:snapshots.nbytes])
         offset = snapshots.nbytes
@@ -349,10 +360,12 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
                 offset += p["nbytes"]
         blobs = _split(host, job, len(checked) + sets)
         slots = time_slots(checked, sets, len(job.outputs(0)))
+        phase("read_back")
         fields, sent = pack_outputs(blobs, slots, header.get("known_outputs") or {})
+        phase("hash_outputs")
         answer = {"status": "ok", "samples_ms": samples_ms, "unwritten": [int(u) for u in unwritten],
                   "input_sha256": hashes, "event_overhead_ms": utilities.event_overhead_ms,
-                  "host_kept_up": host_kept_up, **fields}
+                  "host_kept_up": host_kept_up, "phases_s": phases, **fields}
         return answer, sent + guards
     finally:
         for pair in pairs + ([queued] if queued else []):
