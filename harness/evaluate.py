@@ -101,7 +101,7 @@ class Referee:
 
     def oracle_expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
         """The independent float64 oracle's answer, rounded to each output's dtype."""
-        truth = run_oracle(self.task, case.dims, make_inputs(self.task, case.dims, seed))
+        truth = run_oracle(self.task, case.dims, self.inputs(case, seed)[0])
         return {p.name: truth[p.name].astype(DTYPES[p.dtype]) for p in self.task.output_params}
 
     def inputs(self, case: Case, seed: int) -> tuple[dict[str, np.ndarray], dict[str, str] | None]:
