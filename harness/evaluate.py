@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel
@@ -38,6 +39,9 @@ class Settings(BaseModel):
     # follow until the median's 95% interval is within +-noise_target of it, or max_iterations.
     noise_target: float = 0.005
     max_iterations: int = 400
+    # "kernel": each launch's own time on the GPU (CUPTI, harness/kernel_clock.py), where the worker
+    # has it, else its event pair; "events": the event pairs alone.
+    clock: Literal["kernel", "events"] = "kernel"
 
     @property
     def checked_launches(self) -> int:
@@ -175,7 +179,8 @@ class Referee:
                 reasons.append(Reason(code=ReasonCode.UNWRITTEN_OUTPUT, case=case.name, detail=(
                     f"{spec.name}: {int(unwritten.sum())} of {unwritten.size} elements were never written "
                     f"(they still hold the poison; first at {first_at})")))
-            pair = agreement(first[~unwritten], second[~unwritten], tol.rtol, tol.atol)
+            pair = agreement(*((first[~unwritten], second[~unwritten]) if unwritten.any() else (first, second)),
+                             tol.rtol, tol.atol)
             if pair is Agreement.DIFFERS:
                 verdict = pair
                 reasons.append(Reason(code=ReasonCode.RACE, case=case.name, detail=(
@@ -310,7 +315,7 @@ class Referee:
         guard_seed = secrets.randbits(62)
         job, failure = make_job(case, layout, timed.input_sets, {
             "warmups": s.warmups, "iterations": s.iterations, "cold_l2": s.cold_l2,
-            "checked_launches": checked, "guard_seed": guard_seed,
+            "checked_launches": checked, "guard_seed": guard_seed, "clock": s.clock,
             "known_outputs": {slot: sorted(hashes) for slot, hashes in timed.verified.items() if hashes}})
         if failure is not None:
             return CaseTiming(case=case.name, passed=False, reasons=[failure])
@@ -324,7 +329,10 @@ class Referee:
         return self._judge_timing(timed, answer, blobs_back, checked, guard_seed)
 
     def _merged(self, case: Case, batches: list[CaseTiming], rule: StoppingRule, watch: GpuWatch | None) -> CaseTiming:
+        if len({b.clock for b in batches}) > 1:
+            raise jobs.AnswerError(f"case {case.name}: the worker's timings changed clock between batches")
         samples = [x for b in batches for x in b.samples_ms]
+        events = [x for b in batches for x in b.event_samples_ms] if batches[0].clock == "kernel" else None
         stats = summarize(samples)
         warnings = list(dict.fromkeys(w for b in batches for w in b.warnings))
         if watch is not None:
@@ -334,8 +342,11 @@ class Referee:
             warnings.append(f"the median is known to +-{noise:.2%} after {len(samples)} launches, "
                             f"short of the +-{self.settings.noise_target:.2%} target")
         kept_up = [b.host_kept_up for b in batches if b.host_kept_up is not None]
+        busy = [b.gpu_busy_ms for b in batches]
         return batches[-1].model_copy(update={
-            "stats": stats, "samples_ms": samples, "launches": len(samples),
+            "gpu_busy_ms": sum(busy) if None not in busy else None,
+            "stats": stats, "samples_ms": samples, "launches": len(samples), "event_samples_ms": events,
+            "event_median_ms": summarize(events).median_ms if events else None,
             "checked_launches": sum(b.checked_launches for b in batches),
             "unwritten_launches": sum(b.unwritten_launches for b in batches),
             "host_kept_up": all(kept_up) if kept_up else None,
@@ -354,9 +365,9 @@ class Referee:
     def _judge_timing(self, timed: _TimedCase, answer, blobs, checked, guard_seed) -> CaseTiming:
         case, layout = timed.case, timed.layout
         n_out, sets = len(layout.outputs), len(timed.input_sets)
-        samples = [float(x) for x in answer.get("samples_ms", [])]
+        clock, samples, events = _clocked_samples(answer, self.settings.iterations)
         unwritten = answer.get("unwritten", [])
-        if len(samples) != self.settings.iterations or len(unwritten) != self.settings.iterations:
+        if len(unwritten) != self.settings.iterations:
             raise jobs.AnswerError("timing answer has the wrong number of samples")
         outputs, guards = jobs.unpack_outputs(answer, blobs, jobs.time_slots(checked, sets, n_out), timed.verified)
         reasons = _integrity_reasons(jobs.check_integrity(
@@ -378,6 +389,8 @@ class Referee:
             "the host could not queue the timed launches ahead of the GPU: samples may include idle gaps"]
         return CaseTiming(
             case=case.name, passed=not reasons, stats=stats, samples_ms=samples, launches=len(samples),
+            clock=clock, event_samples_ms=events, event_median_ms=summarize(events).median_ms if events else None,
+            kernel_floor_ms=answer.get("kernel_floor_ms"), gpu_busy_ms=answer.get("gpu_busy_ms"),
             checked_launches=len(checked) + sets, unwritten_launches=len(short),
             event_overhead_ms=answer.get("event_overhead_ms"), reasons=reasons, host_kept_up=kept_up,
             warnings=warnings, **self._rates(case, stats))
@@ -431,6 +444,30 @@ class _RunResult:
     failure: Reason | None = None
 
 
+# A launch's kernels run between its two events: their span can exceed the events' only by the two
+# clocks' resolution. Beyond this, the kernel clock has lost track of the launches.
+CLOCK_SLACK_MS, CLOCK_SLACK_REL = 0.002, 0.01
+
+
+def _clocked_samples(answer: dict, iterations: int) -> tuple[str, list[float], list[float] | None]:
+    """(clock, the samples on it, the event samples where the clock is "kernel")."""
+    events = [float(x) for x in answer.get("samples_ms") or []]
+    if len(events) != iterations:
+        raise jobs.AnswerError("timing answer has the wrong number of samples")
+    kernel = answer.get("kernel_samples_ms")
+    if kernel is None:
+        return "events", events, None
+    kernel = [float(x) for x in kernel]
+    if len(kernel) != iterations:
+        raise jobs.AnswerError("timing answer has the wrong number of kernel-clock samples")
+    late = [i for i, (k, e) in enumerate(zip(kernel, events)) if not 0 < k <= e * (1 + CLOCK_SLACK_REL) + CLOCK_SLACK_MS]
+    if late:
+        i = late[0]
+        raise jobs.AnswerError(f"the kernel clock disagrees with the events on {len(late)} launches "
+                               f"(first: launch {i}, {kernel[i]:.4f} ms against {events[i]:.4f} ms)")
+    return "kernel", kernel, events
+
+
 def _geometry(kernel: Kernel, case: Case):
     """The launch for this case, or the candidate's failure: its expressions may not hold on a case
     it was never checked against (a holdout shape)."""
@@ -448,8 +485,7 @@ def _still_poisoned(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     do not (the two poisons differ in every byte).
     """
     def holds(array: np.ndarray, byte: int) -> np.ndarray:
-        raw = np.ascontiguousarray(array).view(np.uint8).reshape(array.size, array.dtype.itemsize)
-        return (raw == byte).all(axis=1).reshape(array.shape)
+        return _equals_pattern(array, byte).reshape(array.shape)
 
     return holds(first, jobs.POISON_BYTES[0]) & holds(second, jobs.POISON_BYTES[1])
 
@@ -472,12 +508,17 @@ def _mismatch_detail(check) -> str:
 
 def _poison_count(expected: dict[str, np.ndarray], layout: jobs.Layout, byte: int) -> int:
     """Elements of a correct output that happen to equal the poison pattern (almost always 0)."""
-    total = 0
-    for spec in layout.outputs:
-        array = np.ascontiguousarray(expected[spec.name])
-        raw = array.view(np.uint8).reshape(-1, array.dtype.itemsize)
-        total += int(np.count_nonzero((raw == byte).all(axis=1)))
-    return total
+    return sum(int(np.count_nonzero(_equals_pattern(expected[spec.name], byte))) for spec in layout.outputs)
+
+
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _equals_pattern(array: np.ndarray, byte: int) -> np.ndarray:
+    """Flat: whether each element's bytes are all `byte` (compared as unsigned integers of its size)."""
+    raw = np.ascontiguousarray(array).reshape(-1)
+    size = raw.dtype.itemsize
+    return raw.view(_UNSIGNED[size]) == int.from_bytes(bytes([byte]) * size, "little")
 
 
 def _guard_bytes(layout: jobs.Layout, sets: int) -> int:

@@ -14,6 +14,7 @@ import numpy as np
 from harness import gpu
 from harness.cuda_check import CudaError
 from harness.jobs import canary, digests, pack_outputs, run_slots, time_slots
+from harness.kernel_clock import KernelClock, busy_ms, launch_spans_ms
 
 UTILITY_SOURCE = r"""
 template <typename T>
@@ -66,8 +67,10 @@ Launcher = Callable[[dict[str, int]], None]
 class Utilities:
     """The referee's own kernels and the L2 flush buffer, made once per worker."""
 
-    def __init__(self, context: gpu.Context, cubin: bytes):
+    def __init__(self, context: gpu.Context, cubin: bytes, clock: KernelClock | None = None):
         self.context = context
+        self.clock = clock if clock is not None and clock.available else None
+        self.clock_note = None if self.clock else (clock.failure if clock is not None else "not asked for")
         self.module = gpu.Module(cubin)
         self.count = {size: self.module.function(f"referee_count_{size}") for size in (1, 2, 4, 8)}
         self.empty = self.module.function("referee_empty")
@@ -82,7 +85,7 @@ class Utilities:
         self.flush_blocks = context.info.sm_count * 4
         self.staging = Staging()
         self.queue_ns_per_launch = HOST_QUEUE_NS_PER_LAUNCH
-        self.event_overhead_ms = self._event_overhead_ms()
+        self.event_overhead_ms, self.kernel_floor_ms = self._floor_ms()
 
     def flush_l2(self) -> None:
         gpu.launch(self.flush_kernel, (self.flush_blocks, 1, 1), (512, 1, 1), 0, self.context.stream,
@@ -108,20 +111,48 @@ class Utilities:
                                      ("ptr", counter)])
         gpu.launch(self.count[itemsize], (blocks, 1, 1), (256, 1, 1), 0, self.context.stream, args)
 
-    def _event_overhead_ms(self) -> float:
-        """The time an empty kernel measures between two events: the floor of any measurement."""
+    def _floor_ms(self) -> tuple[float, float | None]:
+        """What an empty kernel measures between two events, and on the kernel clock: the floor of
+        any measurement on each."""
         pairs = [gpu.EventPair() for _ in range(50)]
         try:
+            self.begin()
             self.hold(len(pairs))
-            for pair in pairs:
+            for tag, pair in enumerate(pairs, 1):
                 gpu.record(pair.start, self.context.stream)
+                self.tag(tag)
                 gpu.launch(self.empty, (1, 1, 1), (1, 1, 1), 0, self.context.stream, 0)
+                self.untag()
                 gpu.record(pair.end, self.context.stream)
             self.context.synchronize()
-            return statistics.median(pair.elapsed_ms() for pair in pairs)
+            spans, _ = self.finish(list(range(1, len(pairs) + 1)))
+            return (statistics.median(pair.elapsed_ms() for pair in pairs),
+                    statistics.median(spans) if spans else None)
         finally:
             for pair in pairs:
                 pair.destroy()
+
+    # -- the kernel clock (harness/kernel_clock.py), where it is available ----------------------
+    def begin(self) -> None:
+        """Forget the activity recorded so far: what follows belongs to one job."""
+        if self.clock is not None:
+            self.clock.collect()
+
+    def tag(self, value: int) -> None:
+        if self.clock is not None:
+            self.clock.tag(value)
+
+    def untag(self) -> None:
+        if self.clock is not None:
+            self.clock.untag()
+
+    def finish(self, tags: list[int]) -> tuple[list[float] | None, float | None]:
+        """(each tagged launch's kernel time in ms, or None; the GPU's busy ms since begin(), or None),
+        once the work is done."""
+        if self.clock is None:
+            return None, None
+        activities = self.clock.collect()
+        return launch_spans_ms(activities, tags), busy_ms(activities)
 
 
 class Staging:
@@ -267,8 +298,11 @@ def _scalar_size(dtype: str) -> int:
             "int64": 8, "float64": 8}[dtype]
 
 
-def run(context: gpu.Context, header: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
+def run(context: gpu.Context, header: dict, blobs: list[bytes],
+        utilities: Utilities | None = None) -> tuple[dict, list[bytes]]:
     """One launch per poison on the same inputs; the outputs of each, then the evidence."""
+    if utilities is not None:
+        utilities.begin()
     job = _Job(context, header, blobs[0], sets=1)
     try:
         job.upload_inputs(0, blobs[1:])
@@ -280,7 +314,8 @@ def run(context: gpu.Context, header: dict, blobs: list[bytes]) -> tuple[dict, l
             outputs += job.read_outputs(0)
         hashes, guards = job.evidence()
         fields, sent = pack_outputs(outputs, run_slots(len(header["poisons"]), len(job.outputs(0))), {})
-        return {"status": "ok", "input_sha256": hashes, **fields}, sent + guards
+        gpu_busy_ms = utilities.finish([])[1] if utilities is not None else None
+        return {"status": "ok", "input_sha256": hashes, "gpu_busy_ms": gpu_busy_ms, **fields}, sent + guards
     finally:
         job.close()
 
@@ -293,8 +328,12 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
     re-checked outputs are copied to snapshots on the device and read back at the end. With a
     `launcher` (a vendor library call, harness/vendor.py) the blobs hold only the inputs and each
     launch is that call, under exactly the same protocol.
+
+    Each launch is timed by its event pair and, where the worker has it and the job asks for it
+    (header "clock": "kernel"), by the kernel clock too (harness/kernel_clock.py).
     """
     sets, iterations = header["sets"], header["iterations"]
+    clocked = header.get("clock", "kernel") == "kernel" and utilities.clock is not None
     checked = sorted(set(header["checked_launches"]))
     cubin, input_blobs = (None, blobs) if launcher is not None else (blobs[0], blobs[1:])
     phases, mark = {}, [perf_counter()]
@@ -314,6 +353,7 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
         pairs = [gpu.EventPair() for _ in range(iterations)]
         queued = gpu.EventPair()
         per_set = len(input_blobs) // sets
+        utilities.begin()
         phase("setup")
         for s in range(sets):
             job.upload_inputs(s, input_blobs[s * per_set:(s + 1) * per_set])
@@ -334,7 +374,11 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
             if header["cold_l2"]:
                 utilities.flush_l2()
             gpu.record(pairs[i].start, context.stream)
+            if clocked:
+                utilities.tag(i + 1)
             job.launch(s)
+            if clocked:
+                utilities.untag()
             gpu.record(pairs[i].end, context.stream)
             for _, p, buffer in job.outputs(s):
                 utilities.count_equal(buffer.ptr, p["nbytes"] // p["itemsize"], p["itemsize"], header["poison"],
@@ -348,6 +392,9 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
         context.synchronize()
         phase("gpu")
         samples_ms = [pair.elapsed_ms() for pair in pairs]
+        kernel_ms, gpu_busy_ms = utilities.finish(list(range(1, iterations + 1)) if clocked else [])
+        if not clocked:
+            kernel_ms = None
         unwritten = np.frombuffer(gpu.download(counters.ptr, 8 * iterations).tobytes(), dtype=np.uint64)
         hashes, guards = job.evidence(utilities.staging)  # staging is reused for the outputs below
         phase("evidence")
@@ -363,8 +410,11 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
         phase("read_back")
         fields, sent = pack_outputs(blobs, slots, header.get("known_outputs") or {})
         phase("hash_outputs")
-        answer = {"status": "ok", "samples_ms": samples_ms, "unwritten": [int(u) for u in unwritten],
+        answer = {"status": "ok", "samples_ms": samples_ms, "kernel_samples_ms": kernel_ms,
+                  "clock_note": None if clocked else utilities.clock_note or "events asked for",
+                  "gpu_busy_ms": gpu_busy_ms, "unwritten": [int(u) for u in unwritten],
                   "input_sha256": hashes, "event_overhead_ms": utilities.event_overhead_ms,
+                  "kernel_floor_ms": utilities.kernel_floor_ms,
                   "host_kept_up": host_kept_up, "phases_s": phases, **fields}
         return answer, sent + guards
     finally:

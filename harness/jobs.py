@@ -168,12 +168,14 @@ def run_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
 def time_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
              input_sets: list[dict[str, np.ndarray]], *, warmups: int, iterations: int, cold_l2: bool,
              checked_launches: list[int], guard_seed: int,
-             known_outputs: dict[str, list[str]] | None = None) -> tuple[dict, list]:
-    """`known_outputs`: by slot ("SET/OUTPUT"), the sha256 of outputs already found right, not to be sent again."""
+             known_outputs: dict[str, list[str]] | None = None, clock: str = "kernel") -> tuple[dict, list]:
+    """`known_outputs`: by slot ("SET/OUTPUT"), the sha256 of outputs already found right, not to be sent again.
+    `clock`: "kernel" times each launch on the kernel clock too, where the worker has it; "events" does not."""
     header = {"op": "time", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
               "sets": len(input_sets), "warmups": warmups, "iterations": iterations, "cold_l2": cold_l2,
               "poison": TIMING_POISON, "checked_launches": sorted(checked_launches),
-              "guard_seed": guard_seed, "guard_bytes": GUARD_BYTES, "known_outputs": known_outputs or {}}
+              "guard_seed": guard_seed, "guard_bytes": GUARD_BYTES, "known_outputs": known_outputs or {},
+              "clock": clock}
     blobs = [cubin]
     for inputs in input_sets:
         blobs += [_contiguous(inputs[a.name], a) for a in layout.inputs]

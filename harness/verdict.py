@@ -57,6 +57,13 @@ class CaseTiming(BaseModel):
     passed: bool
     stats: LatencyStats | None = None
     samples_ms: list[float] = []
+    # "kernel": each launch's own time on the GPU (CUPTI); "events": the time between its event pair,
+    # launch latency included. With "kernel", the event pairs' samples and median are kept beside.
+    clock: str = "events"
+    event_samples_ms: list[float] | None = None
+    event_median_ms: float | None = None
+    kernel_floor_ms: float | None = None    # an empty kernel on the kernel clock
+    gpu_busy_ms: float | None = None        # the GPU's busy time during the job (kernels, copies, memsets)
     achieved_gbps: float | None = None
     achieved_tflops: float | None = None
     roofline_ms: float | None = None        # max(bytes / bandwidth, flops / peak) with the device's measured peaks

@@ -29,13 +29,15 @@ EXIT_STARTUP = 4
 def _start(ordinal: int):
     from harness import execute, gpu
     from harness.compile import arch_for, compile_kernel
+    from harness.kernel_clock import KernelClock
 
+    clock = KernelClock()  # enabled before the context exists, so that it sees all of it
     context = gpu.Context(ordinal)
     arch = arch_for(*context.info.compute_capability)
     compiled = compile_kernel(execute.UTILITY_SOURCE, "referee_empty", arch=arch)
     if not compiled.ok:
         raise RuntimeError(f"the referee's own kernels did not compile: {compiled.log}")
-    return context, execute.Utilities(context, compiled.cubin)
+    return context, execute.Utilities(context, compiled.cubin, clock)
 
 
 def _answer(context, utilities, header: dict, blobs: list[bytes]):
@@ -43,7 +45,7 @@ def _answer(context, utilities, header: dict, blobs: list[bytes]):
 
     op = header.get("op")
     if op == "run":
-        return execute.run(context, header, blobs)
+        return execute.run(context, header, blobs, utilities)
     if op == "time":
         return execute.time(context, utilities, header, blobs)
     if op in ("vendor_time", "peaks"):  # cuBLAS and the device peaks (harness/vendor.py)
@@ -83,6 +85,9 @@ def serve(jobs, answers, ordinal: int, confined: dict, regions=(None, None)) -> 
     arch = arch_for(*context.info.compute_capability)
     wire.send(answers, {"status": "ready", "device": context.info.as_dict(), "arch": arch,
                         "event_overhead_ms": utilities.event_overhead_ms, "pid": os.getpid(),
+                        "kernel_clock": {"available": utilities.clock is not None, "note": utilities.clock_note,
+                                         "cupti_version": utilities.clock.version if utilities.clock else None,
+                                         "empty_kernel_ms": utilities.kernel_floor_ms},
                         "pci_bus_id": context.pci_bus_id(), "shared_regions": regions[0] is not None, **confined})
     while True:
         try:

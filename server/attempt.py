@@ -174,6 +174,8 @@ def time_side_by_side(time: Callable[[Kernel, list[Case]], TimingReport], kernel
     TimingFailed for the first kernel whose timing fails. record_attempt and replay both time this way."""
     samples: dict[str, dict[str, list[float]]] = {label: {c.name: [] for c in cases} for label in kernels}
     extra: dict[str, Any] = {}
+    clocks: set[str] = set()
+    events: dict[str, dict[str, list[float]]] = {}
     for _ in range(rounds):
         for label, k in kernels.items():
             report = time(k, cases)
@@ -181,8 +183,12 @@ def time_side_by_side(time: Callable[[Kernel, list[Case]], TimingReport], kernel
                 raise TimingFailed(label, report.reasons)
             for case in report.cases:
                 samples[label][case.case] += case.samples_ms
+                events.setdefault(label, {}).setdefault(case.case, []).extend(case.event_samples_ms or [])
                 extra.setdefault(label, {})[case.case] = case
-    return {"samples": samples, "cases": extra}
+                clocks.add(case.clock)
+    if len(clocks) > 1:  # samples of two clocks are not comparable
+        raise RuntimeError(f"the timings side by side read different clocks: {sorted(clocks)}")
+    return {"samples": samples, "event_samples": events, "cases": extra}
 
 
 def _interleaved(run: Run, kernel, references: dict, clock) -> tuple[dict, list[Reason]]:
@@ -214,7 +220,8 @@ def _fill_timing(run: Run, entry: dict, timing: dict) -> None:
         row = {"stats": _dump(mine[name]), "samples_ms": timing["samples"]["candidate"][name],
                "achieved_gbps": measured.achieved_gbps, "achieved_tflops": measured.achieved_tflops,
                "roofline_ms": measured.roofline_ms,
-               "roofline_fraction": roofline_fraction(measured.roofline_ms, mine[name].median_ms)}
+               "roofline_fraction": roofline_fraction(measured.roofline_ms, mine[name].median_ms),
+               "clock": measured.clock, "event_median_ms": _median(timing.get("event_samples", {}).get("candidate", {}).get(name))}
         if baseline is not None:
             row.update(baseline_stats=_dump(baseline[name]), best_stats=_dump(best[name]),
                        speedup_vs_baseline=_dump(speedup(baseline[name], mine[name])),
@@ -223,6 +230,10 @@ def _fill_timing(run: Run, entry: dict, timing: dict) -> None:
     if baseline is not None:
         entry["speedup_vs_baseline"] = _dump(geomean_speedup([(baseline[c], mine[c]) for c in cases]))
         entry["speedup_vs_best"] = _dump(geomean_speedup([(best[c], mine[c]) for c in cases]))
+
+
+def _median(samples: list[float] | None) -> float | None:
+    return summarize(samples).median_ms if samples else None
 
 
 def _dump(model) -> dict:

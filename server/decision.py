@@ -18,7 +18,7 @@ from harness.stats import Speedup
 # is the driver's CUDA version, nvrtc the compiler's; the SM clock and the sandbox are reported, not decisive.
 ENVIRONMENT_FIELDS = ("gpu", "compute_capability", "driver_cuda_version", "nvrtc", "cuda_bindings")
 # Facts that differ between any two starts of a worker: never reported as a difference.
-_VOLATILE = frozenset({"event_overhead_ms", "gpu_state"})  # gpu_state: clocks and temperature at start
+_VOLATILE = frozenset({"event_overhead_ms", "kernel_floor_ms", "gpu_state"})  # gpu_state: clocks and temperature at start
 # Where a fact came from, not what it is: the same device peaks read from the cache are not a difference.
 _PROVENANCE = frozenset({"source", "measured_at"})
 

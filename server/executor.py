@@ -85,6 +85,7 @@ class GpuExecutor:
             "memory_clock_khz": device["memory_clock_khz"], "memory_bus_bits": device["memory_bus_bits"],
             "driver_cuda_version": f"{driver // 1000}.{driver % 1000 // 10}", "nvrtc": nvrtc_version(),
             "cuda_bindings": package_version("cuda-bindings"), "event_overhead_ms": hello["event_overhead_ms"],
+            **_clock_facts(hello.get("kernel_clock") or {}, self.settings.clock),
             "sandbox": {"confined": self.confine, "landlock_abi": landlock_abi()},
             "gpu_state": self.referee.nvml.read().model_dump(mode="json") if self.referee.nvml.available else None,
             "nvml_note": self.referee.nvml.note,
@@ -128,3 +129,14 @@ class GpuExecutor:
     def close(self) -> None:
         self.compiler.close()
         self.pool.close()
+
+
+def _clock_facts(kernel_clock: dict, wanted: str) -> dict:
+    """Which clock this run's timings read, and why where it is not the kernel clock."""
+    if wanted == "kernel" and kernel_clock.get("available"):
+        version = kernel_clock.get("cupti_version")
+        return {"clock": "kernel", "clock_note": f"CUPTI activity records (CUPTI API {version})",
+                "kernel_floor_ms": kernel_clock.get("empty_kernel_ms")}
+    why = "asked for in the settings" if wanted == "events" else (
+        f"the kernel clock is unavailable: {kernel_clock.get('note') or 'the worker does not say why'}")
+    return {"clock": "events", "clock_note": why, "kernel_floor_ms": None}

@@ -24,8 +24,9 @@ def test_ncu_durations_are_read_in_launch_order_in_milliseconds_whatever_the_uni
 
 def test_the_report_compares_each_kernel_with_both_outside_clocks():
     results = {
-        "kernels": [{"label": "matmul_f32 2048^3", "median_ms": 2.2, "cv": 0.001},
-                    {"label": "transpose 512x512", "median_ms": 0.005, "cv": 0.02}],
+        "kernels": [{"label": "matmul_f32 2048^3", "median_ms": 2.2, "cv": 0.001, "clock": "kernel",
+                     "event_median_ms": 2.2025},
+                    {"label": "transpose 512x512", "median_ms": 0.005, "cv": 0.02, "clock": "kernel"}],
         "ncu": {"median_ms": {"matmul_f32 2048^3": 2.0}},
         "triton": {"note": "do_bench did not run (exit 1): no triton"},
         "discrimination": {"case": {"name": "bench-1024x1024x2048"}, "trials": 20, "slower_ratio_median": 1.021,
@@ -33,8 +34,9 @@ def test_the_report_compares_each_kernel_with_both_outside_clocks():
                            "aa_false_claims": 0, "aa_ratio_spread": [0.998, 1.003]},
     }
     text = timing.report(results)
-    assert "| matmul_f32 2048^3 | 2200.0 | 0.10% | 2000.0 | +10.00% | — | — |" in text
-    assert "| transpose 512x512 | 5.0 | 2.00% | — | — | — | — |" in text
+    assert "the referee's clock: kernel" in text
+    assert "| matmul_f32 2048^3 | 2200.0 | 0.10% | 2202.5 | 2000.0 | +10.00% | — | — |" in text
+    assert "| transpose 512x512 | 5.0 | 2.00% | — | — | — | — | — |" in text
     assert "triton: do_bench did not run (exit 1): no triton" in text
     assert "ranked slower in 20/20, slower beyond noise in 19/20, wrongly faster in 0/20; A/A false claims 0/20" in text
 

@@ -1,0 +1,87 @@
+"""The kernel clock's bookkeeping (no GPU): which kernels belong to which launch, the GPU's busy time,
+the parent's reading of both clocks, and a run never mixing them."""
+
+import pytest
+
+from harness import jobs
+from harness.evaluate import _clocked_samples
+from harness.kernel_clock import (KIND_CONCURRENT_KERNEL, KIND_DRIVER, KIND_EXTERNAL_CORRELATION, KIND_MEMCPY,
+                                  KIND_MEMSET, Activity, KernelClock, busy_ms, launch_spans_ms)
+from harness.verdict import CaseTiming, TimingReport
+from server.attempt import time_side_by_side
+from server.executor import _clock_facts
+
+
+def kernel(correlation, start, end):
+    return Activity(KIND_CONCURRENT_KERNEL, start, end, correlation)
+
+
+def tagged(correlation, tag):
+    return Activity(KIND_EXTERNAL_CORRELATION, 0, 0, correlation, tag)
+
+
+def test_each_launch_spans_its_own_kernels_from_first_start_to_last_end():
+    records = [tagged(5, 1), kernel(5, 1_000, 21_000),
+               tagged(8, 2), kernel(8, 30_000, 40_000), tagged(9, 2), kernel(9, 41_000, 52_000),
+               kernel(7, 22_000, 29_000)]  # the flush between them: launched outside any tag
+    assert launch_spans_ms(records, [1, 2]) == pytest.approx([0.020, 0.022])
+
+
+def test_a_launch_without_a_kernel_or_with_a_backward_record_makes_the_clock_untrustworthy():
+    records = [tagged(5, 1), kernel(5, 1_000, 2_000)]
+    assert launch_spans_ms(records, [1, 2]) is None
+    assert launch_spans_ms([tagged(5, 1), kernel(5, 3_000, 2_000)], [1]) is None
+    assert launch_spans_ms(records, []) == []
+
+
+def test_busy_time_is_the_union_of_gpu_intervals_and_ignores_host_api_records():
+    records = [kernel(1, 0, 10_000), Activity(KIND_MEMSET, 5_000, 15_000, 0),  # overlap: 15 us together
+               Activity(KIND_MEMCPY, 20_000, 30_000, 0), kernel(2, 22_000, 25_000),  # inside: 10 us
+               Activity(KIND_DRIVER, 0, 1_000_000, 0), tagged(1, 1), kernel(3, 40_000, 40_000)]
+    assert busy_ms(records) == pytest.approx(0.025)
+    assert busy_ms([]) == 0.0
+
+
+def test_a_clock_that_cannot_load_says_why_and_is_not_used(tmp_path):
+    clock = KernelClock(str(tmp_path / "libcupti.so.missing"))
+    assert not clock.available
+    assert "libcupti.so.missing" in clock.failure
+
+
+def answer(events, kernel_samples=None):
+    return {"samples_ms": events, "kernel_samples_ms": kernel_samples}
+
+
+def test_the_parent_reads_the_kernel_clock_where_the_worker_has_it_and_keeps_the_events_beside():
+    assert _clocked_samples(answer([0.5, 0.6]), 2) == ("events", [0.5, 0.6], None)
+    assert _clocked_samples(answer([0.5, 0.6], [0.498, 0.597]), 2) == ("kernel", [0.498, 0.597], [0.5, 0.6])
+
+
+@pytest.mark.parametrize("bad", [
+    answer([0.5]),                          # too few samples
+    answer([0.5, 0.6], [0.49]),             # too few kernel-clock samples
+    answer([0.5, 0.6], [0.49, 0.65]),       # a kernel longer than its own events
+    answer([0.5, 0.6], [0.49, 0.0]),        # a kernel that took no time
+])
+def test_samples_that_do_not_add_up_are_refused(bad):
+    with pytest.raises(jobs.AnswerError):
+        _clocked_samples(bad, 2)
+
+
+def test_side_by_side_timings_on_two_clocks_are_refused():
+    clocks = iter(["kernel", "events"])
+
+    def time(kernel, cases):
+        return TimingReport(passed=True, cases=[CaseTiming(case="c", passed=True, samples_ms=[1.0], clock=next(clocks))])
+
+    with pytest.raises(RuntimeError, match="different clocks"):
+        time_side_by_side(time, {"candidate": None, "baseline": None}, [type("C", (), {"name": "c"})()], 1)
+
+
+def test_the_run_records_which_clock_it_reads_and_why():
+    kernel = _clock_facts({"available": True, "cupti_version": 130001, "empty_kernel_ms": 0.0012}, "kernel")
+    assert kernel["clock"] == "kernel" and "130001" in kernel["clock_note"] and kernel["kernel_floor_ms"] == 0.0012
+    missing = _clock_facts({"available": False, "note": "OSError: libcupti.so.13: cannot open"}, "kernel")
+    assert missing["clock"] == "events" and "libcupti.so.13" in missing["clock_note"]
+    assert _clock_facts({"available": True}, "events") == {"clock": "events", "clock_note": "asked for in the settings",
+                                                            "kernel_floor_ms": None}
