@@ -7,8 +7,11 @@ from the raw bytes a worker returns.
 
 from __future__ import annotations
 
+import queue
 import secrets
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -108,17 +111,17 @@ class Referee:
         truth = run_oracle(self.task, case.dims, self.inputs(case, seed)[0])
         return {p.name: truth[p.name].astype(DTYPES[p.dtype]) for p in self.task.output_params}
 
-    def inputs(self, case: Case, seed: int) -> tuple[dict[str, np.ndarray], dict[str, str] | None]:
-        """A case's inputs for a seed, and their hashes where known. Those of the case's fixed seeds are
-        kept; a secret seed's are made afresh (and used once)."""
+    def inputs(self, case: Case, seed: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """A case's inputs for a seed, and their hashes. Those of the case's fixed seeds are kept; a
+        secret seed's are made afresh (and used once)."""
         key = (case.name, seed)
         if key in self._inputs:
             return self._inputs[key]
         inputs = make_inputs(self.task, case.dims, seed)
-        if seed not in {input_seed(case, i) for i in range(self.settings.rotation_sets)}:
-            return inputs, None
-        self._inputs[key] = (inputs, {n: jobs.sha256(a) for n, a in inputs.items()})
-        return self._inputs[key]
+        made = inputs, dict(zip(inputs, jobs.digests(list(inputs.values()))))
+        if seed in {input_seed(case, i) for i in range(self.settings.rotation_sets)}:
+            self._inputs[key] = made
+        return made
 
     def _run_reference(self, case: Case, seed: int, made=None) -> dict[str, np.ndarray]:
         inputs, hashes = made or self.inputs(case, seed)
@@ -138,28 +141,41 @@ class Referee:
     # -- correctness ---------------------------------------------------------------------------
     def check(self, kernel: Kernel, cases: list[Case], seeds: dict[str, int] | None = None,
               against_oracle: bool = False) -> CheckReport:
-        """Every case twice with different poison; stops early after a fault or a timeout."""
+        """Every case twice with different poison; stops early after a fault or a timeout. The next
+        case runs on the GPU while this one's outputs are compared (one case ahead, no more)."""
+        def produce(put, stopped):
+            for case in cases:
+                if stopped():
+                    return
+                seed = (seeds or {}).get(case.name, case.seed)
+                expected, result = self._expected_and_run(kernel, case, seed, against_oracle)
+                put((case, expected, result))
+                if result.failure is not None and result.failure.code in _STOPS_A_CHECK:
+                    return
+
         results = []
-        for case in cases:
-            seed = (seeds or {}).get(case.name, case.seed)
-            result = self._check_case(kernel, case, seed, against_oracle)
-            results.append(result)
-            if any(r.code in (ReasonCode.CUDA_FAULT, ReasonCode.TIMEOUT, ReasonCode.WORKER_CRASHED,
-                              ReasonCode.OUT_OF_MEMORY)
-                   for r in result.reasons):
+        for case, expected, result in run_ahead(produce):
+            results.append(self._judge_check(case, expected, result))
+            if any(r.code in _STOPS_A_CHECK for r in results[-1].reasons):
                 break
         passed = len(results) == len(cases) and all(r.passed for r in results)
         return CheckReport(passed=passed, cases=results)
 
-    def _check_case(self, kernel: Kernel, case: Case, seed: int, against_oracle: bool) -> CaseCheck:
+    def _expected_and_run(self, kernel: Kernel, case: Case, seed: int, against_oracle: bool):
+        """The outputs to compare with and the candidate's raw run. A secret seed's reference run (in
+        the reference worker) and the candidate's (in its own) go at the same time."""
         made = self.inputs(case, seed)
         if against_oracle:
-            expected = self.oracle_expected(case, seed)
-        elif seed == case.seed:
-            expected = self.expected(case, seed)
-        else:  # a secret seed is used once: its outputs are not kept for the rest of the run
-            expected = self._run_reference(case, seed, made)
-        result = self._run(self.pool.candidate, kernel, case, *made)
+            return self.oracle_expected(case, seed), self._run(self.pool.candidate, kernel, case, *made)
+        if seed == case.seed:
+            return self.expected(case, seed), self._run(self.pool.candidate, kernel, case, *made)
+        # A secret seed is used once: its outputs are not kept for the rest of the run.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference") as side:
+            reference = side.submit(self._run_reference, case, seed, made)
+            result = self._run(self.pool.candidate, kernel, case, *made)
+            return reference.result(), result
+
+    def _judge_check(self, case: Case, expected: dict[str, np.ndarray], result: "_RunResult") -> CaseCheck:
         if result.failure is not None:
             return CaseCheck(case=case.name, role=case.role, passed=False, reasons=[result.failure])
         reasons = _integrity_reasons(result.integrity, case.name)
@@ -442,6 +458,53 @@ class _RunResult:
     runs: list[dict[str, np.ndarray]] | None = None
     integrity: jobs.Integrity | None = None
     failure: Reason | None = None
+
+
+_STOPS_A_CHECK = (ReasonCode.CUDA_FAULT, ReasonCode.TIMEOUT, ReasonCode.WORKER_CRASHED, ReasonCode.OUT_OF_MEMORY)
+
+
+def run_ahead(produce: Callable) -> Iterator:
+    """The items `produce(put, stopped)` puts, yielded as they come while it runs on in a thread, at
+    most one item ahead. If the consumer stops early, the producer is told (`stopped()`), drained and
+    joined before this returns: nothing it started is left running. Its exception is raised here."""
+    items: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    end = object()
+
+    def run() -> None:
+        try:
+            produce(lambda item: _put_unless(items, stop, item), stop.is_set)
+            items.put((end, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            items.put((end, exc))
+
+    thread = threading.Thread(target=run, name="check-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = items.get()
+            if isinstance(item, tuple) and len(item) == 2 and item[0] is end:
+                if item[1] is not None:
+                    raise item[1]
+                return
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():
+            try:
+                items.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        thread.join()
+
+
+def _put_unless(items: queue.Queue, stop: threading.Event, item) -> None:
+    while not stop.is_set():
+        try:
+            items.put(item, timeout=0.1)
+            return
+        except queue.Full:
+            continue
 
 
 # A launch's kernels run between its two events: their span can exceed the events' only by the two

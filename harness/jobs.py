@@ -9,6 +9,7 @@ sent, never taken from a worker's say-so.
 from __future__ import annotations
 
 import hashlib
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,14 +93,25 @@ def sha256(array: np.ndarray) -> str:
 _hashers: ThreadPoolExecutor | None = None
 
 
+_hashers_made = threading.Lock()
+
+
 def digests(blobs: list) -> list[str]:
-    """sha256 of each blob, large ones on several threads (hashlib lets go of the GIL)."""
+    """sha256 of each blob, large ones on several threads (hashlib lets go of the GIL). A blob given
+    twice (the same object) is hashed once."""
     global _hashers
-    if sum(memoryview(b).nbytes for b in blobs) < (8 << 20) or len(blobs) < 2:
-        return [hashlib.sha256(b).hexdigest() for b in blobs]
-    if _hashers is None:
-        _hashers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sha256")
-    return list(_hashers.map(lambda b: hashlib.sha256(b).hexdigest(), blobs))
+    unique = list({id(b): b for b in blobs}.values())
+    views = [memoryview(np.ascontiguousarray(b).view(np.uint8).reshape(-1)) if isinstance(b, np.ndarray)
+             else memoryview(b) for b in unique]
+    if sum(v.nbytes for v in views) < (8 << 20) or len(views) < 2:
+        found = [hashlib.sha256(v).hexdigest() for v in views]
+    else:
+        with _hashers_made:
+            if _hashers is None:
+                _hashers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sha256")
+        found = list(_hashers.map(lambda v: hashlib.sha256(v).hexdigest(), views))
+    by_id = {id(b): digest for b, digest in zip(unique, found)}
+    return [by_id[id(b)] for b in blobs]
 
 
 # -- outputs in answers: each distinct output travels once ------------------------------------------

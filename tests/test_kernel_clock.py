@@ -85,3 +85,42 @@ def test_the_run_records_which_clock_it_reads_and_why():
     assert missing["clock"] == "events" and "libcupti.so.13" in missing["clock_note"]
     assert _clock_facts({"available": True}, "events") == {"clock": "events", "clock_note": "asked for in the settings",
                                                             "kernel_floor_ms": None}
+
+
+def test_run_ahead_yields_in_order_at_most_one_ahead_and_stops_its_producer():
+    import threading
+
+    from harness.evaluate import run_ahead
+
+    made, done = [], threading.Event()
+
+    def produce(put, stopped):
+        for i in range(100):
+            if stopped():
+                break
+            made.append(i)
+            put(i)
+        done.set()
+
+    got = []
+    for item in run_ahead(produce):
+        got.append(item)
+        assert len(made) <= len(got) + 2  # one in the queue, one in the producer's hand
+        if item == 3:
+            break
+    assert got == [0, 1, 2, 3]
+    assert done.is_set() and len(made) <= 6  # told to stop, and finished before run_ahead returned
+
+
+def test_run_ahead_raises_the_producers_error_after_what_it_made():
+    from harness.evaluate import run_ahead
+
+    def produce(put, stopped):
+        put("first")
+        raise ValueError("the reference failed")
+
+    items = []
+    with pytest.raises(ValueError, match="the reference failed"):
+        for item in run_ahead(produce):
+            items.append(item)
+    assert items == ["first"]
