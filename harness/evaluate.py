@@ -215,10 +215,13 @@ class Referee:
         if failure is not None:
             return _RunResult(layout, failure=failure)
         guard_seed = secrets.randbits(62)
-        header, blobs = jobs.run_job(kernel.cubin, kernel.symbol, layout, geometry, inputs,
-                                     jobs.POISON_BYTES, guard_seed)
         out_bytes = sum(a.nbytes for a in layout.outputs) * len(jobs.POISON_BYTES)
-        answer, answer_blobs, failure = self._call(worker, header, blobs, self.settings.run_deadline_s,
+
+        def build(resident: frozenset[str]):
+            return jobs.run_job(kernel.cubin, kernel.symbol, layout, geometry, inputs, jobs.POISON_BYTES,
+                                guard_seed, hashes, resident)
+
+        answer, answer_blobs, failure = self._call(worker, build, self.settings.run_deadline_s,
                                                    out_bytes + _guard_bytes(layout, 1), case.name)
         if failure is not None:
             return _RunResult(layout, failure=failure)
@@ -228,15 +231,29 @@ class Referee:
         integrity = jobs.check_integrity(answer, guards, layout, guard_seed, [inputs], [hashes])
         return _RunResult(layout, runs=runs, integrity=integrity)
 
-    def _call(self, worker: Worker, header: dict, blobs: list, deadline_s: float, max_bytes: int, case: str):
-        """(answer, blobs, None) or (None, None, the candidate's failure as a Reason)."""
+    def _call(self, worker: Worker, build: Callable[[frozenset[str]], tuple[dict, list]], deadline_s: float,
+              max_bytes: int, case: str):
+        """(answer, blobs, None) or (None, None, the candidate's failure as a Reason).
+        `build(resident)` makes the job, leaving out the inputs the worker says it holds; if it no
+        longer holds one, the job goes again with all of them."""
+        header, blobs = build(worker.resident_inputs)
         try:
             answer, answer_blobs = worker.call(header, blobs, deadline_s, max_bytes + (1 << 20))
+            if answer.get("status") == "resident_missing":
+                worker.resident_inputs = frozenset()
+                header, blobs = build(worker.resident_inputs)
+                answer, answer_blobs = worker.call(header, blobs, deadline_s, max_bytes + (1 << 20))
         except JobTimeout:
+            worker.resident_inputs = frozenset()
             return None, None, Reason(code=ReasonCode.TIMEOUT, case=case,
                                       detail=f"still running after {deadline_s:g} s; the worker was killed")
         except WorkerCrashed as exc:
+            worker.resident_inputs = frozenset()
             return None, None, Reason(code=ReasonCode.WORKER_CRASHED, case=case, detail=str(exc))
+        worker.resident_inputs = frozenset(answer.get("resident_inputs") or ())
+        return self._read_answer(answer, answer_blobs, case)
+
+    def _read_answer(self, answer: dict, answer_blobs: list, case: str):
         status = answer.get("status")
         if status == "ok":
             return answer, answer_blobs, None
@@ -329,16 +346,19 @@ class Referee:
         s, case, layout = self.settings, timed.case, timed.layout
         checked = _secret_subset(s.iterations, s.checked_launches)
         guard_seed = secrets.randbits(62)
-        job, failure = make_job(case, layout, timed.input_sets, {
-            "warmups": s.warmups, "iterations": s.iterations, "cold_l2": s.cold_l2,
-            "checked_launches": checked, "guard_seed": guard_seed, "clock": s.clock,
-            "known_outputs": {slot: sorted(hashes) for slot, hashes in timed.verified.items() if hashes}})
+        timing = {"warmups": s.warmups, "iterations": s.iterations, "cold_l2": s.cold_l2,
+                  "checked_launches": checked, "guard_seed": guard_seed, "clock": s.clock, "hashes": timed.sent_hashes,
+                  "known_outputs": {slot: sorted(hashes) for slot, hashes in timed.verified.items() if hashes}}
+        _, failure = make_job(case, layout, timed.input_sets, timing)
         if failure is not None:
             return CaseTiming(case=case.name, passed=False, reasons=[failure])
-        header, blobs = job
+
+        def build(resident: frozenset[str]):
+            return make_job(case, layout, timed.input_sets, {**timing, "resident": resident})[0]
+
         sets = len(timed.input_sets)
         out_bytes = sum(a.nbytes for a in layout.outputs) * (len(checked) + sets)
-        answer, blobs_back, failure = self._call(worker, header, blobs, s.time_deadline_s,
+        answer, blobs_back, failure = self._call(worker, build, s.time_deadline_s,
                                                  out_bytes + _guard_bytes(layout, sets), case.name)
         if failure is not None:
             return CaseTiming(case=case.name, passed=False, reasons=[failure])

@@ -7,6 +7,7 @@ input hashes, and the parent decides (harness/jobs.py, harness/evaluate.py).
 from __future__ import annotations
 
 import statistics
+from collections import OrderedDict
 from collections.abc import Callable
 from time import perf_counter
 
@@ -77,6 +78,7 @@ extern "C" __global__ void referee_hold(unsigned long long ns) {
 HOST_QUEUE_NS_PER_LAUNCH = 150_000
 QUEUE_MARGIN = 3
 MAX_HOLD_NS = 500_000_000
+RESIDENT_MAX_BYTES = 8 << 30  # and a tenth of the device's memory at most
 _COUNT_CTYPES = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
 # Queues one launch on the context's stream, given each array parameter's device pointer by name.
 Launcher = Callable[[dict[str, int]], None]
@@ -103,6 +105,7 @@ class Utilities:
                                                      ("ptr", self.flush.ptr + self.flush_bytes)])
         self.flush_blocks = context.info.sm_count * 4
         self.staging = Staging()
+        self.resident = Resident(min(RESIDENT_MAX_BYTES, context.info.total_memory_bytes // 10))
         self.queue_ns_per_launch = HOST_QUEUE_NS_PER_LAUNCH
         self.event_overhead_ms, self.kernel_floor_ms = self._floor_ms()
 
@@ -181,6 +184,36 @@ class Utilities:
         return launch_spans_ms(activities, tags), busy_ms(activities)
 
 
+class Resident:
+    """Input buffers kept on the device from job to job, by "NAME:SHA256" of their bytes: the parent
+    need not send inputs the worker holds. A buffer is kept only if its bytes still hash to its key
+    after the job; the least recently used go first beyond `cap_bytes`, and all of them after a job
+    that failed (the worker then says it holds none)."""
+
+    def __init__(self, cap_bytes: int):
+        self.cap_bytes = cap_bytes
+        self._buffers: OrderedDict[str, gpu.GuardedBuffer] = OrderedDict()
+
+    def take(self, key: str) -> gpu.GuardedBuffer | None:
+        return self._buffers.pop(key, None)
+
+    def keep(self, key: str, buffer: gpu.GuardedBuffer) -> None:
+        self._buffers[key] = buffer
+        while self._buffers and sum(b.nbytes for b in self._buffers.values()) > self.cap_bytes:
+            self._buffers.popitem(last=False)[1].free()
+
+    def clear(self) -> None:
+        while self._buffers:
+            self._buffers.popitem()[1].free()
+
+    def keys(self) -> list[str]:
+        return sorted(self._buffers)
+
+
+class ResidentMissing(Exception):
+    """The job names an input as held by the worker, which no longer holds it."""
+
+
 class Staging:
     """Host memory reused from job to job for read-backs: fresh memory costs a page fault per 4 KiB."""
 
@@ -205,14 +238,19 @@ class _Job:
     """Buffers, module and function of one job; everything is released in close()."""
 
     def __init__(self, context: gpu.Context, header: dict, cubin: bytes | None, sets: int,
-                 launcher: Launcher | None = None):
+                 launcher: Launcher | None = None, resident: Resident | None = None):
         self.context = context
         self.header = header
         self.params = header["params"]
         self.arrays = [p for p in self.params if p["kind"] != "scalar"]
         self.module = None
         self.launcher = launcher  # a library call (harness/vendor.py) instead of the CUBIN's kernel
+        self.resident = resident
+        # Per set, per input: {"key": "NAME:SHA256" or None, "sent": whether its bytes come with the job}
+        self.input_entries = header.get("inputs") or [
+            [{"key": None, "sent": True} for p in self.arrays if p["kind"] == "input"] for _ in range(sets)]
         self.buffers: list[list[gpu.GuardedBuffer]] = []
+        self.kept: set[int] = set()  # id() of buffers handed to `resident`: not freed here
         try:
             self._prepare(header, cubin, sets)
         except BaseException:
@@ -226,9 +264,30 @@ class _Job:
         for s in range(sets):
             row = []
             self.buffers.append(row)
+            entries = iter(self.input_entries[s])
             for i, p in enumerate(self.arrays):
                 head, tail = canary(seed, s * len(self.arrays) + i, guard)
-                row.append(gpu.GuardedBuffer(p["nbytes"], guard, head, tail))
+                entry = next(entries) if p["kind"] == "input" else None
+                if entry is not None and not entry["sent"]:
+                    held = self.resident.take(entry["key"]) if self.resident is not None else None
+                    if held is None or held.nbytes != p["nbytes"]:
+                        if held is not None:
+                            held.free()
+                        raise ResidentMissing(entry["key"])
+                    held.rearm(head, tail)
+                    row.append(held)
+                else:
+                    row.append(self._allocate(p["nbytes"], guard, head, tail))
+
+    def _allocate(self, nbytes: int, guard: int, head: np.ndarray, tail: np.ndarray) -> gpu.GuardedBuffer:
+        """A new buffer; out of device memory, the resident inputs make room first."""
+        try:
+            return gpu.GuardedBuffer(nbytes, guard, head, tail)
+        except CudaError as exc:
+            if not gpu.is_out_of_memory(exc) or self.resident is None or not self.resident.keys():
+                raise
+            self.resident.clear()
+            return gpu.GuardedBuffer(nbytes, guard, head, tail)
 
     def _prepare_kernel(self, header: dict, cubin: bytes) -> None:
         try:
@@ -262,8 +321,13 @@ class _Job:
             raise JobFailed("launch_error", getattr(exc, "name", type(exc).__name__),
                             f"{self.shared_bytes} bytes of dynamic shared memory refused (device limit {limit})") from None
 
+    def sent_inputs(self, set_index: int) -> int:
+        return sum(e["sent"] for e in self.input_entries[set_index])
+
     def upload_inputs(self, set_index: int, blobs: list[bytes]) -> None:
-        inputs = [(i, p) for i, p in enumerate(self.arrays) if p["kind"] == "input"]
+        """The set's inputs that came with the job (the others are already in place)."""
+        inputs = [(i, p) for (i, p), e in zip(((i, p) for i, p in enumerate(self.arrays) if p["kind"] == "input"),
+                                              self.input_entries[set_index]) if e["sent"]]
         for (i, p), blob in zip(inputs, blobs, strict=True):
             if len(blob) != p["nbytes"]:
                 raise ValueError(f"input {p['name']}: {len(blob)} bytes, expected {p['nbytes']}")
@@ -311,10 +375,25 @@ class _Job:
                 guards += [head.tobytes(), tail.tobytes()]
         return hashes, guards
 
+    def keep_inputs(self, hashes: list[dict]) -> None:
+        """Hand the inputs whose bytes still hash to their key to `resident`, for the next jobs."""
+        if self.resident is None:
+            return
+        for s, row in enumerate(self.buffers):
+            entries = iter(self.input_entries[s])
+            for p, buffer in zip(self.arrays, row):
+                if p["kind"] != "input":
+                    continue
+                key = next(entries)["key"]
+                if key is not None and key == f"{p['name']}:{hashes[s].get(p['name'])}":
+                    self.resident.keep(key, buffer)
+                    self.kept.add(id(buffer))
+
     def close(self) -> None:
         for row in self.buffers:
             for buffer in row:
-                buffer.free()
+                if id(buffer) not in self.kept:
+                    buffer.free()
         if self.module is not None:
             self.module.unload()
 
@@ -329,7 +408,7 @@ def run(context: gpu.Context, header: dict, blobs: list[bytes],
     """One launch per poison on the same inputs; the outputs of each, then the evidence."""
     if utilities is not None:
         utilities.begin()
-    job = _Job(context, header, blobs[0], sets=1)
+    job = _Job(context, header, blobs[0], sets=1, resident=utilities.resident if utilities is not None else None)
     try:
         job.upload_inputs(0, blobs[1:])
         outputs: list[np.ndarray] = []
@@ -339,9 +418,12 @@ def run(context: gpu.Context, header: dict, blobs: list[bytes],
             context.synchronize()
             outputs += job.read_outputs(0)
         hashes, guards = job.evidence()
+        job.keep_inputs(hashes)
         fields, sent = pack_outputs(outputs, run_slots(len(header["poisons"]), len(job.outputs(0))), {})
         gpu_busy_ms = utilities.finish([])[1] if utilities is not None else None
-        return {"status": "ok", "input_sha256": hashes, "gpu_busy_ms": gpu_busy_ms, **fields}, sent + guards
+        resident = utilities.resident.keys() if utilities is not None else []
+        return {"status": "ok", "input_sha256": hashes, "gpu_busy_ms": gpu_busy_ms, "resident_inputs": resident,
+                **fields}, sent + guards
     finally:
         job.close()
 
@@ -369,7 +451,7 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
         phases[name] = round(now - mark[0], 6)
         mark[0] = now
 
-    job = _Job(context, header, cubin, sets=sets, launcher=launcher)
+    job = _Job(context, header, cubin, sets=sets, launcher=launcher, resident=utilities.resident)
     counters = snapshots = queued = None
     pairs: list[gpu.EventPair] = []
     try:
@@ -381,11 +463,14 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
         snapshots = gpu.Allocation(output_bytes * len(checked))
         pairs = [gpu.EventPair() for _ in range(iterations)]
         queued = gpu.EventPair()
-        per_set = len(input_blobs) // sets
         utilities.begin()
         phase("setup")
+        taken = 0
         for s in range(sets):
-            job.upload_inputs(s, input_blobs[s * per_set:(s + 1) * per_set])
+            job.upload_inputs(s, input_blobs[taken:taken + job.sent_inputs(s)])
+            taken += job.sent_inputs(s)
+        if taken != len(input_blobs):
+            raise ValueError(f"{len(input_blobs)} input blobs for {taken} inputs sent")
         phase("upload")
         gpu.fill(counters.ptr, 0, counters.nbytes, context.stream)
         for i in range(header["warmups"]):
@@ -431,6 +516,7 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
         counts = np.frombuffer(gpu.download(counters.ptr, counters.nbytes).tobytes(), dtype=np.uint64)
         unwritten, differs = counts[:iterations], counts[iterations:]
         hashes, guards = job.evidence(utilities.staging)  # staging is reused for the outputs below
+        job.keep_inputs(hashes)
         phase("evidence")
         host = utilities.staging.take(snapshots.nbytes + output_bytes * sets)
         lasts = []
@@ -459,7 +545,8 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
                   "gpu_busy_ms": gpu_busy_ms, "unwritten": [int(u) for u in unwritten],
                   "input_sha256": hashes, "event_overhead_ms": utilities.event_overhead_ms,
                   "kernel_floor_ms": utilities.kernel_floor_ms,
-                  "host_kept_up": host_kept_up, "phases_s": phases, **fields}
+                  "host_kept_up": host_kept_up, "phases_s": phases, "resident_inputs": utilities.resident.keys(),
+                  **fields}
         return answer, sent + guards
     finally:
         for pair in pairs + ([queued] if queued else []):

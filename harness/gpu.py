@@ -151,6 +151,11 @@ class GuardedBuffer:
         upload(self.base, head)
         upload(self.ptr + nbytes, tail)
 
+    def rearm(self, head: np.ndarray, tail: np.ndarray) -> None:
+        """New canaries in both guard bands (a buffer kept from one job for the next)."""
+        upload(self.base, head)
+        upload(self.ptr + self.nbytes, tail)
+
     def guards(self) -> tuple[np.ndarray, np.ndarray]:
         return download(self.base, self.guard_bytes), download(self.ptr + self.nbytes, self.guard_bytes)
 

@@ -170,17 +170,43 @@ def geometry_to_wire(geometry: LaunchGeometry) -> dict:
     return {"grid": list(geometry.grid), "block": list(geometry.block), "shared_bytes": geometry.shared_bytes}
 
 
+def resident_key(name: str, digest: str) -> str:
+    """How a worker names an input buffer it keeps from job to job."""
+    return f"{name}:{digest}"
+
+
+def _inputs_field(layout: Layout, input_sets: list[dict[str, np.ndarray]], hashes: list[dict | None] | None,
+                  resident: frozenset[str]) -> tuple[list[list[dict]], list]:
+    """Per set, per input: its key and whether its bytes go with the job (not if the worker holds
+    it); and the blobs that go."""
+    entries, blobs = [], []
+    for s, inputs in enumerate(input_sets):
+        known = (hashes or [None] * len(input_sets))[s] or {}
+        entries.append([])
+        for a in layout.inputs:
+            key = resident_key(a.name, known[a.name]) if a.name in known else None
+            sent = key is None or key not in resident
+            entries[-1].append({"key": key, "sent": sent})
+            if sent:
+                blobs.append(_contiguous(inputs[a.name], a))
+    return entries, blobs
+
+
 def run_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
-            inputs: dict[str, np.ndarray], poisons: tuple[int, ...], guard_seed: int) -> tuple[dict, list]:
+            inputs: dict[str, np.ndarray], poisons: tuple[int, ...], guard_seed: int,
+            hashes: dict[str, str] | None = None, resident: frozenset[str] = frozenset()) -> tuple[dict, list]:
+    """`hashes`: the inputs' sha256, by which the worker keeps them; `resident`: the keys it holds."""
+    entries, blobs = _inputs_field(layout, [inputs], [hashes], resident)
     header = {"op": "run", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
-              "poisons": list(poisons), "guard_seed": guard_seed, "guard_bytes": GUARD_BYTES}
-    return header, [cubin] + [_contiguous(inputs[a.name], a) for a in layout.inputs]
+              "poisons": list(poisons), "guard_seed": guard_seed, "guard_bytes": GUARD_BYTES, "inputs": entries}
+    return header, [cubin] + blobs
 
 
 def time_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
              input_sets: list[dict[str, np.ndarray]], *, warmups: int, iterations: int, cold_l2: bool,
              checked_launches: list[int], guard_seed: int,
-             known_outputs: dict[str, list[str]] | None = None, clock: str = "kernel") -> tuple[dict, list]:
+             known_outputs: dict[str, list[str]] | None = None, clock: str = "kernel",
+             hashes: list[dict | None] | None = None, resident: frozenset[str] = frozenset()) -> tuple[dict, list]:
     """`known_outputs`: by slot ("SET/OUTPUT"), the sha256 of outputs already found right, not to be sent again.
     `clock`: "kernel" times each launch on the kernel clock too, where the worker has it; "events" does not."""
     header = {"op": "time", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
@@ -188,10 +214,8 @@ def time_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry
               "poison": TIMING_POISON, "checked_launches": sorted(checked_launches),
               "guard_seed": guard_seed, "guard_bytes": GUARD_BYTES, "known_outputs": known_outputs or {},
               "clock": clock}
-    blobs = [cubin]
-    for inputs in input_sets:
-        blobs += [_contiguous(inputs[a.name], a) for a in layout.inputs]
-    return header, blobs
+    header["inputs"], blobs = _inputs_field(layout, input_sets, hashes, resident)
+    return header, [cubin] + blobs
 
 
 def vendor_time_job(call: dict, layout: Layout, input_sets: list[dict[str, np.ndarray]], **timing) -> tuple[dict, list]:

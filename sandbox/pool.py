@@ -65,6 +65,8 @@ class Worker:
         self._regions: tuple[wire.Region, wire.Region] | None = None  # (jobs, answers), once the worker maps them
         self._shared = False
         self.in_flight = False  # a job sent and not yet answered
+        # Keys ("NAME:SHA256") of the input buffers the worker said it keeps for the next jobs.
+        self.resident_inputs: frozenset[str] = frozenset()
 
     # -- life cycle -------------------------------------------------------------------------
     @property
@@ -78,6 +80,7 @@ class Worker:
     def start(self) -> dict:
         """Start the process and wait for its 'ready' message (device facts)."""
         self.stop()
+        self.resident_inputs = frozenset()
         self._scratch = Path(tempfile.mkdtemp(prefix=f"kernel-referee-{self.name}-"))
         confine_args = self._confine_args()
         jobs_read, jobs_write = os.pipe()

@@ -100,6 +100,9 @@ def serve(jobs, answers, ordinal: int, confined: dict, regions=(None, None)) -> 
             answer, out = _answer(context, utilities, header, blobs)
         except execute.JobFailed as failed:
             answer, out = {"status": failed.status, "error": failed.error, "detail": failed.detail}, []
+        except execute.ResidentMissing as missing:
+            answer, out = {"status": "resident_missing", "error": "RESIDENT_MISSING",
+                           "detail": f"input {missing} is no longer held; send it"}, []
         except CudaError as exc:
             answer, out = _cuda_error_answer(exc), []
         except Exception as exc:  # noqa: BLE001 - a worker bug is reported to the parent, not hidden
@@ -107,6 +110,8 @@ def serve(jobs, answers, ordinal: int, confined: dict, regions=(None, None)) -> 
                            "detail": traceback.format_exc(limit=5)}, []
         if answer["status"] != "ok" and answer["status"] != "fault" and not _context_healthy():
             answer["status"] = "fault"
+        if answer["status"] != "ok":
+            utilities.resident.clear()  # after a failed job, nothing kept is vouched for
         wire.send(answers, answer, out, regions[1])
         del blobs, out  # views into the jobs region end with the job
         if answer["status"] == "fault":

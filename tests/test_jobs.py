@@ -147,3 +147,25 @@ def test_digests_of_large_blobs_match_hashlib_on_any_number_of_threads():
     blobs = [os.urandom(3 << 20) for _ in range(5)]
     assert jobs.digests(blobs) == [_h(b) for b in blobs]
     assert jobs.digests([np.frombuffer(blobs[0], np.uint8)]) == [_h(blobs[0])]
+
+
+def test_inputs_the_worker_holds_are_named_and_not_sent():
+    import numpy as np
+
+    from harness.jobs import ArraySpec, Layout, resident_key, time_job
+    from harness.task import LaunchGeometry
+
+    layout = Layout((("array", ArraySpec("a", "input", "float32", (4,))), ("array", ArraySpec("b", "input", "float32", (4,))),
+                     ("array", ArraySpec("c", "output", "float32", (4,)))))
+    sets = [{"a": np.full(4, s, np.float32), "b": np.full(4, -s, np.float32)} for s in range(2)]
+    hashes = [{n: jobs.sha256(a) for n, a in inputs.items()} for inputs in sets]
+    geometry = LaunchGeometry(grid=(1, 1, 1), block=(4, 1, 1), shared_bytes=0)
+    timing = dict(warmups=1, iterations=2, cold_l2=True, checked_launches=[0], guard_seed=5, hashes=hashes)
+    header, blobs = time_job(b"cubin", "k", layout, geometry, sets, **timing)
+    assert len(blobs) == 1 + 4 and all(e["sent"] for row in header["inputs"] for e in row)
+    held = frozenset({resident_key("a", hashes[0]["a"]), resident_key("b", hashes[1]["b"]), "a:stale"})
+    header, blobs = time_job(b"cubin", "k", layout, geometry, sets, **timing, resident=held)
+    assert [[e["sent"] for e in row] for row in header["inputs"]] == [[False, True], [True, False]]
+    assert [bytes(b) for b in blobs[1:]] == [sets[0]["b"].tobytes(), sets[1]["a"].tobytes()]
+    header, blobs = time_job(b"cubin", "k", layout, geometry, sets, **{**timing, "hashes": None}, resident=held)
+    assert len(blobs) == 5 and all(e == {"key": None, "sent": True} for row in header["inputs"] for e in row)

@@ -124,3 +124,50 @@ def test_run_ahead_raises_the_producers_error_after_what_it_made():
         for item in run_ahead(produce):
             items.append(item)
     assert items == ["first"]
+
+
+class _Buffer:
+    def __init__(self, nbytes):
+        self.nbytes, self.freed = nbytes, False
+
+    def free(self):
+        self.freed = True
+
+
+def test_resident_inputs_are_kept_least_recently_used_first_out_within_their_cap():
+    from harness.execute import Resident
+
+    store = Resident(cap_bytes=100)
+    first, second, third = _Buffer(40), _Buffer(40), _Buffer(40)
+    store.keep("a:1", first)
+    store.keep("b:2", second)
+    assert store.keys() == ["a:1", "b:2"]
+    assert store.take("a:1") is first and store.take("a:1") is None  # taken for a job: no longer held
+    store.keep("a:1", first)
+    store.keep("c:3", third)  # 120 bytes: the oldest, b:2, goes
+    assert store.keys() == ["a:1", "c:3"] and second.freed and not first.freed
+    store.clear()
+    assert store.keys() == [] and first.freed and third.freed
+
+
+def test_a_job_naming_an_input_the_worker_lost_goes_again_with_every_input():
+    from harness.evaluate import Referee
+
+    class Worker:
+        resident_inputs = frozenset({"a:1"})
+
+        def __init__(self):
+            self.jobs = []
+
+        def call(self, header, blobs, deadline_s, max_bytes):
+            self.jobs.append(sorted(self.resident_inputs))
+            if len(self.jobs) == 1:
+                return {"status": "resident_missing", "error": "RESIDENT_MISSING", "detail": "a:1"}, []
+            return {"status": "ok", "resident_inputs": ["a:1", "b:2"]}, [b"x"]
+
+    worker, built = Worker(), []
+    referee = Referee.__new__(Referee)
+    answer, blobs, failure = referee._call(worker, lambda resident: built.append(resident) or ({}, []), 1.0, 0, "c")
+    assert failure is None and answer["status"] == "ok" and blobs == [b"x"]
+    assert built == [frozenset({"a:1"}), frozenset()]  # the second build sends everything
+    assert worker.resident_inputs == frozenset({"a:1", "b:2"})
