@@ -121,6 +121,9 @@ def test_a_gpu_worker_killed_mid_attempt_rejects_it_once_and_the_next_attempt_wo
 
 def test_device_memory_taken_by_another_process_rejects_the_attempt_once_then_it_works_again(run):
     used = run.attempts_used
+    # A new candidate worker holds no inputs from earlier jobs: none it could give back to make room,
+    # so its first allocation meets the hog.
+    run.executor.fresh_worker()
     hog = subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         left = int(hog.stdout.readline())
