@@ -124,6 +124,7 @@ def test_device_memory_taken_by_another_process_rejects_the_attempt_once_then_it
     # A new candidate worker holds no inputs from earlier jobs: none it could give back to make room,
     # so its first allocation meets the hog.
     run.executor.fresh_worker()
+    run.executor.pool.candidate.ensure_started()
     hog = subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         left = int(hog.stdout.readline())
