@@ -33,7 +33,7 @@ d.cuInit(0)
 ctx = d.cuDevicePrimaryCtxRetain(d.cuDeviceGet(0)[1])[1]
 d.cuCtxSetCurrent(ctx)
 held, chunk = [], 1 << 34
-while chunk >= 1 << 20:
+while chunk >= 1 << 16:
     err, ptr = d.cuMemAlloc(chunk)
     if err == d.CUresult.CUDA_SUCCESS:
         held.append(ptr)
