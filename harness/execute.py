@@ -206,6 +206,17 @@ class Resident:
         while self._buffers:
             self._buffers.popitem()[1].free()
 
+    def making_room(self, allocate: Callable, *args):
+        """allocate(*args); out of device memory, again once the buffers kept here are freed: the
+        referee's own keeping must never be why a job runs out."""
+        try:
+            return allocate(*args)
+        except CudaError as exc:
+            if not gpu.is_out_of_memory(exc) or not self._buffers:
+                raise
+            self.clear()
+            return allocate(*args)
+
     def keys(self) -> list[str]:
         return sorted(self._buffers)
 
@@ -280,14 +291,9 @@ class _Job:
                     row.append(self._allocate(p["nbytes"], guard, head, tail))
 
     def _allocate(self, nbytes: int, guard: int, head: np.ndarray, tail: np.ndarray) -> gpu.GuardedBuffer:
-        """A new buffer; out of device memory, the resident inputs make room first."""
-        try:
+        if self.resident is None:
             return gpu.GuardedBuffer(nbytes, guard, head, tail)
-        except CudaError as exc:
-            if not gpu.is_out_of_memory(exc) or self.resident is None or not self.resident.keys():
-                raise
-            self.resident.clear()
-            return gpu.GuardedBuffer(nbytes, guard, head, tail)
+        return self.resident.making_room(gpu.GuardedBuffer, nbytes, guard, head, tail)
 
     def _prepare_kernel(self, header: dict, cubin: bytes) -> None:
         try:
@@ -459,8 +465,8 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
         n_out = len(job.outputs(0))
         # One counter per launch (output elements still poisoned), then one per re-checked output
         # (where it differs from the last output of its input set).
-        counters = gpu.Allocation(8 * (max(iterations, 1) + len(checked) * n_out))
-        snapshots = gpu.Allocation(output_bytes * len(checked))
+        counters = utilities.resident.making_room(gpu.Allocation, 8 * (max(iterations, 1) + len(checked) * n_out))
+        snapshots = utilities.resident.making_room(gpu.Allocation, output_bytes * len(checked))
         pairs = [gpu.EventPair() for _ in range(iterations)]
         queued = gpu.EventPair()
         utilities.begin()

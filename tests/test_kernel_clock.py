@@ -171,3 +171,21 @@ def test_a_job_naming_an_input_the_worker_lost_goes_again_with_every_input():
     assert failure is None and answer["status"] == "ok" and blobs == [b"x"]
     assert built == [frozenset({"a:1"}), frozenset()]  # the second build sends everything
     assert worker.resident_inputs == frozenset({"a:1", "b:2"})
+
+
+def test_an_allocation_out_of_memory_is_tried_again_once_the_kept_inputs_are_freed():
+    from harness.cuda_check import CudaError
+    from harness.execute import Resident
+
+    store, kept, calls = Resident(cap_bytes=100), _Buffer(40), []
+    store.keep("a:1", kept)
+
+    def allocate(nbytes):
+        calls.append(nbytes)
+        if len(calls) == 1:
+            raise CudaError("cuMemAlloc", 2, "CUDA_ERROR_OUT_OF_MEMORY")
+        return "memory"
+
+    assert store.making_room(allocate, 64) == "memory" and calls == [64, 64] and kept.freed
+    with pytest.raises(CudaError):  # nothing left to free: the error is the job's
+        store.making_room(lambda n: (_ for _ in ()).throw(CudaError("cuMemAlloc", 2, "CUDA_ERROR_OUT_OF_MEMORY")), 64)
