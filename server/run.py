@@ -59,7 +59,13 @@ class RunSettings(BaseModel):
 
     @classmethod
     def of_run(cls, run_dir: Path) -> "RunSettings":
-        return cls.model_validate(json.loads((run_dir / "run.json").read_text())["settings"])
+        """The settings a run was made with. A run made before the kernel clock existed keeps the
+        events it was timed with, resumed or replayed."""
+        settings = json.loads((run_dir / "run.json").read_text())["settings"]
+        timing = settings.get("timing") if isinstance(settings, dict) else None
+        if isinstance(timing, dict) and "clock" not in timing:
+            settings = {**settings, "timing": {**timing, "clock": "events"}}
+        return cls.model_validate(settings)
 
 
 @dataclass(frozen=True)

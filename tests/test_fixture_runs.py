@@ -14,6 +14,7 @@ import pytest
 from server.audit import verify_run
 from server.cost import CostInputs, cost_sheet, run_hours
 from server.decision import CheckResult, RepeatResult, decide
+from server.run import RunSettings
 from tests.report_support import FIXTURE_RUNS
 
 RUNS = sorted(p.name for p in FIXTURE_RUNS.glob("*") if (p / "history.json").is_file())
@@ -90,3 +91,15 @@ def test_the_cost_sheet_uses_the_runs_own_hours(name):
     assert sheet.pilot_cost == pytest.approx(300 + 12 + 4 * wall)
     assert sheet.saved_gpu_hours_per_month == pytest.approx(0.01 * 1e9 / 3_600_000)
     assert sheet.payback_months == pytest.approx(sheet.pilot_cost / (sheet.saved_gpu_hours_per_month * 4))
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_a_run_made_before_the_kernel_clock_keeps_the_events_it_was_timed_with(name, tmp_path):
+    run_dir = FIXTURE_RUNS / name
+    assert RunSettings.of_run(run_dir).timing.clock == "events"
+    fresh = tmp_path / "run"
+    fresh.mkdir()
+    record = json.loads((run_dir / "run.json").read_text())
+    record["settings"]["timing"]["clock"] = "kernel"
+    (fresh / "run.json").write_text(json.dumps(record))
+    assert RunSettings.of_run(fresh).timing.clock == "kernel"
