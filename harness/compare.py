@@ -345,7 +345,7 @@ def degenerate_warning(expected: np.ndarray, atol: float) -> str | None:
     return "; ".join(warnings) if warnings else None
 
 
-def _raw_words(values: np.ndarray) -> np.ndarray:
+def raw_words(values: np.ndarray) -> np.ndarray:
     """The array's bytes viewed as unsigned ints of the element's width, so
     -0.0 vs 0.0 and differing NaN payloads count as different."""
     flat = np.ascontiguousarray(values).reshape(-1)
@@ -355,7 +355,7 @@ def _raw_words(values: np.ndarray) -> np.ndarray:
 
 
 def _bitwise_identical(first: np.ndarray, second: np.ndarray) -> bool:
-    a, b = _raw_words(first), _raw_words(second)
+    a, b = raw_words(first), raw_words(second)
     # Chunked with early exit: most differing runs differ near the start.
     step = CHUNK_ELEMENTS * 4
     return all(np.array_equal(a[i : i + step], b[i : i + step]) for i in range(0, a.size, step))

@@ -19,7 +19,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from harness import jobs
-from harness.compare import Agreement, agreement, compare_output
+from harness.compare import Agreement, agreement, compare_output, raw_words
 from harness.nvml import GpuWatch, Nvml, judge
 from harness.stats import StoppingRule, geometric_mean, summarize
 from harness.oracle import run_oracle
@@ -273,8 +273,8 @@ class Referee:
         def kernel_job(case: Case, layout: jobs.Layout, input_sets: list, timing: dict):
             geometry, failure = _geometry(kernel, case)
             if failure is not None:
-                return None, failure
-            return jobs.time_job(kernel.cubin, kernel.symbol, layout, geometry, input_sets, **timing), None
+                raise _Refused(failure)
+            return jobs.time_job(kernel.cubin, kernel.symbol, layout, geometry, input_sets, **timing)
 
         return self._time_cases(cases, kernel_job, self.pool.candidate)
 
@@ -285,7 +285,7 @@ class Referee:
         never share a context with a candidate. Raises Unavailable where the library cannot load.
         """
         def vendor_job(case: Case, layout: jobs.Layout, input_sets: list, timing: dict):
-            return jobs.vendor_time_job(call_for(case), layout, input_sets, **timing), None
+            return jobs.vendor_time_job(call_for(case), layout, input_sets, **timing)
 
         return self._time_cases(cases, vendor_job, self.pool.reference)
 
@@ -342,24 +342,21 @@ class Referee:
         return [w.pid for w in (self.pool.candidate, self.pool.reference) if w.alive]
 
     def _time_batch(self, timed: _TimedCase, make_job, worker: Worker) -> CaseTiming:
-        """`make_job(case, layout, input_sets, timing)` gives ((header, blobs), None) or (None, a Reason)."""
+        """`make_job(case, layout, input_sets, timing)` gives (header, blobs), or raises _Refused."""
         s, case, layout = self.settings, timed.case, timed.layout
         checked = _secret_subset(s.iterations, s.checked_launches)
         guard_seed = secrets.randbits(62)
         timing = {"warmups": s.warmups, "iterations": s.iterations, "cold_l2": s.cold_l2,
                   "checked_launches": checked, "guard_seed": guard_seed, "clock": s.clock, "hashes": timed.sent_hashes,
                   "known_outputs": {slot: sorted(hashes) for slot, hashes in timed.verified.items() if hashes}}
-        _, failure = make_job(case, layout, timed.input_sets, timing)
-        if failure is not None:
-            return CaseTiming(case=case.name, passed=False, reasons=[failure])
-
-        def build(resident: frozenset[str]):
-            return make_job(case, layout, timed.input_sets, {**timing, "resident": resident})[0]
-
         sets = len(timed.input_sets)
         out_bytes = sum(a.nbytes for a in layout.outputs) * (len(checked) + sets)
-        answer, blobs_back, failure = self._call(worker, build, s.time_deadline_s,
-                                                 out_bytes + _guard_bytes(layout, sets), case.name)
+        try:
+            answer, blobs_back, failure = self._call(
+                worker, lambda resident: make_job(case, layout, timed.input_sets, {**timing, "resident": resident}),
+                s.time_deadline_s, out_bytes + _guard_bytes(layout, sets), case.name)
+        except _Refused as refused:
+            failure = refused.reason
         if failure is not None:
             return CaseTiming(case=case.name, passed=False, reasons=[failure])
         return self._judge_timing(timed, answer, blobs_back, checked, guard_seed)
@@ -472,6 +469,14 @@ class _TimedCase:
     verified: dict[str, set[str]] = field(default_factory=dict)
 
 
+class _Refused(Exception):
+    """The job cannot be made for this case (its launch geometry does not hold there)."""
+
+    def __init__(self, reason: Reason):
+        super().__init__(reason.detail)
+        self.reason = reason
+
+
 @dataclass
 class _RunResult:
     layout: jobs.Layout
@@ -489,23 +494,22 @@ def run_ahead(produce: Callable) -> Iterator:
     joined before this returns: nothing it started is left running. Its exception is raised here."""
     items: queue.Queue = queue.Queue(maxsize=1)
     stop = threading.Event()
-    end = object()
 
     def run() -> None:
         try:
             produce(lambda item: _put_unless(items, stop, item), stop.is_set)
-            items.put((end, None))
+            items.put(_End(None))
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            items.put((end, exc))
+            items.put(_End(exc))
 
     thread = threading.Thread(target=run, name="check-ahead", daemon=True)
     thread.start()
     try:
         while True:
             item = items.get()
-            if isinstance(item, tuple) and len(item) == 2 and item[0] is end:
-                if item[1] is not None:
-                    raise item[1]
+            if isinstance(item, _End):
+                if item.error is not None:
+                    raise item.error
                 return
             yield item
     finally:
@@ -516,6 +520,13 @@ def run_ahead(produce: Callable) -> Iterator:
             except queue.Empty:
                 pass
         thread.join()
+
+
+@dataclass(frozen=True)
+class _End:
+    """The producer is done, or failed with `error`."""
+
+    error: BaseException | None
 
 
 def _put_unless(items: queue.Queue, stop: threading.Event, item) -> None:
@@ -594,14 +605,9 @@ def _poison_count(expected: dict[str, np.ndarray], layout: jobs.Layout, byte: in
     return sum(int(np.count_nonzero(_equals_pattern(expected[spec.name], byte))) for spec in layout.outputs)
 
 
-_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
 def _equals_pattern(array: np.ndarray, byte: int) -> np.ndarray:
     """Flat: whether each element's bytes are all `byte` (compared as unsigned integers of its size)."""
-    raw = np.ascontiguousarray(array).reshape(-1)
-    size = raw.dtype.itemsize
-    return raw.view(_UNSIGNED[size]) == int.from_bytes(bytes([byte]) * size, "little")
+    return raw_words(array) == int.from_bytes(bytes([byte]) * array.dtype.itemsize, "little")
 
 
 def _guard_bytes(layout: jobs.Layout, sets: int) -> int:

@@ -258,8 +258,9 @@ class _Job:
         self.launcher = launcher  # a library call (harness/vendor.py) instead of the CUBIN's kernel
         self.resident = resident
         # Per set, per input: {"key": "NAME:SHA256" or None, "sent": whether its bytes come with the job}
-        self.input_entries = header.get("inputs") or [
-            [{"key": None, "sent": True} for p in self.arrays if p["kind"] == "input"] for _ in range(sets)]
+        self.input_entries = header["inputs"]
+        if len(self.input_entries) != sets:
+            raise ValueError(f"the job names the inputs of {len(self.input_entries)} sets, not {sets}")
         self.buffers: list[list[gpu.GuardedBuffer]] = []
         self.kept: set[int] = set()  # id() of buffers handed to `resident`: not freed here
         try:

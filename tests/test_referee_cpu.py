@@ -245,3 +245,16 @@ def test_device_memory_running_out_is_its_own_reason_and_the_worker_stays(refere
     timing = _time(referee, task)
     assert not timing.passed and timing.cases[0].reasons[0].code is ReasonCode.OUT_OF_MEMORY
     assert candidate.alive and candidate.starts == 1  # not a sticky error: the same worker goes on
+
+
+@pytest.mark.parametrize("referee", ["honest"], indirect=True)
+def test_a_launch_that_cannot_be_made_for_a_timed_case_is_refused_before_any_job(referee, task):
+    from harness.task import LaunchSpec
+
+    before = referee.pool.candidate.starts
+    launch = LaunchSpec.model_validate({"grid": ["ceil_div(n, 16) - 200", "ceil_div(m, 16)"], "block": [16, 16]})
+    timing = referee.time(Kernel("candidate", CUBIN, "matmul_f32", launch), [task.case("rect-2000x1500x1000")])
+    assert not timing.passed
+    assert [(r.code, r.case) for r in timing.reasons] == [(ReasonCode.LAUNCH_ERROR, "rect-2000x1500x1000")]
+    assert "invalid for this case" in timing.reasons[0].detail
+    assert referee.pool.candidate.starts == before  # no worker was needed to say so
