@@ -35,7 +35,7 @@ def test_each_launch_reads_its_own_time_just_under_its_events(referee, matmul_ta
         assert 0 < kernel_ms <= event_ms * 1.01 + 0.002
     gap_ms = timing.event_median_ms - timing.stats.median_ms
     assert 0 < gap_ms < 0.010  # the launch latency, not a share of the kernel
-    # Busy: at least every timed launch, at most the whole job's wall time.
+    # Busy: at least every timed launch (the flushes, scans and copies come on top).
     assert timing.gpu_busy_ms > sum(timing.samples_ms)
 
 
