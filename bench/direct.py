@@ -8,14 +8,24 @@
                                                CUDA-event medians of each kernel after each way of
                                                emptying L2 (a read, a memset, none), and an empty
                                                kernel's: what the flush and the events add
+    python bench/direct.py clock PLAN.json OUT.json [serial|concurrent]
+                                               kernel-clock medians of each kernel, one step of the
+                                               referee's loop added at a time (poison, the rotated
+                                               input sets, guard bands, the scan): where a gap to ncu
+                                               comes from; with CUPTI's serial kernel tracing (the
+                                               referee's) or its concurrent one (instrumented kernels)
 
 PLAN.json is written by bench/timing.py: for each kernel its task folder, source file, case and
-seed. Inputs are the task's own (harness.task.make_inputs), so every clock sees the same work.
+seed. Inputs are the task's own (harness.task.make_inputs), and a kernel's launches rotate over the
+same input sets as the referee's timed loop (harness.evaluate.input_seed), so every clock sees the
+same work.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -25,16 +35,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness import gpu  # noqa: E402
 from harness.compile import arch_for, compile_kernel  # noqa: E402
+from harness.evaluate import input_seed  # noqa: E402
 from harness.jobs import Layout  # noqa: E402
 from harness.task import Case, load_task, make_inputs  # noqa: E402
 
-REPEATS = 7
+REPEATS = 7  # launches per input set under ncu
+SETS = 4  # the referee's default rotation (Settings.rotation_sets)
 
 
 class Prepared:
-    """One kernel's module, buffers (inputs uploaded, outputs allocated) and launch."""
+    """One kernel's module, buffers for each input set (inputs uploaded, outputs allocated) and launch."""
 
-    def __init__(self, context: gpu.Context, entry: dict):
+    def __init__(self, context: gpu.Context, entry: dict, sets: int = SETS, guard_bytes: int = 0):
+        """`guard_bytes`: each array starts that far into its allocation, as between the referee's
+        guard bands (harness/gpu.py GuardedBuffer)."""
         task = load_task(Path(entry["task"]))
         case = Case(name=entry["case"], role="performance", dims=entry["dims"], seed=entry["seed"])
         source = Path(entry["source"]).read_text()
@@ -46,35 +60,75 @@ class Prepared:
         self.function = self.module.function(result.lowered_name)
         gpu.allow_dynamic_shared(self.function, self.geometry.shared_bytes)
         layout = Layout.for_case(task, case.dims)
-        inputs = make_inputs(task, case.dims, case.seed)
-        self.buffers, values = [], []
-        for kind, spec in layout.params:
-            if kind == "scalar":
-                _, dtype, value = spec
-                values.append((dtype, value))
-                continue
-            buffer = gpu.Allocation(spec.nbytes)
-            self.buffers.append(buffer)
-            if spec.kind == "input":
-                gpu.upload(buffer.ptr, np.ascontiguousarray(inputs[spec.name]).view(np.uint8).reshape(-1))
-            values.append(("ptr", buffer.ptr))
-        self.arguments = gpu.kernel_arguments(values)
+        self.buffers: list[gpu.Allocation] = []
+        self.outputs: list[list[tuple[int, int]]] = []  # per set: (pointer, bytes) of each output
+        self.arguments = []
+        for s in range(sets):
+            inputs = make_inputs(task, case.dims, input_seed(case, s))
+            values, outputs = [], []
+            for kind, spec in layout.params:
+                if kind == "scalar":
+                    _, dtype, value = spec
+                    values.append((dtype, value))
+                    continue
+                buffer = gpu.Allocation(spec.nbytes + 2 * guard_bytes)
+                self.buffers.append(buffer)
+                ptr = buffer.ptr + guard_bytes
+                if spec.kind == "input":
+                    gpu.upload(ptr, np.ascontiguousarray(inputs[spec.name]).view(np.uint8).reshape(-1))
+                else:
+                    outputs.append((ptr, spec.nbytes))
+                values.append(("ptr", ptr))
+            self.arguments.append(gpu.kernel_arguments(values))
+            self.outputs.append(outputs)
 
-    def launch(self, stream) -> None:
+    @property
+    def sets(self) -> int:
+        return len(self.arguments)
+
+    def launch(self, stream, set_index: int = 0) -> None:
         g = self.geometry
-        gpu.launch(self.function, g.grid, g.block, g.shared_bytes, stream, self.arguments)
+        gpu.launch(self.function, g.grid, g.block, g.shared_bytes, stream, self.arguments[set_index])
+
+    def poison(self, stream, set_index: int) -> None:
+        for ptr, nbytes in self.outputs[set_index]:
+            gpu.fill(ptr, 0xFF, nbytes, stream)
+
+    def free(self) -> None:
+        for buffer in self.buffers:
+            buffer.free()
+        self.module.unload()
 
 
-def prepare_all(plan: list[dict]) -> tuple[gpu.Context, list[Prepared]]:
+def prepare_all(plan: list[dict], sets: int = SETS) -> tuple[gpu.Context, list[Prepared]]:
     context = gpu.Context(0)
-    return context, [Prepared(context, entry) for entry in plan]
+    return context, [Prepared(context, entry, sets) for entry in plan]
+
+
+def utilities(context: gpu.Context, clock=None):
+    """The referee's own kernels (flush, hold, empty) in this process."""
+    from harness import execute
+
+    compiled = compile_kernel(execute.UTILITY_SOURCE, "referee_empty", arch=arch_for(*context.info.compute_capability))
+    return execute.Utilities(context, compiled.cubin, clock)
 
 
 def under_ncu(plan: list[dict]) -> None:
+    """An empty kernel REPEATS times (ncu's own floor), then REPEATS rounds over the input sets,
+    kernel by kernel: ncu's values come in that order."""
+    from harness import execute
+
     context, kernels = prepare_all(plan)
+    compiled = compile_kernel(execute.UTILITY_SOURCE, "referee_empty", arch=arch_for(*context.info.compute_capability))
+    module = gpu.Module(compiled.cubin)  # not Utilities: its own launches would be profiled too
+    empty = module.function("referee_empty")
+    for _ in range(REPEATS):
+        gpu.launch(empty, (1, 1, 1), (1, 1, 1), 0, context.stream, 0)
+    context.synchronize()
     for kernel in kernels:
         for _ in range(REPEATS):
-            kernel.launch(context.stream)
+            for s in range(kernel.sets):
+                kernel.launch(context.stream, s)
         context.synchronize()
 
 
@@ -88,7 +142,8 @@ def with_triton(plan: list[dict], out: Path) -> None:
     medians = {}
     for entry, kernel in zip(plan, kernels, strict=True):
         stream = torch.cuda.current_stream().cuda_stream
-        medians[entry["label"]] = float(triton.testing.do_bench(lambda k=kernel: k.launch(stream),
+        turns = itertools.cycle(range(kernel.sets))
+        medians[entry["label"]] = float(triton.testing.do_bench(lambda k=kernel, t=turns: k.launch(stream, next(t)),
                                                                 warmup=25, rep=200, return_mode="median"))
     torch.cuda.synchronize()
     out.write_text(json.dumps({"triton": triton.__version__, "median_ms": medians}, indent=1))
@@ -98,20 +153,17 @@ FLUSH_LAUNCHES = 200
 
 
 def by_flush(plan: list[dict], out: Path) -> None:
-    from harness import execute
-
-    context, kernels = prepare_all(plan)
-    compiled = compile_kernel(execute.UTILITY_SOURCE, "referee_empty", arch=arch_for(*context.info.compute_capability))
-    utilities = execute.Utilities(context, compiled.cubin)
+    context, kernels = prepare_all(plan, sets=1)
+    tools = utilities(context)
     stream = context.stream
-    ways = {"read": utilities.flush_l2,
-            "memset": lambda: gpu.fill(utilities.flush.ptr, 0x3C, utilities.flush_bytes, stream),
+    ways = {"read": tools.flush_l2,
+            "memset": lambda: gpu.fill(tools.flush.ptr, 0x3C, tools.flush_bytes, stream),
             "none": lambda: None}
 
     def median_ms(launch, before) -> float:
         pairs = [gpu.EventPair() for _ in range(FLUSH_LAUNCHES)]
         try:
-            utilities.hold(FLUSH_LAUNCHES)
+            tools.hold(FLUSH_LAUNCHES)
             for pair in pairs:
                 before()
                 gpu.record(pair.start, stream)
@@ -123,13 +175,80 @@ def by_flush(plan: list[dict], out: Path) -> None:
             for pair in pairs:
                 pair.destroy()
 
-    empty = lambda: gpu.launch(utilities.empty, (1, 1, 1), (1, 1, 1), 0, stream, 0)  # noqa: E731
+    empty = lambda: gpu.launch(tools.empty, (1, 1, 1), (1, 1, 1), 0, stream, 0)  # noqa: E731
     results = {"empty_kernel_ms": median_ms(empty, lambda: None), "median_ms": {}}
     for entry, kernel in zip(plan, kernels, strict=True):
         for _ in range(10):
             kernel.launch(stream)
         results["median_ms"][entry["label"]] = {way: median_ms(lambda k=kernel: k.launch(stream), before)
                                                 for way, before in ways.items()}
+    out.write_text(json.dumps(results, indent=1))
+
+
+CLOCK_LAUNCHES = 200
+# What runs around each timed launch, one step of the referee's loop (harness/execute.py) added at a
+# time: (input sets, output poisoned before, arrays placed after 4 KiB guard bands, output scanned after).
+CLOCK_STEPS = {"one set": (1, False, False, False), "one set, poisoned": (1, True, False, False),
+               "rotated sets": (SETS, False, False, False), "rotated sets, poisoned": (SETS, True, False, False),
+               "rotated, poisoned, guarded, scanned (the referee's loop)": (SETS, True, True, True)}
+
+
+def by_clock(plan: list[dict], out: Path, tracing: str = "serial") -> None:
+    """Kernel-clock medians of each kernel after the read flush, one step of the referee's loop added
+    at a time, with the median of each input set; and an empty kernel's."""
+    from harness.jobs import GUARD_BYTES
+    from harness.kernel_clock import KernelClock
+
+    clock = KernelClock(tracing=tracing)  # before the context, as in the worker
+    if not clock.available:
+        raise SystemExit(f"no kernel clock: {clock.failure}")
+    context = gpu.Context(0)
+    tools = utilities(context, clock)
+    stream = context.stream
+    counter = gpu.Allocation(8)
+
+    def spans_ms(launch, before, after, sets: int) -> list[float]:
+        tools.begin()
+        tools.hold(CLOCK_LAUNCHES)
+        for i in range(CLOCK_LAUNCHES):
+            before(i % sets)
+            tools.flush_l2()
+            tools.tag(i + 1)
+            launch(i % sets)
+            tools.untag()
+            after(i % sets)
+        context.synchronize()
+        spans, _ = tools.finish(list(range(1, CLOCK_LAUNCHES + 1)))
+        if spans is None:
+            raise RuntimeError("the kernel clock lost a launch")
+        return spans
+
+    def scan(kernel: Prepared, s: int) -> None:
+        for ptr, nbytes in kernel.outputs[s]:
+            tools.count_equal(ptr, nbytes // 4, 4, 0xFF, counter.ptr)
+
+    nothing = lambda s: None  # noqa: E731
+    empty = spans_ms(lambda s: gpu.launch(tools.empty, (1, 1, 1), (1, 1, 1), 0, stream, 0), nothing, nothing, 1)
+    results = {"tracing": tracing, "empty_kernel_ms": statistics.median(empty), "launches": CLOCK_LAUNCHES,
+               "median_ms": {}, "per_set_ms": {}}
+    for entry in plan:
+        medians, per_set = {}, {}
+        for guarded in (False, True):
+            kernel = Prepared(context, entry, SETS, GUARD_BYTES if guarded else 0)
+            for s in range(10 * kernel.sets):
+                kernel.launch(stream, s % kernel.sets)
+            for step, (sets, poisoned, guard, scanned) in CLOCK_STEPS.items():
+                if guard != guarded:
+                    continue
+                poison = (lambda s, k=kernel: k.poison(stream, s)) if poisoned else nothing
+                after = (lambda s, k=kernel: scan(k, s)) if scanned else nothing
+                spans = spans_ms(lambda s, k=kernel: k.launch(stream, s), poison, after, sets)
+                medians[step] = statistics.median(spans)
+                per_set[step] = [statistics.median(spans[s::sets]) for s in range(sets)]
+            context.synchronize()
+            kernel.free()
+        results["median_ms"][entry["label"]] = medians
+        results["per_set_ms"][entry["label"]] = per_set
     out.write_text(json.dumps(results, indent=1))
 
 
@@ -141,6 +260,8 @@ def main(argv: list[str]) -> int:
         with_triton(plan, Path(argv[3]))
     elif mode == "flush":
         by_flush(plan, Path(argv[3]))
+    elif mode == "clock":
+        by_clock(plan, Path(argv[3]), *argv[4:5])
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     return 0

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.direct import REPEATS  # noqa: E402
+from bench.direct import REPEATS, SETS  # noqa: E402
 from harness.device import gpu_absent_reason  # noqa: E402
 from harness.evaluate import Kernel, Settings  # noqa: E402
 from harness.stats import speedup, summarize  # noqa: E402
@@ -147,35 +147,35 @@ class Bench:
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         (self.out / "ncu.log").write_text(done.stdout + "\n--- stderr\n" + done.stderr)
         values = ncu_durations_ms(done.stdout)
-        if done.returncode != 0 or len(values) != REPEATS * len(KERNELS):
-            self.results["ncu"] = {"note": f"ncu exit {done.returncode}, {len(values)} values "
-                                           f"(expected {REPEATS * len(KERNELS)}); see ncu.log"}
-            return
-        self.results["ncu"] = {"median_ms": {label: statistics.median(values[i * REPEATS:(i + 1) * REPEATS])
-                                             for i, (label, *_) in enumerate(KERNELS)}}
+        summary = ncu_summary(values, [label for label, *_ in KERNELS]) if done.returncode == 0 else None
+        self.results["ncu"] = summary or {"note": f"ncu exit {done.returncode}, {len(values)} values "
+                                                  f"(expected {REPEATS + REPEATS * SETS * len(KERNELS)}); see ncu.log"}
         self.save()
 
     def triton(self) -> None:
-        out = self.out / "triton.json"
-        done = subprocess.run([sys.executable, str(BENCH / "direct.py"), "triton", str(self.plan()), str(out)],
-                              capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            self.results["triton"] = {"note": f"do_bench did not run (exit {done.returncode}): {done.stderr[-600:]}"}
-        else:
-            self.results["triton"] = json.loads(out.read_text())
-        self.save()
+        self._direct("triton", "do_bench")
+
+    def clock(self) -> None:
+        """Each kernel on the kernel clock outside the referee, one step of its loop added at a time:
+        which step, if any, moves a kernel away from ncu."""
+        self._direct("clock", "the kernel-clock steps")
+        self._direct("clock", "the kernel-clock steps with concurrent tracing", "concurrent")
 
     def flush(self) -> None:
         """Each kernel by CUDA events after a read of twice L2 (the referee's flush), a memset of it, and
         no flush; and an empty kernel: how much of the gap to ncu the flush and the events make."""
-        out = self.out / "flush.json"
-        done = subprocess.run([sys.executable, str(BENCH / "direct.py"), "flush", str(self.plan()), str(out)],
+        self._direct("flush", "the flush comparison")
+
+    def _direct(self, mode: str, what: str, *extra: str) -> None:
+        """bench/direct.py MODE in its own process; its JSON under results["MODE[_EXTRA]"]."""
+        key = "_".join((mode, *extra))
+        out = self.out / f"{key}.json"
+        done = subprocess.run([sys.executable, str(BENCH / "direct.py"), mode, str(self.plan()), str(out), *extra],
                               capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
-            self.results["flush"] = {"note": f"the flush comparison did not run (exit {done.returncode}): "
-                                             f"{done.stderr[-600:]}"}
+            self.results[key] = {"note": f"{what} did not run (exit {done.returncode}): {done.stderr[-600:]}"}
         else:
-            self.results["flush"] = json.loads(out.read_text())
+            self.results[key] = json.loads(out.read_text())
         self.save()
 
     # -- discrimination ------------------------------------------------------------------------
@@ -274,14 +274,18 @@ class Bench:
 @contextlib.contextmanager
 def _gpu_busy_counted():
     """Adds up the GPU busy time every worker answer reports while the block runs."""
-    measured = {"jobs": 0, "unclocked": 0, "ms": 0.0}
+    measured = {"jobs": 0, "unclocked": 0, "ms": 0.0, "each": []}
     call = Worker.call
 
     def counted(self, header, blobs, *args, **kwargs):
+        started = time.perf_counter()
         answer, back = call(self, header, blobs, *args, **kwargs)
         if header.get("op") not in ("run", "time", "vendor_time"):
             return answer, back  # a compile worker's job: no GPU there
         measured["jobs"] += 1
+        measured["each"].append({"op": header.get("op"), "wall_s": round(time.perf_counter() - started, 4),
+                                 "gpu_busy_ms": answer.get("gpu_busy_ms"), "phases_s": answer.get("phases_s"),
+                                 "sent_bytes": sum(len(b) for b in blobs), "back_bytes": sum(len(b) for b in back)})
         if answer.get("gpu_busy_ms") is None:
             measured["unclocked"] += 1
         else:
@@ -337,6 +341,41 @@ def ncu_durations_ms(text: str) -> list[float]:
     return values
 
 
+def ncu_summary(values: list[float], labels: list[str]) -> dict | None:
+    """ncu's values in bench/direct.py's launch order (an empty kernel REPEATS times, then for each
+    kernel REPEATS rounds over the SETS input sets): the median of each kernel, of each of its sets,
+    and the empty kernel's. None if the count is not that."""
+    per_kernel = REPEATS * SETS
+    if len(values) != REPEATS + per_kernel * len(labels):
+        return None
+    empty, values = values[:REPEATS], values[REPEATS:]
+    mine = {label: values[i * per_kernel:(i + 1) * per_kernel] for i, label in enumerate(labels)}
+    return {"empty_kernel_ms": statistics.median(empty), "sets": SETS, "repeats_per_set": REPEATS,
+            "median_ms": {label: statistics.median(v) for label, v in mine.items()},
+            # launches go round the sets: set s is every SETS-th value from s
+            "per_set_ms": {label: [statistics.median(v[s::SETS]) for s in range(SETS)] for label, v in mine.items()}}
+
+
+def _clock_steps(results: dict, ncu: dict) -> list[str]:
+    """The kernel clock outside the referee, step by step, beside ncu (bench/direct.py clock)."""
+    lines = []
+    for key in ("clock", "clock_concurrent"):
+        steps = results.get(key) or {}
+        if not steps.get("median_ms"):
+            if steps.get("note"):
+                lines.append(f"\n{key}: {steps['note']}")
+            continue
+        names = list(next(iter(steps["median_ms"].values())))
+        lines += ["", f"on the kernel clock outside the referee, {steps.get('tracing', 'serial')} tracing "
+                      f"(an empty kernel reads {steps['empty_kernel_ms'] * 1e3:.2f} us):",
+                  "| kernel | " + " | ".join(names) + " | ncu (us) |", "|---" * (len(names) + 2) + "|"]
+        for label, medians in steps["median_ms"].items():
+            theirs = ncu.get(label)
+            lines.append(f"| {label} | " + " | ".join(f"{medians[n] * 1e3:.1f}" for n in names) + " | "
+                         + (f"{theirs * 1e3:.1f} |" if theirs else "— |"))
+    return lines
+
+
 def report(results: dict) -> str:
     clocks = {k.get("clock", "events") for k in results.get("kernels", [])}
     lines = [f"the referee's clock: {', '.join(sorted(clocks)) or '—'}",
@@ -355,6 +394,9 @@ def report(results: dict) -> str:
     for section in ("ncu", "triton"):
         if note := (results.get(section) or {}).get("note"):
             lines.append(f"\n{section}: {note}")
+    if (empty := (results.get("ncu") or {}).get("empty_kernel_ms")) is not None:
+        lines.append(f"\nncu reads an empty kernel at {empty * 1e3:.2f} us")
+    lines += _clock_steps(results, ncu)
     flush = results.get("flush") or {}
     if flush.get("median_ms"):
         lines += ["", f"by CUDA events, after each flush (an empty kernel reads {flush['empty_kernel_ms'] * 1e3:.2f} us):",
@@ -402,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args.out, args.runs, args.trials)
     steps = [("repeatability", bench.repeatability)]
     steps += [] if args.no_ncu else [("ncu", bench.ncu)]
-    steps += [("flush", bench.flush)]
+    steps += [("clock", bench.clock), ("flush", bench.flush)]
     steps += [("discrimination", bench.discrimination), ("overhead", bench.overhead)]
     steps += [] if args.no_triton else [("triton", bench.triton)]
     try:

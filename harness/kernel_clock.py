@@ -2,9 +2,14 @@
 
 A pair of CUDA events around a launch also measures the launch: the front end's latency between
 the start event and the kernel's first block, about 2 us on an H200 (an empty kernel reads 3.5 us).
-CUPTI records each kernel's own start and end on the GPU, as the profilers' timelines show them
-(Nsight Compute's gpu__time_duration reads about 1 us more on an H200: a 2.1 us kernel reads 3.0).
+CUPTI records each kernel's own start and end on the GPU, as the profilers' timelines show them.
 Its records also give the GPU's busy time: the union of every kernel, copy and memset interval.
+
+Kernels are traced as CUPTI_ACTIVITY_KIND_KERNEL, not CONCURRENT_KERNEL. For the concurrent kind
+CUPTI instruments each kernel's code to take its timestamps, and that code runs in every block: on
+an H200 it made a layernorm of 32768 short blocks 7% slower (115 us against 107 us, by the events
+too), where the serial kind leaves the kernel's code alone and only keeps kernels from overlapping
+across streams, which a worker's one stream never does (docs/timing.md, "The clock").
 
 libcupti (the nvidia-cuda-cupti wheel) has no Python bindings: it is loaded with ctypes from the
 file cuda.pathfinder finds, inside a GPU worker only, after its confinement. Where it is missing or
@@ -28,8 +33,8 @@ from dataclasses import dataclass
 KIND_MEMCPY, KIND_MEMSET, KIND_KERNEL, KIND_DRIVER, KIND_RUNTIME = 1, 2, 3, 4, 5
 KIND_CONCURRENT_KERNEL, KIND_EXTERNAL_CORRELATION = 10, 39
 # API records (driver, runtime) must be on for external correlation records to be written.
-ENABLED_KINDS = (KIND_CONCURRENT_KERNEL, KIND_MEMCPY, KIND_MEMSET, KIND_DRIVER, KIND_RUNTIME,
-                 KIND_EXTERNAL_CORRELATION)
+OTHER_KINDS = (KIND_MEMCPY, KIND_MEMSET, KIND_DRIVER, KIND_RUNTIME, KIND_EXTERNAL_CORRELATION)
+KERNEL_KINDS = {"serial": KIND_KERNEL, "concurrent": KIND_CONCURRENT_KERNEL}
 GPU_KINDS = (KIND_KERNEL, KIND_CONCURRENT_KERNEL, KIND_MEMCPY, KIND_MEMSET)
 EXTERNAL_KIND_CUSTOM0 = 3
 FLUSH_FORCED = 1
@@ -96,7 +101,12 @@ def busy_ms(activities: list[Activity]) -> float:
 class KernelClock:
     """CUPTI activity tracing for this process: kernels, copies and memsets, read per job."""
 
-    def __init__(self, library_path: str | None = None):
+    def __init__(self, library_path: str | None = None, tracing: str = "serial"):
+        """`tracing`: "serial" (the referee's: the kernels' code untouched) or "concurrent" (CUPTI
+        instruments every kernel; the bench compares the two)."""
+        if tracing not in KERNEL_KINDS:
+            raise ValueError(f"tracing must be one of {sorted(KERNEL_KINDS)}, not {tracing!r}")
+        self.tracing = tracing
         self.failure: str | None = None
         self.version: int | None = None
         self._lock = threading.Lock()
@@ -113,7 +123,7 @@ class KernelClock:
             self._requested, self._completed = _BufferRequested(self._on_request), _BufferCompleted(self._on_complete)
             self._check(self.lib.cuptiActivityRegisterCallbacks(self._requested, self._completed),
                         "cuptiActivityRegisterCallbacks")
-            for kind in ENABLED_KINDS:
+            for kind in (KERNEL_KINDS[tracing], *OTHER_KINDS):
                 self._check(self.lib.cuptiActivityEnable(kind), f"cuptiActivityEnable({kind})")
         except Exception as exc:  # noqa: BLE001 - missing library, old driver, refused: events alone, said why
             self.failure = f"{type(exc).__name__}: {exc}"

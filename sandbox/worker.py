@@ -87,6 +87,7 @@ def serve(jobs, answers, ordinal: int, confined: dict, regions=(None, None)) -> 
                         "event_overhead_ms": utilities.event_overhead_ms, "pid": os.getpid(),
                         "kernel_clock": {"available": utilities.clock is not None, "note": utilities.clock_note,
                                          "cupti_version": utilities.clock.version if utilities.clock else None,
+                                         "tracing": utilities.clock.tracing if utilities.clock else None,
                                          "empty_kernel_ms": utilities.kernel_floor_ms},
                         "pci_bus_id": context.pci_bus_id(), "shared_regions": regions[0] is not None, **confined})
     while True:

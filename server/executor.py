@@ -135,7 +135,8 @@ def _clock_facts(kernel_clock: dict, wanted: str) -> dict:
     """Which clock this run's timings read, and why where it is not the kernel clock."""
     if wanted == "kernel" and kernel_clock.get("available"):
         version = kernel_clock.get("cupti_version")
-        return {"clock": "kernel", "clock_note": f"CUPTI activity records (CUPTI API {version})",
+        tracing = kernel_clock.get("tracing") or "concurrent"  # a worker that does not say traced concurrently
+        return {"clock": "kernel", "clock_note": f"CUPTI activity records, {tracing} kernel tracing (CUPTI API {version})",
                 "kernel_floor_ms": kernel_clock.get("empty_kernel_ms")}
     why = "asked for in the settings" if wanted == "events" else (
         f"the kernel clock is unavailable: {kernel_clock.get('note') or 'the worker does not say why'}")

@@ -87,3 +87,30 @@ def test_wall_clocked_executor_methods_count_calls_and_time_and_still_answer():
     assert executor.check(21) == 42 and executor.check(1) == 2
     summary = clock.summary()
     assert summary["calls"] == 2 and summary["wall_s"] >= 0
+
+
+def test_ncu_values_are_split_into_the_empty_kernel_then_each_kernel_by_input_set():
+    repeats, sets = timing.REPEATS, timing.SETS
+    empty = [0.002] * repeats
+    # kernel A: set s reads 1 + s ms in every round; kernel B: 5 ms throughout
+    a = [1.0 + s for _ in range(repeats) for s in range(sets)]
+    b = [5.0] * (repeats * sets)
+    summary = timing.ncu_summary(empty + a + b, ["A", "B"])
+    assert summary["empty_kernel_ms"] == 0.002
+    assert summary["per_set_ms"]["A"] == [1.0, 2.0, 3.0, 4.0][:sets]
+    assert summary["median_ms"]["A"] == pytest.approx(sorted(a)[len(a) // 2 - 1] / 2 + sorted(a)[len(a) // 2] / 2)
+    assert summary["median_ms"]["B"] == 5.0
+    assert timing.ncu_summary(empty + a, ["A", "B"]) is None  # a kernel's values missing: no summary
+
+
+def test_the_report_shows_the_kernel_clock_step_by_step_beside_ncu():
+    results = {"ncu": {"median_ms": {"layernorm 32768x768": 0.1093}, "empty_kernel_ms": 0.0016},
+               "clock": {"tracing": "serial", "empty_kernel_ms": 0.0006, "median_ms": {
+                   "layernorm 32768x768": {"one set": 0.1071, "rotated sets": 0.1080}}},
+               "clock_concurrent": {"note": "the kernel-clock steps with concurrent tracing did not run (exit 1)"}}
+    text = timing.report(results)
+    assert "ncu reads an empty kernel at 1.60 us" in text
+    assert "serial tracing (an empty kernel reads 0.60 us)" in text
+    assert "| kernel | one set | rotated sets | ncu (us) |" in text
+    assert "| layernorm 32768x768 | 107.1 | 108.0 | 109.3 |" in text
+    assert "clock_concurrent: the kernel-clock steps with concurrent tracing did not run (exit 1)" in text

@@ -48,6 +48,13 @@ def test_a_clock_that_cannot_load_says_why_and_is_not_used(tmp_path):
     assert "libcupti.so.missing" in clock.failure
 
 
+def test_kernels_are_traced_serially_unless_asked_otherwise_and_nothing_else_is_accepted(tmp_path):
+    assert KernelClock(str(tmp_path / "libcupti.so.missing")).tracing == "serial"
+    assert KernelClock(str(tmp_path / "libcupti.so.missing"), tracing="concurrent").tracing == "concurrent"
+    with pytest.raises(ValueError, match="tracing must be one of"):
+        KernelClock(str(tmp_path / "libcupti.so.missing"), tracing="sampled")
+
+
 def answer(events, kernel_samples=None):
     return {"samples_ms": events, "kernel_samples_ms": kernel_samples}
 
@@ -79,8 +86,12 @@ def test_side_by_side_timings_on_two_clocks_are_refused():
 
 
 def test_the_run_records_which_clock_it_reads_and_why():
-    kernel = _clock_facts({"available": True, "cupti_version": 130001, "empty_kernel_ms": 0.0012}, "kernel")
+    kernel = _clock_facts({"available": True, "cupti_version": 130001, "tracing": "serial", "empty_kernel_ms": 0.0012},
+                          "kernel")
     assert kernel["clock"] == "kernel" and "130001" in kernel["clock_note"] and kernel["kernel_floor_ms"] == 0.0012
+    assert "serial kernel tracing" in kernel["clock_note"]
+    # a worker from before the tracing was named traced concurrently: the note says so
+    assert "concurrent kernel tracing" in _clock_facts({"available": True, "cupti_version": 130001}, "kernel")["clock_note"]
     missing = _clock_facts({"available": False, "note": "OSError: libcupti.so.13: cannot open"}, "kernel")
     assert missing["clock"] == "events" and "libcupti.so.13" in missing["clock_note"]
     assert _clock_facts({"available": True}, "events") == {"clock": "events", "clock_note": "asked for in the settings",
