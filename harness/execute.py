@@ -14,7 +14,8 @@ from time import perf_counter
 import numpy as np
 from harness import gpu
 from harness.cuda_check import CudaError
-from harness.jobs import canary, digests, pack_outputs, run_slots, time_slots
+from harness.jobs import (canary, digests_later, hashing_pool, pack_outputs, run_slots, same_bytes, sha256,
+                          time_slots)
 from harness.kernel_clock import KernelClock, busy_ms, launch_spans_ms
 
 UTILITY_SOURCE = r"""
@@ -187,24 +188,26 @@ class Utilities:
 class Resident:
     """Input buffers kept on the device from job to job, by "NAME:SHA256" of their bytes: the parent
     need not send inputs the worker holds. A buffer is kept only if its bytes still hash to its key
-    after the job; the least recently used go first beyond `cap_bytes`, and all of them after a job
-    that failed (the worker then says it holds none)."""
+    after the job, with a host copy of those bytes: the next job's check compares the device's bytes
+    with it instead of hashing them again. The least recently used go first beyond `cap_bytes`, and
+    all of them after a job that failed (the worker then says it holds none)."""
 
     def __init__(self, cap_bytes: int):
         self.cap_bytes = cap_bytes
-        self._buffers: OrderedDict[str, gpu.GuardedBuffer] = OrderedDict()
+        self._buffers: OrderedDict[str, tuple[gpu.GuardedBuffer, np.ndarray]] = OrderedDict()
 
-    def take(self, key: str) -> gpu.GuardedBuffer | None:
+    def take(self, key: str) -> tuple[gpu.GuardedBuffer, np.ndarray] | None:
+        """(the buffer, the host copy of the bytes that hash to `key`), no longer held here; or None."""
         return self._buffers.pop(key, None)
 
-    def keep(self, key: str, buffer: gpu.GuardedBuffer) -> None:
-        self._buffers[key] = buffer
-        while self._buffers and sum(b.nbytes for b in self._buffers.values()) > self.cap_bytes:
-            self._buffers.popitem(last=False)[1].free()
+    def keep(self, key: str, buffer: gpu.GuardedBuffer, host: np.ndarray) -> None:
+        self._buffers[key] = (buffer, host)
+        while self._buffers and sum(b.nbytes for b, _ in self._buffers.values()) > self.cap_bytes:
+            self._buffers.popitem(last=False)[1][0].free()
 
     def clear(self) -> None:
         while self._buffers:
-            self._buffers.popitem()[1].free()
+            self._buffers.popitem()[1][0].free()
 
     def making_room(self, allocate: Callable, *args):
         """allocate(*args); out of device memory, again once the buffers kept here are freed: the
@@ -263,6 +266,9 @@ class _Job:
             raise ValueError(f"the job names the inputs of {len(self.input_entries)} sets, not {sets}")
         self.buffers: list[list[gpu.GuardedBuffer]] = []
         self.kept: set[int] = set()  # id() of buffers handed to `resident`: not freed here
+        # id() of an input buffer kept from an earlier job -> the host copy of the bytes it must still hold
+        self.references: dict[int, np.ndarray] = {}
+        self.read: dict[int, np.ndarray] = {}  # id() of an input buffer -> its bytes as read back after the job
         try:
             self._prepare(header, cubin, sets)
         except BaseException:
@@ -281,11 +287,12 @@ class _Job:
                 head, tail = canary(seed, s * len(self.arrays) + i, guard)
                 entry = next(entries) if p["kind"] == "input" else None
                 if entry is not None and not entry["sent"]:
-                    held = self.resident.take(entry["key"]) if self.resident is not None else None
-                    if held is None or held.nbytes != p["nbytes"]:
-                        if held is not None:
-                            held.free()
+                    taken = self.resident.take(entry["key"]) if self.resident is not None else None
+                    if taken is None or taken[0].nbytes != p["nbytes"]:
+                        if taken is not None:
+                            taken[0].free()
                         raise ResidentMissing(entry["key"])
+                    held, self.references[id(taken[0])] = taken
                     held.rearm(head, tail)
                     row.append(held)
                 else:
@@ -361,20 +368,30 @@ class _Job:
     def read_outputs(self, set_index: int) -> list[np.ndarray]:
         return [gpu.download(buffer.ptr, p["nbytes"]) for _, p, buffer in self.outputs(set_index)]
 
-    def evidence(self, staging: Staging | None = None) -> tuple[list[dict], list[bytes]]:
-        """Input hashes per set and every guard band, read back after all launches."""
-        inputs = [(s, p, buffer) for s, row in enumerate(self.buffers)
-                  for p, buffer in zip(self.arrays, row) if p["kind"] == "input"]
-        host = (staging or Staging()).take(sum(p["nbytes"] for _, p, _ in inputs))
-        views, offset = [], 0
-        for _, p, buffer in inputs:
-            view = host[offset:offset + p["nbytes"]]
-            gpu.download_into(buffer.ptr, view)
-            views.append(view)
-            offset += p["nbytes"]
+    def input_bytes(self) -> int:
+        return sum(p["nbytes"] for p in self.arrays if p["kind"] == "input") * len(self.buffers)
+
+    def evidence(self, host: np.ndarray) -> tuple[list[dict], list[bytes]]:
+        """Input hashes per set and every guard band, read back after all launches into `host`
+        (input_bytes() long). An input kept from an earlier job is compared byte for byte with its
+        host copy, which hashed to its key when it was kept, instead of being hashed again; each
+        input is compared or hashed on the hashing threads while the next one is read back."""
+        pool, pending, offset = hashing_pool(), [], 0
+        for s, row in enumerate(self.buffers):
+            entries = iter(self.input_entries[s])
+            for p, buffer in zip(self.arrays, row):
+                if p["kind"] != "input":
+                    continue
+                key = next(entries)["key"]
+                view = host[offset:offset + p["nbytes"]]
+                offset += p["nbytes"]
+                gpu.download_into(buffer.ptr, view)
+                self.read[id(buffer)] = view
+                reference = self.references.get(id(buffer))
+                pending.append((s, p["name"], pool.submit(_digest, view, reference, key)))
         hashes: list[dict] = [{} for _ in self.buffers]
-        for (s, p, _), digest in zip(inputs, digests(views)):
-            hashes[s][p["name"]] = digest
+        for s, name, digest in pending:
+            hashes[s][name] = digest.result()
         guards = []
         for row in self.buffers:
             for buffer in row:
@@ -383,7 +400,8 @@ class _Job:
         return hashes, guards
 
     def keep_inputs(self, hashes: list[dict]) -> None:
-        """Hand the inputs whose bytes still hash to their key to `resident`, for the next jobs."""
+        """Hand the inputs whose bytes still hash to their key to `resident`, for the next jobs, each
+        with a host copy of those bytes (after evidence())."""
         if self.resident is None:
             return
         for s, row in enumerate(self.buffers):
@@ -393,7 +411,8 @@ class _Job:
                     continue
                 key = next(entries)["key"]
                 if key is not None and key == f"{p['name']}:{hashes[s].get(p['name'])}":
-                    self.resident.keep(key, buffer)
+                    reference = self.references.get(id(buffer))
+                    self.resident.keep(key, buffer, reference if reference is not None else self.read[id(buffer)].copy())
                     self.kept.add(id(buffer))
 
     def close(self) -> None:
@@ -403,6 +422,14 @@ class _Job:
                     buffer.free()
         if self.module is not None:
             self.module.unload()
+
+
+def _digest(view: np.ndarray, reference: np.ndarray | None, key: str | None) -> str:
+    """The sha256 of an input read back: its key's, without hashing, where it holds the same bytes
+    as the host copy that hashed to that key."""
+    if reference is not None and key is not None and same_bytes(view, reference):
+        return key.rsplit(":", 1)[1]
+    return sha256(view)
 
 
 def _scalar_size(dtype: str) -> int:
@@ -424,9 +451,12 @@ def run(context: gpu.Context, header: dict, blobs: list[bytes],
             job.launch(0)
             context.synchronize()
             outputs += job.read_outputs(0)
-        hashes, guards = job.evidence()
+        output_hashes = digests_later(outputs)  # hashed while the inputs are read back and checked
+        staging = utilities.staging if utilities is not None else Staging()
+        hashes, guards = job.evidence(staging.take(job.input_bytes()))
         job.keep_inputs(hashes)
-        fields, sent = pack_outputs(outputs, run_slots(len(header["poisons"]), len(job.outputs(0))), {})
+        fields, sent = pack_outputs(outputs, run_slots(len(header["poisons"]), len(job.outputs(0))), {},
+                                    output_hashes())
         gpu_busy_ms = utilities.finish([])[1] if utilities is not None else None
         resident = utilities.resident.keys() if utilities is not None else []
         return {"status": "ok", "input_sha256": hashes, "gpu_busy_ms": gpu_busy_ms, "resident_inputs": resident,
@@ -522,10 +552,9 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
             kernel_ms = None
         counts = np.frombuffer(gpu.download(counters.ptr, counters.nbytes).tobytes(), dtype=np.uint64)
         unwritten, differs = counts[:iterations], counts[iterations:]
-        hashes, guards = job.evidence(utilities.staging)  # staging is reused for the outputs below
-        job.keep_inputs(hashes)
-        phase("evidence")
-        host = utilities.staging.take(snapshots.nbytes + output_bytes * sets)
+        # The outputs first, hashed on the hashing threads while the inputs are read back and checked.
+        inputs_host, host = np.split(utilities.staging.take(job.input_bytes() + snapshots.nbytes + output_bytes * sets),
+                                     [job.input_bytes()])
         lasts = []
         offset = snapshots.nbytes
         for s in range(sets):
@@ -544,8 +573,12 @@ def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[b
                     gpu.download_into(snapshot_at[k][j], blobs[-1])
         blobs += lasts
         slots = time_slots(checked, sets, n_out)
+        output_hashes = digests_later(blobs)
         phase("read_back")
-        fields, sent = pack_outputs(blobs, slots, header.get("known_outputs") or {})
+        hashes, guards = job.evidence(inputs_host)
+        job.keep_inputs(hashes)
+        phase("evidence")
+        fields, sent = pack_outputs(blobs, slots, header.get("known_outputs") or {}, output_hashes())
         phase("hash_outputs")
         answer = {"status": "ok", "samples_ms": samples_ms, "kernel_samples_ms": kernel_ms,
                   "clock_note": None if clocked else utilities.clock_note or "events asked for",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,22 +97,53 @@ _hashers: ThreadPoolExecutor | None = None
 _hashers_made = threading.Lock()
 
 
-def digests(blobs: list) -> list[str]:
-    """sha256 of each blob, large ones on several threads (hashlib lets go of the GIL). A blob given
-    twice (the same object) is hashed once."""
+def hashing_pool() -> ThreadPoolExecutor:
+    """The threads that hash and compare large blobs (hashlib and numpy let go of the GIL)."""
     global _hashers
+    with _hashers_made:
+        if _hashers is None:
+            _hashers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sha256")
+    return _hashers
+
+
+def _views(blobs: list) -> tuple[list, list[memoryview]]:
     unique = list({id(b): b for b in blobs}.values())
-    views = [memoryview(np.ascontiguousarray(b).view(np.uint8).reshape(-1)) if isinstance(b, np.ndarray)
-             else memoryview(b) for b in unique]
+    return unique, [memoryview(np.ascontiguousarray(b).view(np.uint8).reshape(-1)) if isinstance(b, np.ndarray)
+                    else memoryview(b) for b in unique]
+
+
+def digests_later(blobs: list) -> Callable[[], list[str]]:
+    """Start hashing each blob (sha256) on the hashing threads; the returned call waits for the
+    digests, in the blobs' order. A blob given twice (the same object) is hashed once."""
+    unique, views = _views(blobs)
     if sum(v.nbytes for v in views) < (8 << 20) or len(views) < 2:
-        found = [hashlib.sha256(v).hexdigest() for v in views]
-    else:
-        with _hashers_made:
-            if _hashers is None:
-                _hashers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sha256")
-        found = list(_hashers.map(lambda v: hashlib.sha256(v).hexdigest(), views))
-    by_id = {id(b): digest for b, digest in zip(unique, found)}
-    return [by_id[id(b)] for b in blobs]
+        found = {id(b): hashlib.sha256(v).hexdigest() for b, v in zip(unique, views)}
+        return lambda: [found[id(b)] for b in blobs]
+    futures = [hashing_pool().submit(lambda v=v: hashlib.sha256(v).hexdigest()) for v in views]
+
+    def wait() -> list[str]:
+        by_id = {id(b): f.result() for b, f in zip(unique, futures)}
+        return [by_id[id(b)] for b in blobs]
+    return wait
+
+
+def digests(blobs: list) -> list[str]:
+    """sha256 of each blob, large ones on several threads. A blob given twice (the same object) is
+    hashed once."""
+    return digests_later(blobs)()
+
+
+SAME_BYTES_CHUNK = 4 << 20
+
+
+def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two uint8 arrays hold the same bytes, compared in chunks (no array-sized temporary)."""
+    if a.nbytes != b.nbytes:
+        return False
+    for start in range(0, a.nbytes, SAME_BYTES_CHUNK):
+        if not np.array_equal(a[start:start + SAME_BYTES_CHUNK], b[start:start + SAME_BYTES_CHUNK]):
+            return False
+    return True
 
 
 # -- outputs in answers: each distinct output travels once ------------------------------------------
@@ -130,9 +162,11 @@ def time_slots(checked: list[int], sets: int, outputs: int) -> list[str]:
             + [f"{s}/{j}" for s in range(sets) for j in range(outputs)])
 
 
-def pack_outputs(blobs: list, slots: list[str], known: dict[str, list[str]]) -> tuple[dict, list]:
-    """Worker side: the answer's output fields and the output blobs to send, in slot order."""
-    hashes = digests(blobs)
+def pack_outputs(blobs: list, slots: list[str], known: dict[str, list[str]],
+                 hashes: list[str] | None = None) -> tuple[dict, list]:
+    """Worker side: the answer's output fields and the output blobs to send, in slot order.
+    `hashes`: the blobs' sha256 where already computed."""
+    hashes = digests(blobs) if hashes is None else hashes
     sent, seen = [], set()
     for blob, slot, digest in zip(blobs, slots, hashes, strict=True):
         if digest in seen or digest in known.get(slot, ()):

@@ -94,6 +94,7 @@ class Nvml:
     def __init__(self, pci_bus_id: str | None = None, index: int = 0):
         self.note: str | None = None
         self._nvml = self._handle = None
+        self._max_sm_clock_mhz: int | None = None  # a property of the board: read once (2 ms a call on an H200)
         try:
             import pynvml
             pynvml.nvmlInit()
@@ -113,9 +114,11 @@ class Nvml:
             return GpuState()
         n, h = self._nvml, self._handle
         with self._lock:
+            if self._max_sm_clock_mhz is None:
+                self._max_sm_clock_mhz = _try(n.nvmlDeviceGetMaxClockInfo, h, n.NVML_CLOCK_SM)
             return GpuState(
                 sm_clock_mhz=_try(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM),
-                max_sm_clock_mhz=_try(n.nvmlDeviceGetMaxClockInfo, h, n.NVML_CLOCK_SM),
+                max_sm_clock_mhz=self._max_sm_clock_mhz,
                 memory_clock_mhz=_try(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_MEM),
                 temperature_c=_try(n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU),
                 power_w=_scaled(_try(n.nvmlDeviceGetPowerUsage, h), 1e-3),

@@ -169,3 +169,36 @@ def test_inputs_the_worker_holds_are_named_and_not_sent():
     assert [bytes(b) for b in blobs[1:]] == [sets[0]["b"].tobytes(), sets[1]["a"].tobytes()]
     header, blobs = time_job(b"cubin", "k", layout, geometry, sets, **{**timing, "hashes": None}, resident=held)
     assert len(blobs) == 5 and all(e == {"key": None, "sent": True} for row in header["inputs"] for e in row)
+
+
+def test_digests_can_be_started_and_waited_for_later_in_the_blobs_order():
+    blobs = [np.frombuffer(os.urandom(5 << 20), np.uint8) for _ in range(3)]
+    wait = jobs.digests_later([blobs[2], blobs[0], blobs[2], blobs[1]])  # on the threads: 20 MB
+    assert wait() == [_h(blobs[2].tobytes()), _h(blobs[0].tobytes()), _h(blobs[2].tobytes()), _h(blobs[1].tobytes())]
+    small = jobs.digests_later([b"ab", b"cd"])
+    assert small() == [_h(b"ab"), _h(b"cd")]
+
+
+@pytest.mark.parametrize("where", [0, jobs.SAME_BYTES_CHUNK - 1, jobs.SAME_BYTES_CHUNK, (9 << 20) - 1])
+def test_same_bytes_finds_one_changed_byte_anywhere_in_any_chunk(where):
+    a = np.frombuffer(os.urandom(9 << 20), np.uint8)
+    b = a.copy()
+    assert jobs.same_bytes(a, b)
+    b[where] ^= 1
+    assert not jobs.same_bytes(a, b)
+    assert not jobs.same_bytes(a, a[:-1])
+
+
+def test_an_input_kept_from_an_earlier_job_is_compared_with_its_copy_instead_of_hashed():
+    from harness.execute import _digest
+
+    bytes_ = np.frombuffer(os.urandom(1 << 20), np.uint8)
+    # The key's digest is taken as the input's where the bytes equal the copy that hashed to it.
+    assert _digest(bytes_, bytes_.copy(), "a:" + "0" * 64) == "0" * 64
+    changed = bytes_.copy()
+    changed[12345] ^= 0x80
+    # A changed input is hashed: the parent sees a digest that is not the key's.
+    assert _digest(changed, bytes_, "a:" + "0" * 64) == _h(changed.tobytes())
+    # Without a copy (an input sent with the job) or a key, the bytes are hashed.
+    assert _digest(bytes_, None, "a:" + "0" * 64) == _h(bytes_.tobytes())
+    assert _digest(bytes_, bytes_.copy(), None) == _h(bytes_.tobytes())

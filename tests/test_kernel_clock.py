@@ -1,6 +1,7 @@
 """The kernel clock's bookkeeping (no GPU): which kernels belong to which launch, the GPU's busy time,
 the parent's reading of both clocks, and a run never mixing them."""
 
+import numpy as np
 import pytest
 
 from harness import jobs
@@ -150,12 +151,14 @@ def test_resident_inputs_are_kept_least_recently_used_first_out_within_their_cap
 
     store = Resident(cap_bytes=100)
     first, second, third = _Buffer(40), _Buffer(40), _Buffer(40)
-    store.keep("a:1", first)
-    store.keep("b:2", second)
+    copy = np.zeros(40, dtype=np.uint8)
+    store.keep("a:1", first, copy)
+    store.keep("b:2", second, copy)
     assert store.keys() == ["a:1", "b:2"]
-    assert store.take("a:1") is first and store.take("a:1") is None  # taken for a job: no longer held
-    store.keep("a:1", first)
-    store.keep("c:3", third)  # 120 bytes: the oldest, b:2, goes
+    taken = store.take("a:1")
+    assert taken[0] is first and taken[1] is copy and store.take("a:1") is None  # taken for a job: no longer held
+    store.keep("a:1", first, copy)
+    store.keep("c:3", third, copy)  # 120 bytes: the oldest, b:2, goes
     assert store.keys() == ["a:1", "c:3"] and second.freed and not first.freed
     store.clear()
     assert store.keys() == [] and first.freed and third.freed
@@ -189,7 +192,7 @@ def test_an_allocation_out_of_memory_is_tried_again_once_the_kept_inputs_are_fre
     from harness.execute import Resident
 
     store, kept, calls = Resident(cap_bytes=100), _Buffer(40), []
-    store.keep("a:1", kept)
+    store.keep("a:1", kept, np.zeros(40, dtype=np.uint8))
 
     def allocate(nbytes):
         calls.append(nbytes)

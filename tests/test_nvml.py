@@ -58,3 +58,22 @@ def test_without_nvml_every_reading_is_empty_and_says_why(monkeypatch):
     nvml = Nvml("00000000:01:00.0")
     assert not nvml.available and "NVML unavailable" in nvml.note
     assert nvml.read() == GpuState()
+
+
+def test_the_maximum_sm_clock_is_read_once_and_the_current_state_every_time(monkeypatch):
+    import sys
+    import types
+
+    calls = {"max": 0, "clock": 0}
+    fake = types.SimpleNamespace(
+        NVML_CLOCK_SM=0, NVML_CLOCK_MEM=1, NVML_TEMPERATURE_GPU=0,
+        nvmlInit=lambda: None, nvmlDeviceGetHandleByPciBusId=lambda bus: "gpu",
+        nvmlDeviceGetMaxClockInfo=lambda h, kind: calls.__setitem__("max", calls["max"] + 1) or 1980,
+        nvmlDeviceGetClockInfo=lambda h, kind: calls.__setitem__("clock", calls["clock"] + 1) or (1755 if kind == 0 else 2619),
+        nvmlDeviceGetTemperature=lambda h, kind: 40, nvmlDeviceGetPowerUsage=lambda h: 120000,
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: 0, nvmlDeviceGetComputeRunningProcesses=lambda h: [])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    nvml = Nvml("00000000:01:00.0")
+    states = [nvml.read() for _ in range(3)]
+    assert all(s.max_sm_clock_mhz == 1980 and s.sm_clock_mhz == 1755 for s in states)
+    assert calls == {"max": 1, "clock": 6}
