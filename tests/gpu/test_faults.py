@@ -128,7 +128,9 @@ def test_device_memory_taken_by_another_process_rejects_the_attempt_once_then_it
     hog = subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         left = int(hog.stdout.readline())
-        assert left < 2 << 20, f"the hog left {left} bytes free"
+        # The driver keeps a few MiB it will not hand out (4 MiB on an H200); what is left must be
+        # less than one array of the attempt's 2048 x 2048 cases (16 MiB), which then cannot run.
+        assert left < 16 << 20, f"the hog left {left} bytes free"
         try:
             answer = attempt(run, (KERNELS / "tiled32.cu").read_text())
             reasons = [r.model_dump(mode="json") for r in answer.reasons]
