@@ -47,8 +47,8 @@ class Prepared:
     """One kernel's module, buffers for each input set (inputs uploaded, outputs allocated) and launch."""
 
     def __init__(self, context: gpu.Context, entry: dict, sets: int = SETS, guard_bytes: int = 0):
-        """`guard_bytes`: each array starts that far into its allocation, as between the referee's
-        guard bands (harness/gpu.py GuardedBuffer)."""
+        """`guard_bytes`: each array lies between guard bands of that size, placed as the referee
+        places them (harness/gpu.py GuardedBuffer)."""
         task = load_task(Path(entry["task"]))
         case = Case(name=entry["case"], role="performance", dims=entry["dims"], seed=entry["seed"])
         source = Path(entry["source"]).read_text()
@@ -60,7 +60,8 @@ class Prepared:
         self.function = self.module.function(result.lowered_name)
         gpu.allow_dynamic_shared(self.function, self.geometry.shared_bytes)
         layout = Layout.for_case(task, case.dims)
-        self.buffers: list[gpu.Allocation] = []
+        self.buffers: list[gpu.GuardedBuffer] = []
+        band = np.zeros(guard_bytes, dtype=np.uint8)
         self.outputs: list[list[tuple[int, int]]] = []  # per set: (pointer, bytes) of each output
         self.arguments = []
         for s in range(sets):
@@ -71,9 +72,9 @@ class Prepared:
                     _, dtype, value = spec
                     values.append((dtype, value))
                     continue
-                buffer = gpu.Allocation(spec.nbytes + 2 * guard_bytes)
+                buffer = gpu.GuardedBuffer(spec.nbytes, guard_bytes, band, band)
                 self.buffers.append(buffer)
-                ptr = buffer.ptr + guard_bytes
+                ptr = buffer.ptr
                 if spec.kind == "input":
                     gpu.upload(ptr, np.ascontiguousarray(inputs[spec.name]).view(np.uint8).reshape(-1))
                 else:

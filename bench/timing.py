@@ -115,6 +115,7 @@ class Bench:
                     raise RuntimeError(f"{label}: {timing.reasons}")
                 rows[label].append(timing.stats.median_ms)
                 details.setdefault(label, []).append({"median_ms": timing.stats.median_ms, "clock": timing.clock,
+                                                      "kernel_floor_ms": timing.kernel_floor_ms,
                                                       "event_median_ms": timing.event_median_ms,
                                                       "launches": timing.launches,
                                                       "noise": timing.noise, "warnings": timing.warnings,
@@ -124,6 +125,7 @@ class Bench:
             "label": label, "task": task_name, "which": which, "dims": dims, "medians_ms": rows[label],
             "median_ms": statistics.median(rows[label]), "clock": details[label][0]["clock"],
             "event_median_ms": _median_or_none([d["event_median_ms"] for d in details[label]]),
+            "kernel_floor_ms": _median_or_none([d["kernel_floor_ms"] for d in details[label]]),
             "cv": statistics.stdev(rows[label]) / statistics.mean(rows[label]) if len(rows[label]) > 1 else 0.0,
             "runs": details[label]} for label, task_name, which, dims in KERNELS]
         self.save()
@@ -326,6 +328,12 @@ def _wall_clocked(executor, name: str) -> _WallClock:
     return clock
 
 
+def _referee_floor(results: dict) -> float | None:
+    """The empty kernel's reading on the referee's clock (the median over the bench's timings)."""
+    floors = [k["kernel_floor_ms"] for k in results.get("kernels", []) if k.get("kernel_floor_ms")]
+    return statistics.median(floors) if floors else None
+
+
 def _median_or_none(values: list) -> float | None:
     return statistics.median(values) if values and None not in values else None
 
@@ -391,6 +399,16 @@ def report(results: dict) -> str:
             cells += [f"{value * 1e3:.1f}", f"{ours / value - 1:+.2%}"] if value else ["—", "—"]
         events = f"{k['event_median_ms'] * 1e3:.1f}" if k.get("event_median_ms") else "—"
         lines.append(f"| {k['label']} | {ours * 1e3:.1f} | {k['cv']:.2%} | {events} | " + " | ".join(cells) + " |")
+    floor, ncu_floor = _referee_floor(results), (results.get("ncu") or {}).get("empty_kernel_ms")
+    if floor and ncu_floor and ncu:
+        lines += ["", f"net of each clock's empty kernel (the referee's {floor * 1e3:.2f} us, ncu's "
+                      f"{ncu_floor * 1e3:.2f} us): what the kernel adds to an empty launch on each",
+                  "| kernel | referee net (us) | ncu net (us) | vs ncu |", "|---|---|---|---|"]
+        for k in results.get("kernels", []):
+            if (theirs := ncu.get(k["label"])) is not None:
+                ours_net, theirs_net = k["median_ms"] - floor, theirs - ncu_floor
+                lines.append(f"| {k['label']} | {ours_net * 1e3:.1f} | {theirs_net * 1e3:.1f} | "
+                             f"{ours_net / theirs_net - 1:+.2%} |")
     for section in ("ncu", "triton"):
         if note := (results.get(section) or {}).get("note"):
             lines.append(f"\n{section}: {note}")

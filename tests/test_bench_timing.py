@@ -114,3 +114,13 @@ def test_the_report_shows_the_kernel_clock_step_by_step_beside_ncu():
     assert "| kernel | one set | rotated sets | ncu (us) |" in text
     assert "| layernorm 32768x768 | 107.1 | 108.0 | 109.3 |" in text
     assert "clock_concurrent: the kernel-clock steps with concurrent tracing did not run (exit 1)" in text
+
+
+def test_the_report_compares_each_kernel_net_of_each_clocks_empty_kernel():
+    results = {"kernels": [{"label": "softmax 4096x4096", "median_ms": 0.0383, "cv": 0.002, "kernel_floor_ms": 0.0023},
+                           {"label": "transpose 512x512", "median_ms": 0.0044, "cv": 0.01, "kernel_floor_ms": 0.0023}],
+               "ncu": {"median_ms": {"softmax 4096x4096": 0.0373}, "empty_kernel_ms": 0.0014}}
+    text = timing.report(results)
+    assert "the referee's 2.30 us, ncu's 1.40 us" in text
+    assert "| softmax 4096x4096 | 36.0 | 35.9 | +0.28% |" in text
+    assert "| transpose 512x512 | 2.1 |" not in text  # no ncu value: no net row
