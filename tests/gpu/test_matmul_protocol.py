@@ -1,6 +1,8 @@
 """The check and timing protocols on the H200 with matmul_f32: honest kernels pass, each cheat
 is rejected for its own reason, and faults leave the next job working."""
 
+import re
+
 import pytest
 
 from harness.evaluate import Settings
@@ -63,7 +65,8 @@ def test_write_outside_the_output_is_out_of_bounds(referee, matmul_task, arch, o
     assert not check.passed
     assert codes(check) == {ReasonCode.OUT_OF_BOUNDS_WRITE}
     detail = check.reasons[0].detail
-    assert detail.startswith("c: 4 bytes changed")
+    # The float's 4 bytes, less any that the random canary already held (1 in 256 for each byte).
+    assert re.match(r"c: [1-4] bytes changed", detail), detail
     assert ("after the end" if offset == "m * n" else "before the start") in detail
 
 
