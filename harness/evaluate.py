@@ -11,7 +11,7 @@ import queue
 import secrets
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -93,6 +93,10 @@ class Referee:
         # neither a second trip from the worker nor a second comparison.
         self._verified: dict[tuple[str, int, str], set[str]] = {}
         self._poison_counts: dict[tuple[str, int], int] = {}  # elements of a right output equal to the poison
+        # Inputs of secret seeds being made in the background (prepare()), by (case, seed); one batch at a time.
+        self._preparing: dict[tuple[str, int], Future] = {}
+        self._preparing_lock = threading.Lock()
+        self._preparer: ThreadPoolExecutor | None = None
 
     # -- expected outputs --------------------------------------------------------------------
     def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
@@ -113,15 +117,33 @@ class Referee:
 
     def inputs(self, case: Case, seed: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         """A case's inputs for a seed, and their hashes. Those of the case's fixed seeds are kept; a
-        secret seed's are made afresh (and used once)."""
+        secret seed's are made afresh (and used once), or taken from prepare()."""
         key = (case.name, seed)
         if key in self._inputs:
             return self._inputs[key]
-        inputs = make_inputs(self.task, case.dims, seed)
-        made = inputs, dict(zip(inputs, jobs.digests(list(inputs.values()))))
+        with self._preparing_lock:
+            prepared = self._preparing.pop(key, None)
+        made = prepared.result() if prepared is not None else self._make_inputs(case, seed)
         if seed in {input_seed(case, i) for i in range(self.settings.rotation_sets)}:
             self._inputs[key] = made
         return made
+
+    def prepare(self, cases: list[Case], seeds: dict[str, int]) -> None:
+        """Start making the inputs of `cases` for their `seeds` on a background thread, so that a later
+        check with those seeds finds them made (an attempt's secret seeds, while its visible cases are
+        checked). Inputs prepared earlier and not used are dropped: one attempt's at a time."""
+        with self._preparing_lock:
+            for future in self._preparing.values():
+                future.cancel()
+            if self._preparer is None:
+                self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inputs-ahead")
+            self._preparing = {(case.name, seeds[case.name]): self._preparer.submit(self._make_inputs, case,
+                                                                                    seeds[case.name])
+                               for case in cases if case.name in seeds}
+
+    def _make_inputs(self, case: Case, seed: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        inputs = make_inputs(self.task, case.dims, seed)
+        return inputs, dict(zip(inputs, jobs.digests(list(inputs.values()))))
 
     def _run_reference(self, case: Case, seed: int, made=None) -> dict[str, np.ndarray]:
         inputs, hashes = made or self.inputs(case, seed)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future
 from time import perf_counter
 
 import numpy as np
@@ -266,8 +267,10 @@ class _Job:
             raise ValueError(f"the job names the inputs of {len(self.input_entries)} sets, not {sets}")
         self.buffers: list[list[gpu.GuardedBuffer]] = []
         self.kept: set[int] = set()  # id() of buffers handed to `resident`: not freed here
-        # id() of an input buffer kept from an earlier job -> the host copy of the bytes it must still hold
-        self.references: dict[int, np.ndarray] = {}
+        # id() of an input buffer -> the bytes it must still hold after the job and their sha256 (or the
+        # hashing of them under way): the bytes sent with the job, or the host copy of a kept buffer's
+        self.references: dict[int, tuple[np.ndarray, str | Future]] = {}
+        self.host_copies: dict[int, np.ndarray] = {}  # id() of a buffer kept from an earlier job -> its host copy
         self.read: dict[int, np.ndarray] = {}  # id() of an input buffer -> its bytes as read back after the job
         try:
             self._prepare(header, cubin, sets)
@@ -292,7 +295,9 @@ class _Job:
                         if taken is not None:
                             taken[0].free()
                         raise ResidentMissing(entry["key"])
-                    held, self.references[id(taken[0])] = taken
+                    held, host = taken
+                    self.references[id(held)] = (host, entry["key"].rsplit(":", 1)[1])
+                    self.host_copies[id(held)] = host
                     held.rearm(head, tail)
                     row.append(held)
                 else:
@@ -339,13 +344,18 @@ class _Job:
         return sum(e["sent"] for e in self.input_entries[set_index])
 
     def upload_inputs(self, set_index: int, blobs: list[bytes]) -> None:
-        """The set's inputs that came with the job (the others are already in place)."""
+        """The set's inputs that came with the job (the others are already in place). Each one's bytes
+        are hashed on the hashing threads while the job runs: after it, the device's bytes are
+        compared with them (evidence())."""
         inputs = [(i, p) for (i, p), e in zip(((i, p) for i, p in enumerate(self.arrays) if p["kind"] == "input"),
                                               self.input_entries[set_index]) if e["sent"]]
         for (i, p), blob in zip(inputs, blobs, strict=True):
             if len(blob) != p["nbytes"]:
                 raise ValueError(f"input {p['name']}: {len(blob)} bytes, expected {p['nbytes']}")
-            gpu.upload(self.buffers[set_index][i].ptr, np.frombuffer(blob, dtype=np.uint8))
+            sent = np.frombuffer(blob, dtype=np.uint8)
+            buffer = self.buffers[set_index][i]
+            gpu.upload(buffer.ptr, sent)
+            self.references[id(buffer)] = (sent, hashing_pool().submit(sha256, sent))
 
     def outputs(self, set_index: int) -> list[tuple[int, dict, gpu.GuardedBuffer]]:
         return [(i, p, self.buffers[set_index][i]) for i, p in enumerate(self.arrays) if p["kind"] == "output"]
@@ -373,22 +383,20 @@ class _Job:
 
     def evidence(self, host: np.ndarray) -> tuple[list[dict], list[bytes]]:
         """Input hashes per set and every guard band, read back after all launches into `host`
-        (input_bytes() long). An input kept from an earlier job is compared byte for byte with its
-        host copy, which hashed to its key when it was kept, instead of being hashed again; each
-        input is compared or hashed on the hashing threads while the next one is read back."""
+        (input_bytes() long). Each input is compared byte for byte with the bytes it must hold (those
+        sent with the job, hashed while it ran, or the host copy of a kept buffer, which hashed to its
+        key when it was kept) and takes their hash where it holds them; one that does not is hashed.
+        Each input is compared on the hashing threads while the next one is read back."""
         pool, pending, offset = hashing_pool(), [], 0
         for s, row in enumerate(self.buffers):
-            entries = iter(self.input_entries[s])
             for p, buffer in zip(self.arrays, row):
                 if p["kind"] != "input":
                     continue
-                key = next(entries)["key"]
                 view = host[offset:offset + p["nbytes"]]
                 offset += p["nbytes"]
                 gpu.download_into(buffer.ptr, view)
                 self.read[id(buffer)] = view
-                reference = self.references.get(id(buffer))
-                pending.append((s, p["name"], pool.submit(_digest, view, reference, key)))
+                pending.append((s, p["name"], pool.submit(_digest, view, self.references.get(id(buffer)))))
         hashes: list[dict] = [{} for _ in self.buffers]
         for s, name, digest in pending:
             hashes[s][name] = digest.result()
@@ -411,8 +419,8 @@ class _Job:
                     continue
                 key = next(entries)["key"]
                 if key is not None and key == f"{p['name']}:{hashes[s].get(p['name'])}":
-                    reference = self.references.get(id(buffer))
-                    self.resident.keep(key, buffer, reference if reference is not None else self.read[id(buffer)].copy())
+                    host = self.host_copies.get(id(buffer))
+                    self.resident.keep(key, buffer, host if host is not None else self.read[id(buffer)].copy())
                     self.kept.add(id(buffer))
 
     def close(self) -> None:
@@ -424,11 +432,12 @@ class _Job:
             self.module.unload()
 
 
-def _digest(view: np.ndarray, reference: np.ndarray | None, key: str | None) -> str:
-    """The sha256 of an input read back: its key's, without hashing, where it holds the same bytes
-    as the host copy that hashed to that key."""
-    if reference is not None and key is not None and same_bytes(view, reference):
-        return key.rsplit(":", 1)[1]
+def _digest(view: np.ndarray, reference: tuple[np.ndarray, str | Future] | None) -> str:
+    """The sha256 of an input read back: that of the bytes it must hold (`reference`: the bytes and
+    their sha256, or its hashing under way), without hashing it again, where it holds them."""
+    if reference is not None and same_bytes(view, reference[0]):
+        digest = reference[1]
+        return digest.result() if isinstance(digest, Future) else digest
     return sha256(view)
 
 

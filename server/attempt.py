@@ -126,18 +126,20 @@ def _evaluate(run: Run, number: int, candidate: Candidate, references: dict, *, 
     """Compile, check (visible and, for attempts, fresh secret inputs), then time side by side."""
     clock = _GpuClock()
     entry = attempt_entry(run, number, candidate)
+    visible = list(run.task.visible_cases)
+    seeds = {case.name: secrets.randbits(31) for case in visible} if fresh else {}
+    if fresh:
+        run.executor.prepare(visible, seeds)  # the secret inputs are made while the kernel compiles and is checked
     kernel, compiled = run.kernel(candidate)
     entry["compile"] = _compile_summary(compiled)
     if kernel is None:
         return _reject(entry, [Reason(code=ReasonCode.COMPILE_ERROR, detail=compiled.log)]), 0.0
-    visible = list(run.task.visible_cases)
     _say(progress, 1, 4, "checking the visible cases")
     check = clock.run(run.executor.check, kernel, visible)
     entry["validation"] = {"visible": check.model_dump(mode="json")}
     reasons = list(check.reasons)
     if check.passed and fresh:
         _say(progress, 2, 4, "checking fresh inputs from secret seeds")
-        seeds = {case.name: secrets.randbits(31) for case in visible}
         fresh_check = clock.run(run.executor.check, kernel, visible, seeds)
         entry["validation"]["fresh"] = {"seeds": seeds, **fresh_check.model_dump(mode="json")}
         reasons += [r.model_copy(update={"detail": f"fresh inputs: {r.detail}"}) for r in fresh_check.reasons]

@@ -35,6 +35,7 @@ class Executor(Protocol):
     def compile(self, source: str, options: tuple[str, ...]) -> CompileResult: ...
     def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]: ...
     def preload(self, case: Case, seed: int, outputs: dict[str, np.ndarray]) -> None: ...
+    def prepare(self, cases: list[Case], seeds: dict[str, int]) -> None: ...  # make these inputs ahead of a check
     def check(self, kernel: Kernel, cases: list[Case], seeds: dict[str, int] | None = None,
               against_oracle: bool = False) -> CheckReport: ...
     def time(self, kernel: Kernel, cases: list[Case]) -> TimingReport: ...
@@ -107,6 +108,9 @@ class GpuExecutor:
 
     def preload(self, case: Case, seed: int, outputs: dict[str, np.ndarray]) -> None:
         self.referee.preload(case, seed, outputs)
+
+    def prepare(self, cases: list[Case], seeds: dict[str, int]) -> None:
+        self.referee.prepare(cases, seeds)
 
     def check(self, kernel: Kernel, cases: list[Case], seeds: dict[str, int] | None = None,
               against_oracle: bool = False) -> CheckReport:

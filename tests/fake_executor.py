@@ -46,6 +46,8 @@ class FakeExecutor:
         self.preloaded: dict[tuple[str, int], dict] = {}
         self.calls: list[str] = []
         self.aborted = 0
+        self.prepared: list[dict[str, int]] = []  # the seeds of each prepare() call
+        self.checked_seeds: list[dict | None] = []  # the seeds of each check() call
 
     def start(self) -> dict:
         return {"gpu": self.gpu, "compute_capability": [9, 0], "arch": "sm_90", "driver_cuda_version": "13.0",
@@ -75,9 +77,13 @@ class FakeExecutor:
     def _source(self, kernel: Kernel) -> str:
         return self.sources[hashlib.sha256(kernel.cubin).digest()]
 
+    def prepare(self, cases: list[Case], seeds: dict[str, int]) -> None:
+        self.prepared.append({c.name: seeds[c.name] for c in cases})
+
     def check(self, kernel: Kernel, cases: list[Case], seeds: dict | None = None,
               against_oracle: bool = False) -> CheckReport:
         self.calls.append("check")
+        self.checked_seeds.append(seeds)
         marks = markers(self._source(kernel))
         results = []
         for case in cases:

@@ -189,16 +189,20 @@ def test_same_bytes_finds_one_changed_byte_anywhere_in_any_chunk(where):
     assert not jobs.same_bytes(a, a[:-1])
 
 
-def test_an_input_kept_from_an_earlier_job_is_compared_with_its_copy_instead_of_hashed():
+def test_an_input_is_compared_with_the_bytes_it_must_hold_and_takes_their_hash_instead_of_being_hashed():
+    from concurrent.futures import Future
+
     from harness.execute import _digest
 
     bytes_ = np.frombuffer(os.urandom(1 << 20), np.uint8)
-    # The key's digest is taken as the input's where the bytes equal the copy that hashed to it.
-    assert _digest(bytes_, bytes_.copy(), "a:" + "0" * 64) == "0" * 64
+    # Where the bytes equal those it must hold, their digest is taken as given: the key's of a kept
+    # input (a string), or that of the bytes sent with the job, hashed while it ran (a future).
+    assert _digest(bytes_, (bytes_.copy(), "0" * 64)) == "0" * 64
+    hashing = Future()
+    hashing.set_result("1" * 64)
+    assert _digest(bytes_, (bytes_.copy(), hashing)) == "1" * 64
     changed = bytes_.copy()
     changed[12345] ^= 0x80
-    # A changed input is hashed: the parent sees a digest that is not the key's.
-    assert _digest(changed, bytes_, "a:" + "0" * 64) == _h(changed.tobytes())
-    # Without a copy (an input sent with the job) or a key, the bytes are hashed.
-    assert _digest(bytes_, None, "a:" + "0" * 64) == _h(bytes_.tobytes())
-    assert _digest(bytes_, bytes_.copy(), None) == _h(bytes_.tobytes())
+    # A changed input is hashed: the parent sees a digest that is not the one expected.
+    assert _digest(changed, (bytes_, "0" * 64)) == _h(changed.tobytes())
+    assert _digest(bytes_, None) == _h(bytes_.tobytes())

@@ -258,3 +258,21 @@ def test_a_launch_that_cannot_be_made_for_a_timed_case_is_refused_before_any_job
     assert [(r.code, r.case) for r in timing.reasons] == [(ReasonCode.LAUNCH_ERROR, "rect-2000x1500x1000")]
     assert "invalid for this case" in timing.reasons[0].detail
     assert referee.pool.candidate.starts == before  # no worker was needed to say so
+
+
+@pytest.mark.parametrize("referee", ["honest"], indirect=True)
+def test_inputs_prepared_ahead_are_used_by_the_check_and_made_once(referee, task, monkeypatch):
+    import harness.evaluate as evaluate
+
+    made = []
+    real = evaluate.make_inputs
+    monkeypatch.setattr(evaluate, "make_inputs", lambda t, dims, seed: made.append(seed) or real(t, dims, seed))
+    cases = list(task.visible_cases)
+    referee.prepare(cases, {c.name: 1000 + i for i, c in enumerate(cases)})  # dropped: replaced below
+    seeds = {c.name: 2000 + i for i, c in enumerate(cases)}
+    referee.prepare(cases, seeds)
+    report = referee.check(_candidate(task), cases, seeds)
+    assert report.passed
+    later = [s for s in made if s >= 2000]
+    assert sorted(later) == sorted(seeds.values())  # each secret seed's inputs made once, ahead
+    assert referee._preparing == {}

@@ -177,3 +177,17 @@ def test_replay_json_is_strict_json(good_run):
     replayed(good_run, repeats=1)
     text = (good_run / "replay.json").read_text()
     json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in replay.json"))
+
+
+def test_an_attempt_prepares_the_inputs_of_the_very_secret_seeds_its_fresh_check_uses(tmp_path):
+    from tests.server_support import kernel, new_run
+
+    run = new_run(tmp_path)
+    try:
+        record_attempt(run, run.candidate(None, kernel("latency_us=80")), "faster", None, None)
+        fake = run.executor
+        assert len(fake.prepared) == 1 and set(fake.prepared[0]) == {c.name for c in run.task.visible_cases}
+        assert fake.checked_seeds[-1] == fake.prepared[0]  # the fresh check, on the prepared seeds
+        assert run.history[-1]["validation"]["fresh"]["seeds"] == fake.prepared[0]
+    finally:
+        run.close()
