@@ -384,6 +384,42 @@ def _clock_steps(results: dict, ncu: dict) -> list[str]:
     return lines
 
 
+FIDELITY_FROM_MS, FIDELITY_WITHIN = 0.020, 0.02
+REPEATABLE_FROM_MS, REPEATABLE_CV = 0.050, 0.005
+
+
+def targets(results: dict) -> list[tuple[str, bool | None, str]]:
+    """(target, met or None where not measured, what was measured) for each of the bench's targets."""
+    kernels = results.get("kernels", [])
+    ncu = (results.get("ncu") or {}).get("median_ms", {})
+    floor, ncu_floor = _referee_floor(results), (results.get("ncu") or {}).get("empty_kernel_ms")
+    rows = []
+    long = [(k, ncu[k["label"]]) for k in kernels if ncu.get(k["label"], 0) >= FIDELITY_FROM_MS]
+    if long:
+        raw = max(abs(k["median_ms"] / theirs - 1) for k, theirs in long)
+        rows.append((f"within {FIDELITY_WITHIN:.0%} of ncu from {FIDELITY_FROM_MS * 1e3:.0f} us", raw <= FIDELITY_WITHIN,
+                     f"at most {raw:.2%} off, over {len(long)} kernels"))
+        if floor and ncu_floor:
+            net = max(abs((k["median_ms"] - floor) / (theirs - ncu_floor) - 1) for k, theirs in long)
+            rows.append(("the same, net of each clock's empty kernel", net <= FIDELITY_WITHIN, f"at most {net:.2%} off"))
+    else:
+        rows.append((f"within {FIDELITY_WITHIN:.0%} of ncu from {FIDELITY_FROM_MS * 1e3:.0f} us", None, "no ncu values"))
+    steady = [k for k in kernels if k["median_ms"] >= REPEATABLE_FROM_MS]
+    worst = max((k["cv"] for k in steady), default=None)
+    rows.append((f"CV <= {REPEATABLE_CV:.1%} over runs from {REPEATABLE_FROM_MS * 1e3:.0f} us",
+                 None if worst is None else worst <= REPEATABLE_CV,
+                 "no kernel that long" if worst is None else f"at most {worst:.2%}, over {len(steady)} kernels"))
+    if d := results.get("discrimination"):
+        rows.append(("a 2% slower copy slower beyond noise in >= 19 of 20, never faster",
+                     d["slower_beyond_noise"] >= 0.95 * d["trials"] and d["slower_wrongly_faster"] == 0,
+                     f"{d['slower_beyond_noise']} of {d['trials']}, wrongly faster {d['slower_wrongly_faster']}"))
+        rows.append(("A/A: no false claim", d["aa_false_claims"] == 0, f"{d['aa_false_claims']} of {d['trials']}"))
+    if o := results.get("overhead"):
+        rows.append(("record_attempt <= compile + 1.3 x GPU busy + 0.3 s", o["record_attempt_wall_s"] <= o["bound_s"],
+                     f"{o['record_attempt_wall_s']:.2f} s against {o['bound_s']:.2f} s"))
+    return rows
+
+
 def report(results: dict) -> str:
     clocks = {k.get("clock", "events") for k in results.get("kernels", [])}
     lines = [f"the referee's clock: {', '.join(sorted(clocks)) or '—'}",
@@ -444,6 +480,9 @@ def report(results: dict) -> str:
         if calls:
             lines.append("record_attempt's executor calls: " + ", ".join(
                 f"{name} {c['calls']} in {c['wall_s']:.2f} s" for name, c in calls.items()))
+    lines += ["", "| target | met | measured |", "|---|---|---|"]
+    lines += [f"| {name} | {'—' if met is None else ('yes' if met else 'no')} | {what} |"
+              for name, met, what in targets(results)]
     return "\n".join(lines)
 
 

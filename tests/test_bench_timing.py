@@ -124,3 +124,27 @@ def test_the_report_compares_each_kernel_net_of_each_clocks_empty_kernel():
     assert "the referee's 2.30 us, ncu's 1.40 us" in text
     assert "| softmax 4096x4096 | 36.0 | 35.9 | +0.28% |" in text
     assert "| transpose 512x512 | 2.1 |" not in text  # no ncu value: no net row
+
+
+def test_each_target_is_judged_from_the_measurements_and_unmeasured_ones_say_so():
+    results = {
+        "kernels": [{"label": "short", "median_ms": 0.0045, "cv": 0.03, "kernel_floor_ms": 0.0023},
+                    {"label": "mid", "median_ms": 0.0220, "cv": 0.004, "kernel_floor_ms": 0.0023},
+                    {"label": "long", "median_ms": 0.1112, "cv": 0.001, "kernel_floor_ms": 0.0025}],
+        "ncu": {"median_ms": {"short": 0.0032, "mid": 0.0208, "long": 0.1104}, "empty_kernel_ms": 0.0014},
+        "discrimination": {"case": {"name": "bench"}, "trials": 20, "slower_ratio_median": 1.02, "slower_ranked_slower": 20,
+                           "slower_beyond_noise": 19, "slower_wrongly_faster": 0, "aa_false_claims": 1,
+                           "aa_ratio_spread": [0.998, 1.006]},
+        "overhead": {"record_attempt_wall_s": 2.10, "bound_s": 2.29, "verdict": "valid-faster", "compile_s": 0.06,
+                     "gpu_busy_s": 1.48, "host_s": 0.56, "worker_cold_start_s": 1.1, "compile_ms": 60.0,
+                     "cache_hit_ms": 0.1}}
+    judged = {name: (met, what) for name, met, what in timing.targets(results)}
+    assert judged["within 2% of ncu from 20 us"] == (False, "at most 5.77% off, over 2 kernels")  # 22.0 against 20.8
+    met, what = judged["the same, net of each clock's empty kernel"]
+    assert met and what == "at most 1.55% off"  # (22.0 - 2.3) / (20.8 - 1.4): the referee's floor is the median, 2.3 us
+    assert judged["CV <= 0.5% over runs from 50 us"] == (True, "at most 0.10%, over 1 kernels")
+    assert judged["a 2% slower copy slower beyond noise in >= 19 of 20, never faster"][0] is True
+    assert judged["A/A: no false claim"] == (False, "1 of 20")
+    assert judged["record_attempt <= compile + 1.3 x GPU busy + 0.3 s"] == (True, "2.10 s against 2.29 s")
+    assert timing.targets({})[0] == ("within 2% of ncu from 20 us", None, "no ncu values")
+    assert "| A/A: no false claim | no | 1 of 20 |" in timing.report(results)
