@@ -355,6 +355,8 @@ class _Job:
             sent = np.frombuffer(blob, dtype=np.uint8)
             buffer = self.buffers[set_index][i]
             gpu.upload(buffer.ptr, sent)
+            # Queued on the hashing threads before evidence() queues the comparison that waits for it:
+            # the threads take work in order, so the hash is running or done by then.
             self.references[id(buffer)] = (sent, hashing_pool().submit(sha256, sent))
 
     def outputs(self, set_index: int) -> list[tuple[int, dict, gpu.GuardedBuffer]]:

@@ -9,7 +9,7 @@ out-of-memory error in the middle of a run.
 from __future__ import annotations
 
 from harness.evaluate import Settings
-from harness.jobs import GUARD_BYTES, Layout
+from harness.jobs import Layout, guarded_bytes
 from harness.task import Case, Task
 
 # Left for the CUDA context, the module, local memory and the allocator's rounding.
@@ -18,7 +18,7 @@ CONTEXT_RESERVE_BYTES = 1 << 30
 
 def timing_bytes(layout: Layout, settings: Settings) -> int:
     """Device bytes of one timing job: every set's guarded buffers, snapshots and launch counters."""
-    per_set = sum(a.nbytes + 2 * GUARD_BYTES for a in layout.arrays)
+    per_set = sum(guarded_bytes(a.nbytes) for a in layout.arrays)
     output_bytes = sum(a.nbytes for a in layout.outputs)
     return settings.rotation_sets * per_set + settings.checked_launches * output_bytes + 8 * settings.iterations
 
@@ -27,7 +27,7 @@ def case_bytes(task: Task, case: Case, settings: Settings) -> int:
     layout = Layout.for_case(task, case.dims)
     if case.role == "performance":
         return timing_bytes(layout, settings)
-    return sum(a.nbytes + 2 * GUARD_BYTES for a in layout.arrays)  # a check: one set, reused per poison
+    return sum(guarded_bytes(a.nbytes) for a in layout.arrays)  # a check: one set, reused per poison
 
 
 def usable_bytes(device: dict) -> int | None:

@@ -13,6 +13,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from harness.cuda_check import CudaError, check
+from harness.jobs import array_alignment, guarded_bytes
 
 # Errors after which the context is unusable: the worker must exit and be replaced.
 STICKY_ERRORS = frozenset({
@@ -135,27 +136,19 @@ class Allocation:
             self.ptr = 0
 
 
-# An array this large starts on a boundary of ALIGN_BYTES, where cuMemAlloc puts an allocation of its
-# own: a kernel's speed can depend on where its arrays lie. Shifted by a 4 KiB guard band, a naive
-# bfloat16 matmul ran 5% slower on an H200 (3991 against 3799 us) and other kernels moved by up to
-# 5% either way, so that the referee timed placements no program would have (docs/timing.md).
-ALIGNED_FROM_BYTES = 1 << 20
-ALIGN_BYTES = 2 << 20
-
-
 class GuardedBuffer:
     """An array's device memory between two guard bands holding a canary pattern.
 
     The guard size is a multiple of 256 so the data pointer keeps the allocator's alignment
-    (vector loads in a candidate stay legal); an array of ALIGNED_FROM_BYTES or more starts on an
-    ALIGN_BYTES boundary, with its head guard band just before it.
+    (vector loads in a candidate stay legal); a large array starts on a boundary where cuMemAlloc
+    would put it, with its head guard band just before it (harness/jobs.py array_alignment).
     """
 
     def __init__(self, nbytes: int, guard_bytes: int, head: np.ndarray, tail: np.ndarray):
         self.nbytes = nbytes
         self.guard_bytes = guard_bytes
-        align = ALIGN_BYTES if nbytes >= ALIGNED_FROM_BYTES else 0
-        self.allocation = Allocation(nbytes + 2 * guard_bytes + align)
+        align = array_alignment(nbytes)
+        self.allocation = Allocation(guarded_bytes(nbytes, guard_bytes))
         self.ptr = _round_up(self.allocation.ptr + guard_bytes, align) if align else self.allocation.ptr + guard_bytes
         self.base = self.ptr - guard_bytes  # the head guard band
         upload(self.base, head)
