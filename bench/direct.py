@@ -106,22 +106,29 @@ def prepare_all(plan: list[dict], sets: int = SETS) -> tuple[gpu.Context, list[P
     return context, [Prepared(context, entry, sets) for entry in plan]
 
 
-def utilities(context: gpu.Context, clock=None):
-    """The referee's own kernels (flush, hold, empty) in this process."""
+def utility_cubin(arch: str) -> bytes:
+    """The referee's own kernels (flush, hold, empty, scan), compiled as a worker compiles them."""
     from harness import execute
 
-    compiled = compile_kernel(execute.UTILITY_SOURCE, "referee_empty", arch=arch_for(*context.info.compute_capability))
-    return execute.Utilities(context, compiled.cubin, clock)
+    compiled = compile_kernel(execute.UTILITY_SOURCE, "referee_empty", arch=arch)
+    if not compiled.ok:
+        raise RuntimeError(f"the referee's own kernels did not compile:\n{compiled.log}")
+    return compiled.cubin
+
+
+def utilities(context: gpu.Context, clock=None):
+    """The referee's own kernels in this process, with its flush buffer."""
+    from harness import execute
+
+    return execute.Utilities(context, utility_cubin(arch_for(*context.info.compute_capability)), clock)
 
 
 def under_ncu(plan: list[dict]) -> None:
     """An empty kernel REPEATS times (ncu's own floor), then REPEATS rounds over the input sets,
     kernel by kernel: ncu's values come in that order."""
-    from harness import execute
-
     context, kernels = prepare_all(plan)
-    compiled = compile_kernel(execute.UTILITY_SOURCE, "referee_empty", arch=arch_for(*context.info.compute_capability))
-    module = gpu.Module(compiled.cubin)  # not Utilities: its own launches would be profiled too
+    # Not Utilities: the floors it measures when made would be profiled too.
+    module = gpu.Module(utility_cubin(arch_for(*context.info.compute_capability)))
     empty = module.function("referee_empty")
     for _ in range(REPEATS):
         gpu.launch(empty, (1, 1, 1), (1, 1, 1), 0, context.stream, 0)
@@ -188,7 +195,8 @@ def by_flush(plan: list[dict], out: Path) -> None:
 
 CLOCK_LAUNCHES = 200
 # What runs around each timed launch, one step of the referee's loop (harness/execute.py) added at a
-# time: (input sets, output poisoned before, arrays placed after 4 KiB guard bands, output scanned after).
+# time: (input sets, output poisoned before, arrays between guard bands placed as the referee places
+# them, output scanned after).
 CLOCK_STEPS = {"one set": (1, False, False, False), "one set, poisoned": (1, True, False, False),
                "rotated sets": (SETS, False, False, False), "rotated sets, poisoned": (SETS, True, False, False),
                "rotated, poisoned, guarded, scanned (the referee's loop)": (SETS, True, True, True)}

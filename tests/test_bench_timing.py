@@ -148,3 +148,9 @@ def test_each_target_is_judged_from_the_measurements_and_unmeasured_ones_say_so(
     assert judged["record_attempt <= compile + 1.3 x GPU busy + 0.3 s"] == (True, "2.10 s against 2.29 s")
     assert timing.targets({})[0] == ("within 2% of ncu from 20 us", None, "no ncu values")
     assert "| A/A: no false claim | no | 1 of 20 |" in timing.report(results)
+
+
+def test_the_bench_compiles_the_referees_own_kernels_as_a_worker_does():
+    from bench.direct import utility_cubin
+
+    assert utility_cubin("sm_90")[:4] == b"\x7fELF"
