@@ -1,10 +1,11 @@
 """How good the referee's timing is, measured on a GPU: fidelity, repeatability, discrimination
 and overhead. Prints tables and writes timing.json (docs/timing.md explains each number).
 
-    python bench/timing.py [--out DIR] [--runs 5] [--trials 20] [--no-ncu] [--no-triton]
+    python bench/timing.py [--out DIR] [--runs 5] [--trials 20] [--no-ncu] [--ncu-passes 1] [--no-triton]
 
 - fidelity: the referee's median against Nsight Compute's gpu__time_duration (`ncu
   --clock-control none --cache-control all`) and triton.testing.do_bench's median, where installed;
+  with --ncu-passes N, ncu's step N times, its own spread shown and its medians' median compared;
 - repeatability: coefficient of variation of the median over independent runs (each in a new worker);
 - discrimination: matmul_f32's baseline against a copy made about 2% slower by extra work, in
   paired trials timed side by side like record_attempt does; and the same kernel against itself (A/A);
@@ -73,8 +74,8 @@ def case_for(label: str, dims: dict) -> Case:
 
 
 class Bench:
-    def __init__(self, out: Path, runs: int, trials: int):
-        self.out, self.runs, self.trials = out, runs, trials
+    def __init__(self, out: Path, runs: int, trials: int, ncu_passes: int = 1):
+        self.out, self.runs, self.trials, self.ncu_passes = out, runs, trials, ncu_passes
         self.results: dict = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "settings": {}}
         self.executors: dict[str, GpuExecutor] = {}
         self.kernels: dict[str, tuple[Kernel, Case, str]] = {}
@@ -146,12 +147,19 @@ class Bench:
             return
         command = [ncu, "--clock-control", "none", "--cache-control", "all", "--metrics", "gpu__time_duration.sum",
                    "--csv", "--print-units", "base", sys.executable, str(BENCH / "direct.py"), "ncu", str(self.plan())]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        (self.out / "ncu.log").write_text(done.stdout + "\n--- stderr\n" + done.stderr)
-        values = ncu_durations_ms(done.stdout)
-        summary = ncu_summary(values, [label for label, *_ in KERNELS]) if done.returncode == 0 else None
-        self.results["ncu"] = summary or {"note": f"ncu exit {done.returncode}, {len(values)} values "
-                                                  f"(expected {REPEATS + REPEATS * SETS * len(KERNELS)}); see ncu.log"}
+        summaries = []
+        for n in range(1, self.ncu_passes + 1):
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+            log = self.out / ("ncu.log" if n == 1 else f"ncu-{n}.log")
+            log.write_text(done.stdout + "\n--- stderr\n" + done.stderr)
+            values = ncu_durations_ms(done.stdout)
+            summary = ncu_summary(values, [label for label, *_ in KERNELS]) if done.returncode == 0 else None
+            if summary is None:
+                self.results["ncu"] = {"note": f"ncu exit {done.returncode}, {len(values)} values (expected "
+                                               f"{REPEATS + REPEATS * SETS * len(KERNELS)}); see {log.name}"}
+                return
+            summaries.append(summary)
+        self.results["ncu"] = ncu_combined(summaries)
         self.save()
 
     def triton(self) -> None:
@@ -364,6 +372,31 @@ def ncu_summary(values: list[float], labels: list[str]) -> dict | None:
             "per_set_ms": {label: [statistics.median(v[s::SETS]) for s in range(SETS)] for label, v in mine.items()}}
 
 
+def ncu_combined(summaries: list[dict]) -> dict:
+    """Several ncu passes as one: each kernel's (and the empty kernel's) median over the passes'
+    medians, with each pass's median kept; the per-set medians are the first pass's."""
+    if len(summaries) == 1:
+        return summaries[0]
+    labels = list(summaries[0]["median_ms"])
+    runs = {label: [s["median_ms"][label] for s in summaries] for label in labels}
+    return {**summaries[0], "passes": len(summaries),
+            "empty_kernel_ms": statistics.median(s["empty_kernel_ms"] for s in summaries),
+            "median_ms": {label: statistics.median(v) for label, v in runs.items()}, "pass_medians_ms": runs}
+
+
+def _ncu_passes(ncu: dict) -> list[str]:
+    """ncu's own spread: each kernel's lowest and highest median over the bench's ncu passes."""
+    passes = ncu.get("pass_medians_ms")
+    if not passes:
+        return []
+    lines = ["", f"ncu's own spread over {ncu['passes']} passes (each the whole ncu step):",
+             "| kernel | lowest (us) | highest (us) | spread |", "|---|---|---|---|"]
+    for label, values in passes.items():
+        low, high = min(values), max(values)
+        lines.append(f"| {label} | {low * 1e3:.1f} | {high * 1e3:.1f} | {(high - low) / statistics.median(values):.2%} |")
+    return lines
+
+
 def _clock_steps(results: dict, ncu: dict) -> list[str]:
     """The kernel clock outside the referee, step by step, beside ncu (bench/direct.py clock)."""
     lines = []
@@ -450,6 +483,7 @@ def report(results: dict) -> str:
             lines.append(f"\n{section}: {note}")
     if (empty := (results.get("ncu") or {}).get("empty_kernel_ms")) is not None:
         lines.append(f"\nncu reads an empty kernel at {empty * 1e3:.2f} us")
+    lines += _ncu_passes(results.get("ncu") or {})
     lines += _clock_steps(results, ncu)
     flush = results.get("flush") or {}
     if flush.get("median_ms"):
@@ -492,13 +526,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--no-ncu", action="store_true")
+    parser.add_argument("--ncu-passes", type=int, default=1, help="ncu's step this many times, to show its own spread")
     parser.add_argument("--no-triton", action="store_true")
     args = parser.parse_args(argv)
     if (reason := gpu_absent_reason()) is not None:
         print(f"bench/timing.py measures timing on a GPU, and there is none here: {reason}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    bench = Bench(args.out, args.runs, args.trials)
+    bench = Bench(args.out, args.runs, args.trials, args.ncu_passes)
     steps = [("repeatability", bench.repeatability)]
     steps += [] if args.no_ncu else [("ncu", bench.ncu)]
     steps += [("clock", bench.clock), ("flush", bench.flush)]

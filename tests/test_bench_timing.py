@@ -103,6 +103,20 @@ def test_ncu_values_are_split_into_the_empty_kernel_then_each_kernel_by_input_se
     assert timing.ncu_summary(empty + a, ["A", "B"]) is None  # a kernel's values missing: no summary
 
 
+def test_several_ncu_passes_are_compared_by_their_median_and_their_spread_is_shown():
+    passes = [{"empty_kernel_ms": e, "sets": 4, "repeats_per_set": 7, "median_ms": {"k": m}, "per_set_ms": {"k": [m] * 4}}
+              for e, m in ((0.0014, 0.0440), (0.0013, 0.0436), (0.0015, 0.0451))]
+    combined = timing.ncu_combined(passes)
+    assert combined["passes"] == 3 and combined["pass_medians_ms"] == {"k": [0.0440, 0.0436, 0.0451]}
+    assert combined["median_ms"] == {"k": 0.0440} and combined["empty_kernel_ms"] == 0.0014
+    assert combined["per_set_ms"] == {"k": [0.0440] * 4}  # the first pass's
+    assert timing.ncu_combined(passes[:1]) is passes[0]  # one pass: as it was, no spread
+    text = timing.report({"ncu": combined})
+    assert "ncu's own spread over 3 passes" in text
+    assert "| k | 43.6 | 45.1 | 3.41% |" in text  # (45.1 - 43.6) / 44.0
+    assert "own spread" not in timing.report({"ncu": passes[0]})
+
+
 def test_the_report_shows_the_kernel_clock_step_by_step_beside_ncu():
     results = {"ncu": {"median_ms": {"layernorm 32768x768": 0.1093}, "empty_kernel_ms": 0.0016},
                "clock": {"tracing": "serial", "empty_kernel_ms": 0.0006, "median_ms": {
