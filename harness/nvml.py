@@ -127,6 +127,21 @@ class Nvml:
             )
 
 
+def driver_build() -> str | None:
+    """The NVIDIA driver's version, as nvidia-smi prints it ("580.159.04"); None without NVML.
+
+    The CUDA version a driver supports (13.0) spans many driver builds, whose code generation and
+    scheduling can differ: a run's environment names the build, so a replay on another one says so.
+    """
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+    except Exception:  # noqa: BLE001 - ImportError or any NVMLError: the build is unknown
+        return None
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
 def _reasons_call(n):
     return getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons
 

@@ -3,7 +3,7 @@
 The measurement runs in a GPU worker (harness/vendor.py, op "peaks"): device-to-device copies of
 several sizes well above the L2 (bytes read + bytes written, best of a few), and cuBLAS GEMMs of
 8192³ in float32 and in bfloat16 with float32 accumulation where cuBLAS loads. The result is
-cached in a JSON file named after the device's fingerprint (GPU, driver, clocks, cuda-bindings and
+cached in a JSON file named after the device's fingerprint (GPU, driver build and CUDA version, clocks, cuda-bindings and
 cuBLAS versions, this protocol's version), so a changed clock or driver measures again and a file
 that does not parse is ignored.
 
@@ -22,6 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
+
+from harness.nvml import driver_build
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,7 @@ def fingerprint(device: dict, versions: dict[str, str | None]) -> dict:
 def software_versions() -> dict[str, str | None]:
     from importlib.metadata import PackageNotFoundError, version
 
-    found = {}
+    found = {"nvidia-driver": driver_build()}
     for package in ("cuda-bindings", "nvidia-cublas"):
         try:
             found[package] = version(package)

@@ -17,7 +17,7 @@ import numpy as np
 from harness.baselines import VendorReport, time_vendor
 from harness.compile import CompileCache, CompileResult, nvrtc_version
 from harness.evaluate import Kernel, Referee, Settings
-from harness.nvml import Nvml
+from harness.nvml import Nvml, driver_build
 from harness.peaks import device_peaks
 from harness.task import Case, Task
 from harness.verdict import CheckReport, TimingReport
@@ -84,7 +84,8 @@ class GpuExecutor:
             "sm_count": device["sm_count"], "l2_bytes": device["l2_bytes"],
             "total_memory_bytes": device["total_memory_bytes"], "sm_clock_khz": device["sm_clock_khz"],
             "memory_clock_khz": device["memory_clock_khz"], "memory_bus_bits": device["memory_bus_bits"],
-            "driver_cuda_version": f"{driver // 1000}.{driver % 1000 // 10}", "nvrtc": nvrtc_version(),
+            "driver_cuda_version": f"{driver // 1000}.{driver % 1000 // 10}", "driver": driver_build(),
+            "nvrtc": nvrtc_version(),
             "cuda_bindings": package_version("cuda-bindings"), "event_overhead_ms": hello["event_overhead_ms"],
             **_clock_facts(hello.get("kernel_clock") or {}, self.settings.clock),
             "sandbox": {"confined": self.confine, "landlock_abi": landlock_abi()},

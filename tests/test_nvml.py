@@ -1,6 +1,9 @@
 """What the NVML readings around a timing imply: throttling, a low clock, other processes."""
 
-from harness.nvml import GpuState, Nvml, decode_reasons, judge
+import sys
+import types
+
+from harness.nvml import GpuState, Nvml, decode_reasons, driver_build, judge
 
 
 def test_throttle_masks_decode_to_names_and_keep_unknown_bits():
@@ -77,3 +80,24 @@ def test_the_maximum_sm_clock_is_read_once_and_the_current_state_every_time(monk
     states = [nvml.read() for _ in range(3)]
     assert all(s.max_sm_clock_mhz == 1980 and s.sm_clock_mhz == 1755 for s in states)
     assert calls == {"max": 1, "clock": 6}
+
+
+def _fake_pynvml(monkeypatch, version=None, error=None):
+    def get_version():
+        if error:
+            raise error
+        return version
+    module = types.SimpleNamespace(nvmlInit=lambda: None, nvmlSystemGetDriverVersion=get_version)
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+
+
+def test_the_driver_build_is_read_as_text_whatever_the_binding_returns(monkeypatch):
+    _fake_pynvml(monkeypatch, version=b"580.159.04")  # older bindings return bytes
+    assert driver_build() == "580.159.04"
+    _fake_pynvml(monkeypatch, version="580.95.05")
+    assert driver_build() == "580.95.05"
+
+
+def test_without_a_driver_its_build_is_unknown(monkeypatch):
+    _fake_pynvml(monkeypatch, error=RuntimeError("NVML_ERROR_DRIVER_NOT_LOADED"))
+    assert driver_build() is None

@@ -43,7 +43,7 @@ def test_missing_numbers_leave_only_what_is_known():
 
 
 # -- fingerprint and cache ---------------------------------------------------------------------------
-VERSIONS = {"cuda-bindings": "13.3.1", "nvidia-cublas": "13.1.0"}
+VERSIONS = {"nvidia-driver": "580.159.04", "cuda-bindings": "13.3.1", "nvidia-cublas": "13.1.0"}
 
 
 def test_the_fingerprint_holds_device_clocks_driver_and_versions():
@@ -63,6 +63,14 @@ def test_the_cache_is_hit_for_the_same_fingerprint_only(tmp_path):
     for change in ({"sm_clock_khz": 1410000}, {"driver_version": 13000}, {"name": "NVIDIA H100"}):
         assert peaks.read_cache(tmp_path, peaks.fingerprint({**DEVICE, **change}, VERSIONS)) is None, change
     assert peaks.read_cache(tmp_path, peaks.fingerprint(DEVICE, {**VERSIONS, "cuda-bindings": "13.5.0"})) is None
+    # another driver build of the same CUDA version measures again
+    assert peaks.read_cache(tmp_path, peaks.fingerprint(DEVICE, {**VERSIONS, "nvidia-driver": "580.95.05"})) is None
+
+
+def test_the_software_versions_name_the_driver_build(monkeypatch):
+    monkeypatch.setattr(peaks, "driver_build", lambda: "580.159.04")
+    found = peaks.software_versions()
+    assert found["nvidia-driver"] == "580.159.04" and set(found) == {"nvidia-driver", "cuda-bindings", "nvidia-cublas"}
 
 
 @pytest.mark.parametrize("content", ["{not json", "[]", '{"fingerprint": {}, "peaks": {}}', "",

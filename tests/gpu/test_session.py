@@ -3,6 +3,7 @@ compile -> validate -> time -> record seven times (the demo's candidates), the e
 audit folder right."""
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -71,6 +72,7 @@ def test_scripted_session_spends_the_budget_and_leaves_a_verifiable_run(tmp_path
     run = next(tmp_path.glob("run-*"))
     assert summary["status"] == "finished" and summary["stop_reason"] == "budget exhausted"
     assert summary["holdout"]["passed"] and summary["holdout"]["cases"] == ["holdout-97x83x61"]
+    assert re.fullmatch(r"\d+(\.\d+)+", summary["environment"]["driver"])  # the driver build, e.g. 580.159.04
     best = summary["best_attempt"]
     assert (run / "best.cu").read_text() == (run / "attempts" / f"{best:03d}.cu").read_text()
     history = json.loads((run / "history.json").read_text())["attempts"]
