@@ -128,6 +128,12 @@ def test_clock_sandbox_and_event_overhead_do_not_decide():
     assert [d.field for d in other_environment_differences(ENV, now)] == ["sandbox", "sm_clock_khz"]
 
 
+def test_another_driver_build_of_the_same_cuda_version_is_reported_not_decisive():
+    run, now = {**ENV, "driver": "580.159.04"}, {**ENV, "driver": "580.95.05"}
+    assert decide(good_checks(), good_repeats(), run, now).decision == "GO"
+    assert [str(d) for d in other_environment_differences(run, now)] == ["driver: run '580.159.04', now '580.95.05'"]
+
+
 def test_peaks_read_from_the_cache_are_no_difference_but_other_peaks_are():
     measured = {"memory_gbps": 4250.1, "fp32_tflops": 51.2, "source": "measured", "measured_at": "2026-12-03T09:05"}
     cached = {**measured, "source": "cache"}
