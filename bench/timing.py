@@ -377,11 +377,10 @@ def ncu_combined(summaries: list[dict]) -> dict:
     medians, with each pass's median kept; the per-set medians are the first pass's."""
     if len(summaries) == 1:
         return summaries[0]
-    labels = list(summaries[0]["median_ms"])
-    runs = {label: [s["median_ms"][label] for s in summaries] for label in labels}
+    per_pass = {label: [s["median_ms"][label] for s in summaries] for label in summaries[0]["median_ms"]}
     return {**summaries[0], "passes": len(summaries),
             "empty_kernel_ms": statistics.median(s["empty_kernel_ms"] for s in summaries),
-            "median_ms": {label: statistics.median(v) for label, v in runs.items()}, "pass_medians_ms": runs}
+            "median_ms": {label: statistics.median(v) for label, v in per_pass.items()}, "pass_medians_ms": per_pass}
 
 
 def _ncu_passes(ncu: dict) -> list[str]:
@@ -529,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ncu-passes", type=int, default=1, help="ncu's step this many times, to show its own spread")
     parser.add_argument("--no-triton", action="store_true")
     args = parser.parse_args(argv)
+    if min(args.runs, args.trials, args.ncu_passes) < 1:
+        parser.error("--runs, --trials and --ncu-passes take a count of at least 1")
     if (reason := gpu_absent_reason()) is not None:
         print(f"bench/timing.py measures timing on a GPU, and there is none here: {reason}", file=sys.stderr)
         return 2

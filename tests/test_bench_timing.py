@@ -71,6 +71,14 @@ def test_the_slower_variant_differs_from_the_baseline_only_by_its_extra_steps():
 
 
 @pytest.mark.skipif(gpu_absent_reason() is None, reason="a GPU is present: the bench would run")
+@pytest.mark.parametrize("option", ["--runs", "--trials", "--ncu-passes"])
+def test_a_count_under_one_is_refused_before_anything_runs(tmp_path, capsys, option):
+    with pytest.raises(SystemExit) as exit_:
+        timing.main(["--out", str(tmp_path / "out"), option, "0"])
+    assert exit_.value.code == 2 and "take a count of at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_without_a_gpu_the_bench_says_so_and_exits_2(tmp_path, capsys):
     assert timing.main(["--out", str(tmp_path)]) == 2
     assert "there is none here" in capsys.readouterr().err
