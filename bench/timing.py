@@ -10,7 +10,10 @@ and overhead. Prints tables and writes timing.json (docs/timing.md explains each
 - discrimination: matmul_f32's baseline against a copy made about 2% slower by extra work, in
   paired trials timed side by side like record_attempt does; and the same kernel against itself (A/A);
 - overhead: record_attempt's wall time against its compile time plus the GPU time of its launches;
-  a worker's cold start; a compile-cache hit.
+  a worker's cold start; a compile-cache hit;
+- protocols: the same kernels timed on fresh inputs drawn for every launch (the referee's protocol) and
+  on the four rotated fixed input sets (the protocol before it), alternately: the ratio of their
+  medians, and what fresh inputs cost per launch in GPU busy time and in wall time.
 
 Without a GPU it says so and exits with status 2.
 """
@@ -100,13 +103,17 @@ class Bench:
             raise RuntimeError(f"{source} does not compile:\n{result.log}")
         return Kernel(which, result.cubin, result.lowered_name, executor.task.own_launch(which))
 
+    def load_kernels(self) -> None:
+        for label, task_name, which, dims in KERNELS:
+            if label not in self.kernels:
+                source = CASES / task_name / f"{which}.cu"
+                self.kernels[label] = (self.compiled(task_name, source, which), case_for(label, dims), task_name)
+
     # -- repeatability, and the referee's side of fidelity ---------------------------------------
     def repeatability(self) -> None:
         rows = {label: [] for label, *_ in KERNELS}
         details = {}
-        for label, task_name, which, dims in KERNELS:
-            source = CASES / task_name / f"{which}.cu"
-            self.kernels[label] = (self.compiled(task_name, source, which), case_for(label, dims), task_name)
+        self.load_kernels()
         for run in range(self.runs):
             for executor in self.executors.values():
                 executor.fresh_worker()  # each run in a new worker: independent contexts, allocations, clocks
@@ -186,6 +193,39 @@ class Bench:
             self.results[key] = {"note": f"{what} did not run (exit {done.returncode}): {done.stderr[-600:]}"}
         else:
             self.results[key] = json.loads(out.read_text())
+        self.save()
+
+    # -- fresh inputs against the rotated sets -------------------------------------------------
+    def protocols(self, rounds: int = 3) -> None:
+        """Each kernel of KERNELS timed `rounds` times under each protocol, alternately, in the same worker
+        pool (the rotated executor is a second one, made once): median ratio fresh / rotated, and the
+        GPU busy time and wall time per timed launch under each."""
+        self.load_kernels()
+        rotated: dict[str, GpuExecutor] = {}
+        rows = []
+        try:
+            for label, (kernel, case, task_name) in self.kernels.items():
+                if task_name not in rotated:
+                    rotated[task_name] = GpuExecutor(load_task(CASES / task_name), Settings(fresh_inputs=False))
+                runs = {"fresh": [], "rotated": []}
+                for r in range(rounds):
+                    order = [("fresh", self.executor(task_name)), ("rotated", rotated[task_name])]
+                    for name, executor in (order if r % 2 == 0 else order[::-1]):
+                        started = time.perf_counter()
+                        timing = executor.time(kernel, [case]).cases[0]
+                        wall_s = time.perf_counter() - started
+                        if not timing.passed:
+                            raise RuntimeError(f"{label} ({name}): {timing.reasons}")
+                        runs[name].append({"median_ms": timing.stats.median_ms, "launches": timing.launches,
+                                           "gpu_busy_ms": timing.gpu_busy_ms, "wall_s": wall_s,
+                                           "audited": timing.audited_launches, "inputs": timing.inputs})
+                rows.append({"label": label, **{name: _protocol_summary(values) for name, values in runs.items()},
+                             "runs": runs})
+                rows[-1]["ratio"] = rows[-1]["fresh"]["median_ms"] / rows[-1]["rotated"]["median_ms"]
+        finally:
+            for executor in rotated.values():
+                executor.close()
+        self.results["protocols"] = {"rounds": rounds, "kernels": rows}
         self.save()
 
     # -- discrimination ------------------------------------------------------------------------
@@ -279,6 +319,32 @@ class Bench:
     def close(self) -> None:
         for executor in self.executors.values():
             executor.close()
+
+
+def _protocol_rows(protocols: dict) -> list[str]:
+    if not protocols.get("kernels"):
+        return []
+    lines = ["", f"fresh inputs (drawn on the device for every launch) against the rotated fixed sets, "
+                 f"{protocols['rounds']} timings each, alternately",
+             "| kernel | fresh (us) | rotated (us) | fresh / rotated | GPU busy per launch, fresh / rotated (us) "
+             "| wall per launch, fresh / rotated (us) |", "|---|---|---|---|---|---|"]
+    for k in protocols["kernels"]:
+        fresh, rotated = k["fresh"], k["rotated"]
+        busy = (f"{fresh['gpu_busy_us_per_launch']:.1f} / {rotated['gpu_busy_us_per_launch']:.1f}"
+                if fresh["gpu_busy_us_per_launch"] and rotated["gpu_busy_us_per_launch"] else "—")
+        lines.append(f"| {k['label']} | {fresh['median_ms'] * 1e3:.1f} | {rotated['median_ms'] * 1e3:.1f} | "
+                     f"{k['ratio']:.4f} | {busy} | {fresh['wall_us_per_launch']:.0f} / "
+                     f"{rotated['wall_us_per_launch']:.0f} |")
+    return lines
+
+
+def _protocol_summary(runs: list[dict]) -> dict:
+    """Median of the medians, and the busy and wall time per timed launch, over one protocol's runs."""
+    launches = sum(r["launches"] for r in runs)
+    busy = [r["gpu_busy_ms"] for r in runs]
+    return {"median_ms": statistics.median(r["median_ms"] for r in runs),
+            "gpu_busy_us_per_launch": sum(busy) * 1e3 / launches if None not in busy else None,
+            "wall_us_per_launch": sum(r["wall_s"] for r in runs) * 1e6 / launches}
 
 
 @contextlib.contextmanager
@@ -418,6 +484,8 @@ def _clock_steps(results: dict, ncu: dict) -> list[str]:
 
 FIDELITY_FROM_MS, FIDELITY_WITHIN = 0.020, 0.02
 REPEATABLE_FROM_MS, REPEATABLE_CV = 0.050, 0.005
+# Fresh inputs must not move an honest kernel's median: within this of the rotated sets' from 50 us.
+PROTOCOL_WITHIN = 0.01
 
 
 def targets(results: dict) -> list[tuple[str, bool | None, str]]:
@@ -446,6 +514,13 @@ def targets(results: dict) -> list[tuple[str, bool | None, str]]:
                      d["slower_beyond_noise"] >= 0.95 * d["trials"] and d["slower_wrongly_faster"] == 0,
                      f"{d['slower_beyond_noise']} of {d['trials']}, wrongly faster {d['slower_wrongly_faster']}"))
         rows.append(("A/A: no false claim", d["aa_false_claims"] == 0, f"{d['aa_false_claims']} of {d['trials']}"))
+    steady = [k for k in (results.get("protocols") or {}).get("kernels", [])
+              if k["rotated"]["median_ms"] >= REPEATABLE_FROM_MS]
+    if steady:
+        worst = max(abs(k["ratio"] - 1) for k in steady)
+        rows.append((f"fresh inputs within {PROTOCOL_WITHIN:.0%} of the rotated sets from "
+                     f"{REPEATABLE_FROM_MS * 1e3:.0f} us", worst <= PROTOCOL_WITHIN,
+                     f"at most {worst:.2%} apart, over {len(steady)} kernels"))
     if o := results.get("overhead"):
         rows.append(("record_attempt <= compile + 1.3 x GPU busy + 0.3 s", o["record_attempt_wall_s"] <= o["bound_s"],
                      f"{o['record_attempt_wall_s']:.2f} s against {o['bound_s']:.2f} s"))
@@ -484,6 +559,7 @@ def report(results: dict) -> str:
         lines.append(f"\nncu reads an empty kernel at {empty * 1e3:.2f} us")
     lines += _ncu_passes(results.get("ncu") or {})
     lines += _clock_steps(results, ncu)
+    lines += _protocol_rows(results.get("protocols") or {})
     flush = results.get("flush") or {}
     if flush.get("median_ms"):
         lines += ["", f"by CUDA events, after each flush (an empty kernel reads {flush['empty_kernel_ms'] * 1e3:.2f} us):",
@@ -527,6 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-ncu", action="store_true")
     parser.add_argument("--ncu-passes", type=int, default=1, help="ncu's step this many times, to show its own spread")
     parser.add_argument("--no-triton", action="store_true")
+    parser.add_argument("--only", help="run only these steps, comma-separated (e.g. repeatability,ncu,protocols)")
     args = parser.parse_args(argv)
     if min(args.runs, args.trials, args.ncu_passes) < 1:
         parser.error("--runs, --trials and --ncu-passes take a count of at least 1")
@@ -539,6 +616,12 @@ def main(argv: list[str] | None = None) -> int:
     steps += [] if args.no_ncu else [("ncu", bench.ncu)]
     steps += [("clock", bench.clock), ("flush", bench.flush)]
     steps += [("discrimination", bench.discrimination), ("overhead", bench.overhead)]
+    steps += [("protocols", bench.protocols)]
+    if args.only:
+        wanted = set(args.only.split(","))
+        if unknown := wanted - {name for name, _ in steps}:
+            parser.error(f"--only: no step {', '.join(sorted(unknown))}")
+        steps = [(name, step) for name, step in steps if name in wanted]
     steps += [] if args.no_triton else [("triton", bench.triton)]
     try:
         for name, step in steps:

@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel
 
-from harness import jobs
+from harness import fresh_inputs, jobs
 from harness.compare import Agreement, agreement, compare_output, raw_words
 from harness.nvml import GpuWatch, Nvml, judge
 from harness.stats import StoppingRule, geometric_mean, summarize
@@ -34,7 +34,9 @@ class Settings(BaseModel):
     iterations: int = 100
     rotation_sets: int = 4
     cold_l2: bool = True
-    checked_fraction: float = 0.1
+    # Audited launches per job: max(min_checked_launches, checked_fraction x iterations). Each one costs a
+    # reference launch on its inputs and a full comparison of its outputs in the parent.
+    checked_fraction: float = 0.03
     min_checked_launches: int = 3
     run_deadline_s: float = 10.0
     time_deadline_s: float = 45.0
@@ -45,10 +47,15 @@ class Settings(BaseModel):
     # "kernel": each launch's own time on the GPU (CUPTI, harness/kernel_clock.py), where the worker
     # has it, else its event pair; "events": the event pairs alone.
     clock: Literal["kernel", "events"] = "kernel"
+    # True: every warm-up and timed launch draws its inputs anew on the device from a secret key, and the
+    # checked launches are audited against the reference's output for their inputs (harness/fresh_inputs.py).
+    # False: launches rotate the `rotation_sets` fixed input sets (the protocol before fresh inputs; the bench
+    # times both).
+    fresh_inputs: bool = True
 
     @property
     def checked_launches(self) -> int:
-        """How many timed launches have their output re-checked."""
+        """How many timed launches have their output re-checked (audited, with fresh inputs)."""
         return max(self.min_checked_launches, round(self.checked_fraction * self.iterations))
 
 
@@ -342,9 +349,11 @@ class Referee:
     def _timed_case(self, case: Case) -> _TimedCase:
         """What every batch of a case's timing shares. The input sets (and their hashes) are fixed per
         case and seed: made once, they stay out of every later timing's wall time."""
+        layout = jobs.Layout.for_case(self.task, case.dims)
+        if self.settings.fresh_inputs:
+            return self._fresh_case(case, layout)
         seeds = [input_seed(case, i) for i in range(self.settings.rotation_sets)]
         made = [self.inputs(case, seed) for seed in seeds]
-        layout = jobs.Layout.for_case(self.task, case.dims)
         expected_sets = [self.expected(case, seed) for seed in seeds]
         verified = {f"{s}/{j}": self._verified.setdefault((case.name, seed, spec.name), set())
                     for s, seed in enumerate(seeds) for j, spec in enumerate(layout.outputs)}
@@ -353,6 +362,43 @@ class Referee:
             input_sets=[inputs for inputs, _ in made], sent_hashes=[hashes for _, hashes in made],
             poison_counts=[self._poison_count(case, seed, layout) for seed in seeds],
             verified=verified)
+
+    def _fresh_case(self, case: Case, layout: jobs.Layout) -> _TimedCase:
+        """Fresh inputs: the drawn inputs' generators, and the inputs that cannot be drawn (pinned .npy
+        files) from the case's own seed, the same in every set."""
+        draws = {p.name: fresh_inputs.draw_spec(g.kind, p.dtype, g.low, g.high, g.mean, g.std)
+                 for p in self.task.input_params if (g := self.task.inputs[p.name]).kind != "npy"}
+        inputs, hashes = self.inputs(case, case.seed)
+        fixed = {name: array for name, array in inputs.items() if name not in draws}
+        fixed_hashes = {name: hashes[name] for name in fixed}
+        sets = self.settings.rotation_sets
+        # Whether a right output can hold the timing poison: then only audited launches are judged by it.
+        poison_is_a_value = self._poison_count(case, case.seed, layout) > 0
+        return _TimedCase(case=case, layout=layout, expected_sets=[], input_sets=[fixed] * sets,
+                          sent_hashes=[fixed_hashes] * sets, poison_counts=[], draws=draws,
+                          poison_is_a_value=poison_is_a_value)
+
+    def _reference_draws(self, timed: _TimedCase, fresh: jobs.FreshDraws, launches: list[int]) -> list[dict]:
+        """The reference's outputs for the inputs that the given launches of a fresh time job draw, in order:
+        computed in the reference worker on the GPU, before the timing (never beside it)."""
+        case, layout = timed.case, timed.layout
+        geometry, failure = _geometry(self.reference, case)
+        if failure is not None:
+            raise ReferenceFailed(f"reference kernel on case {case.name}: {failure.detail}")
+        guard_seed = secrets.randbits(62)
+
+        def build(resident: frozenset[str]):
+            return jobs.draw_run_job(self.reference.cubin, self.reference.symbol, layout, geometry,
+                                     timed.input_sets[0], fresh, launches, guard_seed, timed.sent_hashes[0], resident)
+
+        out_bytes = sum(a.nbytes for a in layout.outputs) * len(launches)
+        answer, blobs, failure = self._call(self.pool.reference, build, self.settings.run_deadline_s,
+                                            out_bytes + _guard_bytes(layout, 1), case.name)
+        if failure is not None:
+            raise ReferenceFailed(f"reference kernel failed on case {case.name} (audited inputs): {failure.detail}")
+        n = len(layout.outputs)
+        outputs, _ = jobs.unpack_outputs(answer, blobs, jobs.audit_slots(launches, n), {})
+        return [jobs.read_arrays(outputs[k * n:(k + 1) * n], layout.outputs) for k in range(len(launches))]
 
     def _poison_count(self, case: Case, seed: int, layout: jobs.Layout) -> int:
         key = (case.name, seed)
@@ -373,14 +419,27 @@ class Referee:
                   "known_outputs": {slot: sorted(hashes) for slot, hashes in timed.verified.items() if hashes}}
         sets = len(timed.input_sets)
         out_bytes = sum(a.nbytes for a in layout.outputs) * (len(checked) + sets)
+        expected = None
+        if timed.draws is not None:
+            fresh = jobs.FreshDraws(key=secrets.randbits(64), draws=timed.draws)
+            timing.update(fresh=fresh, known_outputs={}, hashes=timed.sent_hashes)
+            expected = self._reference_draws(timed, fresh, [s.warmups + i for i in checked])
+        built: list[dict] = []
+
+        def build(resident: frozenset[str]):
+            header, blobs = make_job(case, layout, timed.input_sets, {**timing, "resident": resident})
+            built[:] = [header]
+            return header, blobs
+
         try:
-            answer, blobs_back, failure = self._call(
-                worker, lambda resident: make_job(case, layout, timed.input_sets, {**timing, "resident": resident}),
-                s.time_deadline_s, out_bytes + _guard_bytes(layout, sets), case.name)
+            answer, blobs_back, failure = self._call(worker, build, s.time_deadline_s,
+                                                     out_bytes + _guard_bytes(layout, sets), case.name)
         except _Refused as refused:
             failure = refused.reason
         if failure is not None:
             return CaseTiming(case=case.name, passed=False, reasons=[failure])
+        if expected is not None:
+            return self._judge_fresh_timing(timed, answer, blobs_back, checked, guard_seed, expected, built[0])
         return self._judge_timing(timed, answer, blobs_back, checked, guard_seed)
 
     def _merged(self, case: Case, batches: list[CaseTiming], rule: StoppingRule, watch: GpuWatch | None) -> CaseTiming:
@@ -403,6 +462,7 @@ class Referee:
             "stats": stats, "samples_ms": samples, "launches": len(samples), "event_samples_ms": events,
             "event_median_ms": summarize(events).median_ms if events else None,
             "checked_launches": sum(b.checked_launches for b in batches),
+            "audited_launches": sum(b.audited_launches for b in batches),
             "unwritten_launches": sum(b.unwritten_launches for b in batches),
             "host_kept_up": all(kept_up) if kept_up else None,
             "warnings": warnings, "batches": len(batches), "noise": noise,
@@ -450,6 +510,64 @@ class Referee:
             event_overhead_ms=answer.get("event_overhead_ms"), reasons=reasons, host_kept_up=kept_up,
             warnings=warnings, **self._rates(case, stats))
 
+    def _judge_fresh_timing(self, timed: _TimedCase, answer, blobs, audited, guard_seed,
+                            expected: list[dict[str, np.ndarray]], header: dict) -> CaseTiming:
+        """A fresh-input timing: guard bands and fixed inputs as for any job; every launch's drawn inputs
+        still hold their draw; every launch's outputs fully written (where no right output can hold the
+        poison); each audited launch's outputs right for its own inputs; and each launch exactly the
+        declared kernel, grid and block where the kernel clock recorded it."""
+        case, layout = timed.case, timed.layout
+        n_out, iterations = len(layout.outputs), self.settings.iterations
+        clock, samples, events = _clocked_samples(answer, iterations)
+        unwritten, changed = answer.get("unwritten", []), answer.get("changed_inputs")
+        if len(unwritten) != iterations or not isinstance(changed, list) or len(changed) != iterations:
+            raise jobs.AnswerError("timing answer has the wrong number of launch counts")
+        outputs, guards = jobs.unpack_outputs(answer, blobs, jobs.audit_slots(audited, n_out), {})
+        reasons = _integrity_reasons(jobs.check_integrity(
+            answer, guards, layout, guard_seed, timed.input_sets, timed.sent_hashes), case.name)
+        touched = [i for i, count in enumerate(changed) if count]
+        if touched:
+            reasons.append(Reason(code=ReasonCode.INPUT_MODIFIED, case=case.name, detail=(
+                f"inputs changed by the kernel during {len(touched)} of {iterations} timed launches "
+                f"(first: launch {touched[0]}, {changed[touched[0]]} elements)")))
+        allowed = {i: _poison_count(expected[k], layout, jobs.TIMING_POISON) for k, i in enumerate(audited)}
+        short = [i for i, count in enumerate(unwritten)
+                 if count != allowed.get(i, 0) and (i in allowed or not timed.poison_is_a_value)]
+        if short:
+            reasons.append(Reason(code=ReasonCode.UNWRITTEN_OUTPUT, case=case.name, detail=(
+                f"{len(short)} of {iterations} timed launches left output elements unwritten "
+                f"(first: launch {short[0]}, {unwritten[short[0]] - allowed.get(short[0], 0)} elements)")))
+        wrong = self._wrong_audited(timed, outputs, audited, expected)
+        if wrong:
+            reasons.append(Reason(code=ReasonCode.TIMED_OUTPUT_MISMATCH, case=case.name, detail=(
+                f"{len(wrong)} of {len(audited)} audited timed launches gave wrong outputs for their own fresh "
+                f"inputs (first: {wrong[0]}); a result must be computed from the inputs of its launch")))
+        reasons += _undeclared_launches(answer.get("launch_records"), header, case.name)
+        stats = summarize(samples)
+        kept_up = answer.get("host_kept_up")
+        warnings = [] if kept_up is not False else [
+            "the host could not queue the timed launches ahead of the GPU: samples may include idle gaps"]
+        return CaseTiming(
+            case=case.name, passed=not reasons, stats=stats, samples_ms=samples, launches=len(samples),
+            clock=clock, event_samples_ms=events, event_median_ms=summarize(events).median_ms if events else None,
+            kernel_floor_ms=answer.get("kernel_floor_ms"), gpu_busy_ms=answer.get("gpu_busy_ms"),
+            checked_launches=len(audited), audited_launches=len(audited), inputs="fresh",
+            unwritten_launches=len(short), event_overhead_ms=answer.get("event_overhead_ms"), reasons=reasons,
+            host_kept_up=kept_up, warnings=warnings, **self._rates(case, stats))
+
+    def _wrong_audited(self, timed: _TimedCase, outputs: list, audited: list[int],
+                       expected: list[dict[str, np.ndarray]]) -> list[str]:
+        layout, wrong = timed.layout, []
+        n_out = len(layout.outputs)
+        for k, i in enumerate(audited):
+            for j, spec in enumerate(layout.outputs):
+                got = jobs.read_arrays([outputs[k * n_out + j]], [spec])[spec.name]
+                tol = self.task.tolerances[spec.name]
+                check = compare_output(spec.name, expected[k][spec.name], got, tol.rtol, tol.atol)
+                if not check.passed:
+                    wrong.append(f"launch {i}: {_mismatch_detail(check)}")
+        return wrong
+
     def _stale_outputs(self, timed: _TimedCase, outputs: list[bytes | None], hashes: list[str], checked) -> list[str]:
         """Re-checked and last outputs that are wrong. An output given as None is one whose bytes were
         already found right for its slot (jobs.unpack_outputs); each new one is compared, once; `hashes`
@@ -489,6 +607,9 @@ class _TimedCase:
     poison_counts: list[int]
     # sha256 of the outputs found right, by slot ("SET/OUTPUT"): the Referee's sets, shared by every timing.
     verified: dict[str, set[str]] = field(default_factory=dict)
+    # Fresh inputs: how each drawn input is drawn, by name (None: the rotated fixed sets)
+    draws: dict[str, dict] | None = None
+    poison_is_a_value: bool = False
 
 
 class _Refused(Exception):
@@ -582,6 +703,22 @@ def _clocked_samples(answer: dict, iterations: int) -> tuple[str, list[float], l
         raise jobs.AnswerError(f"the kernel clock disagrees with the events on {len(late)} launches "
                                f"(first: launch {i}, {kernel[i]:.4f} ms against {events[i]:.4f} ms)")
     return "kernel", kernel, events
+
+
+def _undeclared_launches(records: list | None, header: dict, case: str) -> list[Reason]:
+    """Timed launches whose kernel records (the kernel clock's: name, grid, block per kernel) are not the
+    one declared kernel with its declared grid and block. None: no records (events alone, a library call)."""
+    if records is None or "kernel" not in header:
+        return []
+    declared = [header["kernel"], list(header["launch"]["grid"]), list(header["launch"]["block"])]
+    off = [(i, r) for i, r in enumerate(records) if r != [declared]]
+    if not off:
+        return []
+    i, got = off[0]
+    seen = "; ".join(f"{name} grid {tuple(grid)} block {tuple(block)}" for name, grid, block in got) or "no kernel"
+    return [Reason(code=ReasonCode.LAUNCH_NOT_AS_DECLARED, case=case, detail=(
+        f"{len(off)} timed launches did not run exactly the declared kernel {declared[0]} with grid "
+        f"{tuple(declared[1])} and block {tuple(declared[2])} (first: launch {i} ran {seen})"))]
 
 
 def _geometry(kernel: Kernel, case: Case):

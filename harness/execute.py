@@ -13,13 +13,14 @@ from concurrent.futures import Future
 from time import perf_counter
 
 import numpy as np
-from harness import gpu
+from harness import fresh_inputs, gpu
 from harness.cuda_check import CudaError
 from harness.jobs import (canary, digests_later, hashing_pool, pack_outputs, run_slots, same_bytes, sha256,
                           time_slots)
-from harness.kernel_clock import KernelClock, busy_ms, launch_spans_ms
+from harness.kernel_clock import KernelClock, busy_ms, launch_records, launch_spans_ms
+from harness.module_state import ModuleState, UnrestorableState
 
-UTILITY_SOURCE = r"""
+UTILITY_SOURCE = fresh_inputs.GENERATOR_SOURCE + r"""
 template <typename T>
 __device__ void count_equal(const T* data, unsigned long long n, T pattern, unsigned long long* count) {
     unsigned long long local = 0;
@@ -75,9 +76,9 @@ extern "C" __global__ void referee_hold(unsigned long long ns) {
     } while (now - start < ns);
 }
 """
-# Host time to queue one timed launch with its poison, flush and scan, generously (Python calls): the
-# first hold's allowance. Later holds allow three times the pace the worker last measured, no more.
-HOST_QUEUE_NS_PER_LAUNCH = 150_000
+# Host time to queue one timed launch with its fresh inputs drawn and checked, its poison, flush and scan,
+# generously (Python calls): the first hold's allowance. Later holds allow three times the pace the worker last measured, no more.
+HOST_QUEUE_NS_PER_LAUNCH = 400_000
 QUEUE_MARGIN = 3
 MAX_HOLD_NS = 500_000_000
 RESIDENT_MAX_BYTES = 8 << 30  # and a tenth of the device's memory at most
@@ -99,6 +100,7 @@ class Utilities:
         self.differ_kernel = self.module.function("referee_differ")
         self.hold_kernel = self.module.function("referee_hold")
         self.flush_kernel = self.module.function("referee_flush")
+        self.generate_kernel = self.module.function("referee_generate")
         # Reading twice the L2 size evicts everything a previous launch left there.
         self.flush_bytes = -(-2 * context.info.l2_bytes // 16) * 16
         self.flush = gpu.Allocation(self.flush_bytes + 16)  # the buffer, then the kernel's sink
@@ -127,6 +129,13 @@ class Utilities:
         host fell behind)."""
         measured = QUEUE_MARGIN * seconds * 1e9 / max(launches, 1)
         self.queue_ns_per_launch = int(min(HOST_QUEUE_NS_PER_LAUNCH, measured)) if kept_up else HOST_QUEUE_NS_PER_LAUNCH
+
+    def generate(self, spec: dict, ptr: int, elements: int, key: int, stream: int, changed: int = 0) -> None:
+        """Draw one input on the device (harness/fresh_inputs.py); with `changed`, count instead (into
+        that counter) the elements that no longer hold their draw."""
+        blocks = max(1, min((elements + 255) // 256, self.context.info.sm_count * 8))
+        args = gpu.kernel_arguments(fresh_inputs.generator_arguments(spec, ptr, elements, key, stream, changed))
+        gpu.launch(self.generate_kernel, (blocks, 1, 1), (256, 1, 1), 0, self.context.stream, args)
 
     def count_equal(self, ptr: int, elements: int, itemsize: int, byte: int, counter: int) -> None:
         pattern = int.from_bytes(bytes([byte]) * itemsize, "little")
@@ -180,10 +189,15 @@ class Utilities:
     def finish(self, tags: list[int]) -> tuple[list[float] | None, float | None]:
         """(each tagged launch's kernel time in ms, or None; the GPU's busy ms since begin(), or None),
         once the work is done."""
+        spans, busy, _ = self.finish_with_records(tags)
+        return spans, busy
+
+    def finish_with_records(self, tags: list[int]) -> tuple[list[float] | None, float | None, list | None]:
+        """finish(), and each tagged launch's kernel records (name, grid, block), or None."""
         if self.clock is None:
-            return None, None
+            return None, None, None
         activities = self.clock.collect()
-        return launch_spans_ms(activities, tags), busy_ms(activities)
+        return launch_spans_ms(activities, tags), busy_ms(activities), launch_records(activities, tags)
 
 
 class Resident:
@@ -259,6 +273,7 @@ class _Job:
         self.params = header["params"]
         self.arrays = [p for p in self.params if p["kind"] != "scalar"]
         self.module = None
+        self.state: ModuleState | None = None  # the module's writable globals, restored before every launch
         self.launcher = launcher  # a library call (harness/vendor.py) instead of the CUBIN's kernel
         self.resident = resident
         # Per set, per input: {"key": "NAME:SHA256" or None, "sent": whether its bytes come with the job}
@@ -289,7 +304,7 @@ class _Job:
             for i, p in enumerate(self.arrays):
                 head, tail = canary(seed, s * len(self.arrays) + i, guard)
                 entry = next(entries) if p["kind"] == "input" else None
-                if entry is not None and not entry["sent"]:
+                if entry is not None and not entry["sent"] and not entry.get("drawn"):
                     taken = self.resident.take(entry["key"]) if self.resident is not None else None
                     if taken is None or taken[0].nbytes != p["nbytes"]:
                         if taken is not None:
@@ -316,6 +331,10 @@ class _Job:
                 raise  # the worker reports it as out of memory, with what is left
             raise JobFailed("launch_error", exc.name, f"the CUBIN did not load: {exc}") from None
         self.function = self._function(header["kernel"])
+        try:
+            self.state = ModuleState(self.module, cubin, self.context.stream)
+        except UnrestorableState as exc:
+            raise JobFailed("launch_error", "UNRESTORABLE_STATE", str(exc)) from None
         self.grid, self.block = tuple(header["launch"]["grid"]), tuple(header["launch"]["block"])
         self.shared_bytes = int(header["launch"]["shared_bytes"])
         self._prepare_shared()
@@ -363,8 +382,24 @@ class _Job:
         return [(i, p, self.buffers[set_index][i]) for i, p in enumerate(self.arrays) if p["kind"] == "output"]
 
     def poison(self, set_index: int, byte: int) -> None:
+        """Ready the set for a launch: the module's writable globals back to their initial image (no state
+        carries from launch to launch) and every output filled with `byte`. Outside any timed window."""
+        if self.state is not None:
+            self.state.restore(self.context.stream)
         for _, p, buffer in self.outputs(set_index):
             gpu.fill(buffer.ptr, byte, p["nbytes"], self.context.stream)
+
+    def drawn_inputs(self, set_index: int) -> list[tuple[dict, dict, gpu.GuardedBuffer, int]]:
+        """(param, draw spec, buffer, input index) of each input drawn on the device in this job."""
+        inputs = [(i, p) for i, p in enumerate(self.arrays) if p["kind"] == "input"]
+        return [(p, entry["drawn"], self.buffers[set_index][i], n)
+                for n, ((i, p), entry) in enumerate(zip(inputs, self.input_entries[set_index])) if entry.get("drawn")]
+
+    def draw(self, utilities: "Utilities", set_index: int, key: int, launch: int, changed: int = 0) -> None:
+        """Draw the set's device-drawn inputs for `launch` (or, with `changed`, count what no longer holds it)."""
+        for p, spec, buffer, n in self.drawn_inputs(set_index):
+            utilities.generate(spec, buffer.ptr, p["nbytes"] // p["itemsize"], key,
+                               fresh_inputs.stream_of(launch, n), changed)
 
     def launch(self, set_index: int) -> None:
         if self.launcher is not None:
@@ -383,6 +418,9 @@ class _Job:
     def input_bytes(self) -> int:
         return sum(p["nbytes"] for p in self.arrays if p["kind"] == "input") * len(self.buffers)
 
+    def function_name(self) -> str | None:
+        return None if self.launcher is not None else self.header["kernel"]
+
     def evidence(self, host: np.ndarray) -> tuple[list[dict], list[bytes]]:
         """Input hashes per set and every guard band, read back after all launches into `host`
         (input_bytes() long). Each input is compared byte for byte with the bytes it must hold (those
@@ -391,8 +429,9 @@ class _Job:
         Each input is compared on the hashing threads while the next one is read back."""
         pool, pending, offset = hashing_pool(), [], 0
         for s, row in enumerate(self.buffers):
+            drawn = {id(buffer) for _, _, buffer, _ in self.drawn_inputs(s)}
             for p, buffer in zip(self.arrays, row):
-                if p["kind"] != "input":
+                if p["kind"] != "input" or id(buffer) in drawn:  # drawn inputs are checked by their draw
                     continue
                 view = host[offset:offset + p["nbytes"]]
                 offset += p["nbytes"]
@@ -426,6 +465,8 @@ class _Job:
                     self.kept.add(id(buffer))
 
     def close(self) -> None:
+        if self.state is not None:
+            self.state.free()
         for row in self.buffers:
             for buffer in row:
                 if id(buffer) not in self.kept:
@@ -476,145 +517,28 @@ def run(context: gpu.Context, header: dict, blobs: list[bytes],
         job.close()
 
 
-def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[bytes],
-         launcher: Launcher | None = None) -> tuple[dict, list[bytes]]:
-    """Warm-ups, then timed launches rotating input sets, each with its own event pair.
-
-    The whole timed loop is queued behind a hold kernel, with no host synchronization inside it:
-    re-checked outputs are copied to snapshots on the device and read back at the end. With a
-    `launcher` (a vendor library call, harness/vendor.py) the blobs hold only the inputs and each
-    launch is that call, under exactly the same protocol.
-
-    Each launch is timed by its event pair and, where the worker has it and the job asks for it
-    (header "clock": "kernel"), by the kernel clock too (harness/kernel_clock.py).
-    """
-    sets, iterations = header["sets"], header["iterations"]
-    clocked = header.get("clock", "kernel") == "kernel" and utilities.clock is not None
-    checked = sorted(set(header["checked_launches"]))
-    cubin, input_blobs = (None, blobs) if launcher is not None else (blobs[0], blobs[1:])
-    phases, mark = {}, [perf_counter()]
-
-    def phase(name: str) -> None:  # the worker's own seconds per phase, for the bench
-        now = perf_counter()
-        phases[name] = round(now - mark[0], 6)
-        mark[0] = now
-
-    job = _Job(context, header, cubin, sets=sets, launcher=launcher, resident=utilities.resident)
-    counters = snapshots = queued = None
-    pairs: list[gpu.EventPair] = []
+def draw_run(context: gpu.Context, header: dict, blobs: list[bytes],
+             utilities: Utilities) -> tuple[dict, list[bytes]]:
+    """The reference's outputs for inputs drawn on the device: one launch per launch number in
+    header["draws"]["launches"], each on the inputs that launch of a time job drew with the same key
+    (harness/fresh_inputs.py). The expected outputs of a timing's audited launches."""
+    utilities.begin()
+    job = _Job(context, header, blobs[0], sets=1, resident=utilities.resident)
     try:
-        output_bytes = sum(p["nbytes"] for p in job.arrays if p["kind"] == "output")
-        n_out = len(job.outputs(0))
-        # One counter per launch (output elements still poisoned), then one per re-checked output
-        # (where it differs from the last output of its input set).
-        counters = utilities.resident.making_room(gpu.Allocation, 8 * (max(iterations, 1) + len(checked) * n_out))
-        snapshots = utilities.resident.making_room(gpu.Allocation, output_bytes * len(checked))
-        pairs = [gpu.EventPair() for _ in range(iterations)]
-        queued = gpu.EventPair()
-        utilities.begin()
-        phase("setup")
-        taken = 0
-        for s in range(sets):
-            job.upload_inputs(s, input_blobs[taken:taken + job.sent_inputs(s)])
-            taken += job.sent_inputs(s)
-        if taken != len(input_blobs):
-            raise ValueError(f"{len(input_blobs)} input blobs for {taken} inputs sent")
-        phase("upload")
-        gpu.fill(counters.ptr, 0, counters.nbytes, context.stream)
-        for i in range(header["warmups"]):
-            job.poison(i % sets, header["poison"])
-            job.launch(i % sets)
-        context.synchronize()
-        gpu.reset_persisting_l2()
-        utilities.hold(iterations)
-        queue_started = perf_counter()
-        gpu.record(queued.start, context.stream)
-        snapshot_ptr = snapshots.ptr
-        for i in range(iterations):
-            s = i % sets
-            job.poison(s, header["poison"])
-            if header["cold_l2"]:
-                utilities.flush_l2()
-            gpu.record(pairs[i].start, context.stream)
-            if clocked:
-                utilities.tag(i + 1)
-            job.launch(s)
-            if clocked:
-                utilities.untag()
-            gpu.record(pairs[i].end, context.stream)
-            for _, p, buffer in job.outputs(s):
-                utilities.count_equal(buffer.ptr, p["nbytes"] // p["itemsize"], p["itemsize"], header["poison"],
-                                      counters.ptr + 8 * i)
-                if i in checked:
-                    gpu.copy(snapshot_ptr, buffer.ptr, p["nbytes"], context.stream)
-                    snapshot_ptr += p["nbytes"]
-        # Still inside the hold when everything is queued: the GPU never waited for the host.
-        host_kept_up = not gpu.completed(queued.start)
-        utilities.queued(iterations, perf_counter() - queue_started, host_kept_up)
-        snapshot_at = _snapshot_offsets(job, checked, snapshots.ptr)
-        for k, i in enumerate(checked):  # a re-checked output equal to its set's last one is not read twice
-            for j, (_, p, last) in enumerate(job.outputs(i % sets)):
-                utilities.differ(snapshot_at[k][j], last.ptr, p["nbytes"], counters.ptr + 8 * (iterations + k * n_out + j))
-        context.synchronize()
-        phase("gpu")
-        samples_ms = [pair.elapsed_ms() for pair in pairs]
-        kernel_ms, gpu_busy_ms = utilities.finish(list(range(1, iterations + 1)) if clocked else [])
-        if not clocked:
-            kernel_ms = None
-        counts = np.frombuffer(gpu.download(counters.ptr, counters.nbytes).tobytes(), dtype=np.uint64)
-        unwritten, differs = counts[:iterations], counts[iterations:]
-        # The outputs first, hashed on the hashing threads while the inputs are read back and checked.
-        inputs_host, host = np.split(utilities.staging.take(job.input_bytes() + snapshots.nbytes + output_bytes * sets),
-                                     [job.input_bytes()])
-        lasts = []
-        offset = snapshots.nbytes
-        for s in range(sets):
-            for _, p, buffer in job.outputs(s):
-                lasts.append(host[offset:offset + p["nbytes"]])
-                gpu.download_into(buffer.ptr, lasts[-1])
-                offset += p["nbytes"]
-        blobs = []
-        for k, i in enumerate(checked):
-            for j, (_, p, _) in enumerate(job.outputs(i % sets)):
-                if differs[k * n_out + j] == 0:
-                    blobs.append(lasts[(i % sets) * n_out + j])  # the same bytes: the same object, hashed once
-                else:
-                    start = snapshot_at[k][j] - snapshots.ptr
-                    blobs.append(host[start:start + p["nbytes"]])
-                    gpu.download_into(snapshot_at[k][j], blobs[-1])
-        blobs += lasts
-        slots = time_slots(checked, sets, n_out)
-        output_hashes = digests_later(blobs)
-        phase("read_back")
-        hashes, guards = job.evidence(inputs_host)
+        job.upload_inputs(0, blobs[1:])
+        key, outputs = header["draws"]["key"], []
+        for launch in header["draws"]["launches"]:
+            job.draw(utilities, 0, key, launch)
+            job.poison(0, header["poisons"][0])
+            job.launch(0)
+            context.synchronize()
+            outputs += job.read_outputs(0)
+        output_hashes = digests_later(outputs)
+        hashes, guards = job.evidence(utilities.staging.take(job.input_bytes()))
         job.keep_inputs(hashes)
-        phase("evidence")
-        fields, sent = pack_outputs(blobs, slots, header.get("known_outputs") or {}, output_hashes())
-        phase("hash_outputs")
-        answer = {"status": "ok", "samples_ms": samples_ms, "kernel_samples_ms": kernel_ms,
-                  "clock_note": None if clocked else utilities.clock_note or "events asked for",
-                  "gpu_busy_ms": gpu_busy_ms, "unwritten": [int(u) for u in unwritten],
-                  "input_sha256": hashes, "event_overhead_ms": utilities.event_overhead_ms,
-                  "kernel_floor_ms": utilities.kernel_floor_ms,
-                  "host_kept_up": host_kept_up, "phases_s": phases, "resident_inputs": utilities.resident.keys(),
-                  **fields}
-        return answer, sent + guards
+        fields, sent = pack_outputs(outputs, [f"{launch}/{j}" for launch in header["draws"]["launches"]
+                                              for j in range(len(job.outputs(0)))], {}, output_hashes())
+        return {"status": "ok", "input_sha256": hashes, "gpu_busy_ms": utilities.finish([])[1],
+                "resident_inputs": utilities.resident.keys(), **fields}, sent + guards
     finally:
-        for pair in pairs + ([queued] if queued else []):
-            pair.destroy()
-        for allocation in (counters, snapshots):
-            if allocation is not None:
-                allocation.free()
         job.close()
-
-
-def _snapshot_offsets(job: _Job, checked: list[int], base: int) -> list[list[int]]:
-    """Device address of each re-checked launch's copy of each output: back to back, in launch order."""
-    sizes = [p["nbytes"] for _, p, _ in job.outputs(0)]
-    offsets, at = [], base
-    for _ in checked:
-        offsets.append([])
-        for size in sizes:
-            offsets[-1].append(at)
-            at += size
-    return offsets

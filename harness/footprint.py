@@ -20,7 +20,8 @@ def timing_bytes(layout: Layout, settings: Settings) -> int:
     """Device bytes of one timing job: every set's guarded buffers, snapshots and launch counters."""
     per_set = sum(guarded_bytes(a.nbytes) for a in layout.arrays)
     output_bytes = sum(a.nbytes for a in layout.outputs)
-    return settings.rotation_sets * per_set + settings.checked_launches * output_bytes + 8 * settings.iterations
+    counters = 8 * (2 * settings.iterations + settings.checked_launches * len(layout.outputs))
+    return settings.rotation_sets * per_set + settings.checked_launches * output_bytes + counters
 
 
 def case_bytes(task: Task, case: Case, settings: Settings) -> int:

@@ -223,6 +223,11 @@ class Module:
     def function(self, name: str):
         return check(driver.cuModuleGetFunction(self.handle, name.encode()), f"cuModuleGetFunction({name})")
 
+    def global_address(self, name: str) -> tuple[int, int] | None:
+        """(device address, bytes) of a module variable, or None where the driver does not find the name."""
+        result = driver.cuModuleGetGlobal(self.handle, name.encode())
+        return (int(result[1]), int(result[2])) if result[0] == driver.CUresult.CUDA_SUCCESS else None
+
     def unload(self) -> None:
         if self.handle is not None:
             driver.cuModuleUnload(self.handle)

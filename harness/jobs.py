@@ -180,6 +180,11 @@ def time_slots(checked: list[int], sets: int, outputs: int) -> list[str]:
             + [f"{s}/{j}" for s in range(sets) for j in range(outputs)])
 
 
+def audit_slots(audited: list[int], outputs: int) -> list[str]:
+    """Fresh inputs: each audited launch's outputs, by launch number (no two launches share inputs)."""
+    return [f"{i}/{j}" for i in sorted(set(audited)) for j in range(outputs)]
+
+
 def pack_outputs(blobs: list, slots: list[str], known: dict[str, list[str]],
                  hashes: list[str] | None = None) -> tuple[dict, list]:
     """Worker side: the answer's output fields and the output blobs to send, in slot order.
@@ -228,14 +233,17 @@ def resident_key(name: str, digest: str) -> str:
 
 
 def _inputs_field(layout: Layout, input_sets: list[dict[str, np.ndarray]], hashes: list[dict | None] | None,
-                  resident: frozenset[str]) -> tuple[list[list[dict]], list]:
+                  resident: frozenset[str], draws: dict[str, dict] | None = None) -> tuple[list[list[dict]], list]:
     """Per set, per input: its key and whether its bytes go with the job (not if the worker holds
-    it); and the blobs that go."""
+    it), or how the worker draws it (`draws`, by name: harness/fresh_inputs.py); and the blobs that go."""
     entries, blobs = [], []
     for s, inputs in enumerate(input_sets):
         known = (hashes or [None] * len(input_sets))[s] or {}
         entries.append([])
         for a in layout.inputs:
+            if draws and a.name in draws:
+                entries[-1].append({"key": None, "sent": False, "drawn": draws[a.name]})
+                continue
             key = resident_key(a.name, known[a.name]) if a.name in known else None
             sent = key is None or key not in resident
             entries[-1].append({"key": key, "sent": sent})
@@ -254,19 +262,42 @@ def run_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
     return header, [cubin] + blobs
 
 
+def draw_run_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
+                 fixed_inputs: dict[str, np.ndarray], fresh: "FreshDraws", launches: list[int], guard_seed: int,
+                 hashes: dict[str, str] | None = None, resident: frozenset[str] = frozenset()) -> tuple[dict, list]:
+    """One launch per launch number, each on the inputs that launch of a time job with the same `fresh`
+    draws (the expected outputs of its audited launches). `fixed_inputs`: the inputs that are not drawn."""
+    entries, blobs = _inputs_field(layout, [fixed_inputs], [hashes], resident, fresh.draws)
+    header = {"op": "draw_run", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
+              "poisons": [TIMING_POISON], "guard_seed": guard_seed, "guard_bytes": GUARD_BYTES, "inputs": entries,
+              "draws": {"key": fresh.key, "launches": list(launches)}}
+    return header, [cubin] + blobs
+
+
+@dataclass(frozen=True)
+class FreshDraws:
+    """A time job's fresh inputs: the secret key, and how each drawn input is drawn (by name)."""
+
+    key: int
+    draws: dict[str, dict]
+
+
 def time_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
              input_sets: list[dict[str, np.ndarray]], *, warmups: int, iterations: int, cold_l2: bool,
              checked_launches: list[int], guard_seed: int,
              known_outputs: dict[str, list[str]] | None = None, clock: str = "kernel",
-             hashes: list[dict | None] | None = None, resident: frozenset[str] = frozenset()) -> tuple[dict, list]:
+             hashes: list[dict | None] | None = None, resident: frozenset[str] = frozenset(),
+             fresh: FreshDraws | None = None) -> tuple[dict, list]:
     """`known_outputs`: by slot ("SET/OUTPUT"), the sha256 of outputs already found right, not to be sent again.
-    `clock`: "kernel" times each launch on the kernel clock too, where the worker has it; "events" does not."""
+    `clock`: "kernel" times each launch on the kernel clock too, where the worker has it; "events" does not.
+    `fresh`: every launch draws its drawn inputs anew (harness/fresh_inputs.py); `input_sets` then hold only
+    the inputs that are not drawn, the same in every set, and `checked_launches` are the audited launches."""
     header = {"op": "time", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
               "sets": len(input_sets), "warmups": warmups, "iterations": iterations, "cold_l2": cold_l2,
               "poison": TIMING_POISON, "checked_launches": sorted(checked_launches),
               "guard_seed": guard_seed, "guard_bytes": GUARD_BYTES, "known_outputs": known_outputs or {},
-              "clock": clock}
-    header["inputs"], blobs = _inputs_field(layout, input_sets, hashes, resident)
+              "clock": clock, "fresh": {"key": fresh.key} if fresh else None}
+    header["inputs"], blobs = _inputs_field(layout, input_sets, hashes, resident, fresh.draws if fresh else None)
     return header, [cubin] + blobs
 
 
@@ -338,6 +369,8 @@ def check_integrity(header: dict, guard_blobs: list[bytes], layout: Layout, guar
     for set_index, inputs in enumerate(input_sets):
         known = (sent_hashes or [None] * len(input_sets))[set_index] or {}
         for spec in layout.inputs:
+            if spec.name not in inputs:
+                continue  # drawn on the device: checked against its draw after every launch instead
             sent = known.get(spec.name) or sha256(inputs[spec.name])
             if hashes[set_index].get(spec.name) != sent:
                 integrity.modified_inputs.append(spec.name)

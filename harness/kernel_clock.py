@@ -45,6 +45,9 @@ BUFFER_BYTES = 8 << 20
 # are the same in every version of the kernel, memcpy and memset records since CUDA 11. An external
 # correlation record holds our id at byte 8 (uint64) and the call's correlation id at byte 16.
 _START, _END, _KERNEL_CORRELATION = 16, 24, 92
+# A kernel record's grid and block (six int32 from byte 52) and its name (a char pointer at byte 104),
+# the same in CUpti_ActivityKernel4 to 10 (cupti_activity.h of CUDA 13.0).
+_GRID, _NAME = 52, 104
 _EXTERNAL_ID, _EXTERNAL_CORRELATION = 8, 16
 
 _BufferRequested = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.POINTER(ctypes.c_uint8)),
@@ -60,6 +63,9 @@ class Activity:
     end_ns: int
     correlation: int  # a kernel's or an external correlation's; 0 for copies and memsets
     external: int = 0  # an external correlation's id (ours)
+    name: str = ""     # a kernel's function name
+    grid: tuple[int, int, int] = (0, 0, 0)
+    block: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def is_kernel(self) -> bool:
@@ -81,6 +87,17 @@ def launch_spans_ms(activities: list[Activity], tags: list[int]) -> list[float] 
             return None
         spans.append((max(a.end_ns for a in inside) - min(a.start_ns for a in inside)) * 1e-6)
     return spans
+
+
+def launch_records(activities: list[Activity], tags: list[int]) -> list[list[list]]:
+    """Each tagged launch's kernels as [name, grid, block]: what the GPU ran for it, to be compared with
+    what was declared."""
+    owner = {a.correlation: a.external for a in activities if a.kind == KIND_EXTERNAL_CORRELATION}
+    kernels: dict[int, list[list]] = {}
+    for a in activities:
+        if a.is_kernel and a.correlation in owner:
+            kernels.setdefault(owner[a.correlation], []).append([a.name, list(a.grid), list(a.block)])
+    return [kernels.get(tag, []) for tag in tags]
 
 
 def busy_ms(activities: list[Activity]) -> float:
@@ -185,13 +202,21 @@ class KernelClock:
                 found.append(Activity(kind, 0, 0, ctypes.c_uint32.from_address(base + _EXTERNAL_CORRELATION).value,
                                       ctypes.c_uint64.from_address(base + _EXTERNAL_ID).value))
             elif kind in GPU_KINDS:
-                correlation = ctypes.c_uint32.from_address(base + _KERNEL_CORRELATION).value if kind in (
-                    KIND_KERNEL, KIND_CONCURRENT_KERNEL) else 0
-                found.append(Activity(kind, ctypes.c_uint64.from_address(base + _START).value,
-                                      ctypes.c_uint64.from_address(base + _END).value, correlation))
+                start, end = (ctypes.c_uint64.from_address(base + at).value for at in (_START, _END))
+                if kind in (KIND_KERNEL, KIND_CONCURRENT_KERNEL):
+                    found.append(_kernel_activity(kind, base, start, end))
+                else:
+                    found.append(Activity(kind, start, end, 0))
         with self._lock:
             self._activities += found
             self._buffers.pop(address, None)
+
+
+def _kernel_activity(kind: int, base: int, start: int, end: int) -> Activity:
+    shape = [ctypes.c_int32.from_address(base + _GRID + 4 * i).value for i in range(6)]
+    name = ctypes.c_char_p.from_address(base + _NAME).value or b""
+    return Activity(kind, start, end, ctypes.c_uint32.from_address(base + _KERNEL_CORRELATION).value,
+                    name=name.decode(errors="replace"), grid=tuple(shape[:3]), block=tuple(shape[3:]))
 
 
 def _library_path() -> str:

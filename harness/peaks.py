@@ -10,6 +10,11 @@ that does not parse is ignored.
 Each timed case is then placed under its roofline: the bound is
 max(bytes / bandwidth, flops / compute peak), the compute peak chosen by the task's
 `cost.compute`, and the fraction is bound / measured median (1 = at the limit).
+
+The physical limit (physical_peaks, limit_checks, violations) is stricter: the larger of the
+measured and the theoretical peak (from the device's clocks, bus and SM count), which no honest
+kernel passes; an attempt whose median is beyond it by more than its timing's uncertainty and
+PHYSICAL_MARGIN is refused (server/suspicion.py).
 """
 
 from __future__ import annotations
@@ -189,3 +194,187 @@ def device_peaks(worker, device: dict, folder: Path | None = None) -> tuple[Devi
     except OSError as exc:
         return peaks, [f"the peaks were measured but not cached in {folder}: {exc}"]
     return peaks, []
+
+
+# -- the physical limit ---------------------------------------------------------------------------
+# A candidate's median is refused (reason beyond_physical_limit), not merely re-checked, when even the
+# slowest plausible median (the upper end of its 95% confidence interval) is faster than the device can
+# move the task's bytes or do its flops, by more than this margin. The peak is already the larger of the
+# measured rate and the datasheet-style theoretical one, so the margin only absorbs what neither sees:
+# a boost clock above the base clock the device reports (CU_DEVICE_ATTRIBUTE_CLOCK_RATE is the base
+# clock on some boards), a cost formula that rounds the compulsory traffic up a little, and timer
+# granularity on the smallest cases. 10% is far above those and far below the 3x of a kernel that
+# skips work (the 13.9x "memo" kernel claimed 160 TFLOP/s of fp32 against a 66.9 TFLOP/s device).
+PHYSICAL_MARGIN = 0.10
+
+# CUDA-core float32 lanes per SM, by compute capability; each does one FMA (2 flops) per clock.
+_FP32_LANES_EXACT = {(6, 0): 64, (6, 1): 128, (6, 2): 128, (8, 0): 64, (8, 6): 128, (8, 7): 128, (8, 9): 128,
+                     (9, 0): 128}
+_FP32_LANES_MAJOR = {7: 64, 10: 128, 11: 128, 12: 128}
+# Dense bfloat16 tensor-core flops per SM per clock (float32 accumulation), the hardware's full rate:
+# A100 (8.0) 2048; GA10x and Ada (8.6, 8.9) 1024 (GeForce boards halve it for float32 accumulation: the
+# full rate is the bound); Orin (8.7) 2048; Hopper (9.0) 4096; Blackwell datacenter (10.x) 8192 (B200's
+# 2.25 PFLOP/s on 148 SMs needs more than 4096 at any real clock); Blackwell RTX (12.x) 1024. Earlier
+# architectures have no bfloat16 tensor cores; an architecture not listed gets no theoretical peak.
+_TENSOR_BF16_EXACT = {(8, 0): 2048, (8, 6): 1024, (8, 7): 2048, (8, 9): 1024, (9, 0): 4096}
+_TENSOR_BF16_MAJOR = {10: 8192, 12: 1024}
+
+UNITS = {"memory": "GB/s", "compute": "TFLOP/s"}
+
+
+def _capability(value) -> tuple[int, int] | None:
+    """(major, minor) from [9, 0], (9, 0), "9.0" or "sm_90"; None when it does not read."""
+    try:
+        if isinstance(value, str):
+            text = value.strip().lower().removeprefix("sm_").removeprefix("compute_")
+            if "." in text:
+                major, minor = text.split(".", 1)
+                return int(major), int(minor)
+            return int(text[:-1]), int(text[-1])
+        major, minor = value
+        return int(major), int(minor)
+    except (TypeError, ValueError):
+        return None
+
+
+def _per_sm(table: dict, by_major: dict, capability: tuple[int, int] | None) -> int | None:
+    if capability is None:
+        return None
+    return table.get(capability, by_major.get(capability[0]))
+
+
+def theoretical_peaks(device: dict) -> dict[str, float | None]:
+    """What the device's own facts allow at most ({memory_gbps, fp32_tflops, tensor_bf16_tflops}, None where
+    they cannot tell): DRAM bandwidth = memory clock x 2 (double data rate) x bus bits / 8; fp32 = SMs x
+    fp32 lanes per SM x 2 (an FMA) x SM clock; tensor_bf16 = SMs x dense flops per SM per clock x SM clock.
+    `device` is a run's environment (or a worker's device facts): memory_clock_khz, memory_bus_bits,
+    sm_count, sm_clock_khz, compute_capability."""
+    def number(key: str) -> float | None:
+        value = device.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+    memory_khz, bus_bits = number("memory_clock_khz"), number("memory_bus_bits")
+    sms, sm_khz = number("sm_count"), number("sm_clock_khz")
+    capability = _capability(device.get("compute_capability"))
+    memory = memory_khz * 1e3 * 2 * bus_bits / 8 / 1e9 if memory_khz and bus_bits else None
+
+    def compute(per_sm_clock: float | None) -> float | None:
+        return sms * per_sm_clock * sm_khz * 1e3 / 1e12 if sms and sm_khz and per_sm_clock else None
+
+    lanes = _per_sm(_FP32_LANES_EXACT, _FP32_LANES_MAJOR, capability)
+    return {"memory_gbps": memory, "fp32_tflops": compute(2 * lanes if lanes else None),
+            "tensor_bf16_tflops": compute(_per_sm(_TENSOR_BF16_EXACT, _TENSOR_BF16_MAJOR, capability))}
+
+
+class PhysicalPeak(BaseModel):
+    """One of the device's limits: the larger of the measured and the theoretical figure."""
+
+    kind: str                          # "memory", or the compute class ("fp32", "tensor_bf16")
+    unit: str                          # "GB/s" or "TFLOP/s"
+    peak: float                        # max(measured, theoretical)
+    measured: float | None = None
+    theoretical: float | None = None
+
+    def describe(self) -> str:
+        """'66.9 TFLOP/s peak (theoretical; measured 51.2)'."""
+        source = "theoretical" if self.peak == self.theoretical else "measured"
+        other = ("measured", self.measured) if source == "theoretical" else ("theoretical", self.theoretical)
+        also = f"; {other[0]} {_figure(other[1])}" if other[1] is not None else ""
+        return f"{_figure(self.peak)} {self.unit} peak ({source}{also})"
+
+
+def _figure(value: float) -> str:
+    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
+
+
+def physical_peaks(environment: dict) -> dict[str, PhysicalPeak]:
+    """The device's physical limits from a run's environment: "memory" and each compute class, each the max of
+    the measured peak (environment["peaks"], harness/peaks.py) and the theoretical one (theoretical_peaks);
+    a limit with neither is absent, and is then not checked. A measured rate can be below what an honest
+    kernel reaches (cuBLAS's float32 GEMM is not the CUDA cores' limit), so it never stands alone when the
+    device's facts give the theoretical one."""
+    measured = environment.get("peaks") or {}
+    theory = theoretical_peaks(environment)
+    found = {}
+    for kind, key, unit in (("memory", "memory_gbps", "GB/s"), ("fp32", "fp32_tflops", "TFLOP/s"),
+                            ("tensor_bf16", "tensor_bf16_tflops", "TFLOP/s")):
+        seen = measured.get(key)
+        seen = float(seen) if isinstance(seen, (int, float)) and seen > 0 else None
+        values = [v for v in (seen, theory[key]) if v]
+        if values:
+            found[kind] = PhysicalPeak(kind=kind, unit=unit, peak=max(values), measured=seen, theoretical=theory[key])
+    return found
+
+
+def physical_bound_ms(peak: PhysicalPeak, work: float) -> float:
+    """The least time `work` (bytes for "memory", flops otherwise) can take at the peak."""
+    scale = 1e9 if peak.kind == "memory" else 1e12
+    return work / (peak.peak * scale) * 1e3
+
+
+class LimitCheck(BaseModel):
+    """One case's median against one physical limit."""
+
+    case: str
+    kind: str                          # "memory" or the compute class
+    work: float                        # flops of the case, or the bytes it must move through DRAM while it runs
+    cache_bytes: float | None = None   # memory: the L2 deducted from the case's bytes (see limit_checks)
+    unit: str
+    peak: PhysicalPeak
+    bound_ms: float                    # work at the peak
+    median_ms: float
+    ci_high_ms: float                  # upper end of the median's confidence interval
+    achieved: float                    # the rate at the median, in `unit`
+    margin: float
+    beyond: bool                       # ci_high_ms x (1 + margin) < bound_ms
+
+    def detail(self) -> str:
+        """'square-2048: 160.3 TFLOP/s of fp32 at the median 0.107 ms, beyond the device's 66.9 TFLOP/s peak
+        (theoretical; measured 51.2) by more than the timing's +0.4% and the 10% margin'."""
+        what = "memory traffic" if self.kind == "memory" else self.kind
+        if self.cache_bytes:
+            what += (f" (its {(self.work + self.cache_bytes) / 1e6:.1f} MB less the {self.cache_bytes / 1e6:.1f} MB "
+                     f"of L2 its writes may stay in)")
+        spread = self.ci_high_ms / self.median_ms - 1 if self.median_ms > 0 else 0.0
+        return (f"{self.case}: {_figure(self.achieved)} {self.unit} of {what} at the median {self.median_ms:.3g} ms, "
+                f"beyond the device's {self.peak.describe()} by more than the timing's +{spread:.1%} (upper end "
+                f"of the median's confidence interval) and the {self.margin:.0%} margin")
+
+
+def limit_checks(peaks: dict[str, PhysicalPeak], case: str, median_ms: float, ci_high_ms: float,
+                 bytes_moved: float | None, flops: float | None, compute: str = "fp32",
+                 margin: float = PHYSICAL_MARGIN, cache_bytes: float | None = None) -> list[LimitCheck]:
+    """The case's median against the memory limit (for its bytes) and its compute class's limit (for its flops),
+    where the device has that limit and the task declares that work. Beyond the limit only if even the upper
+    end of the median's confidence interval, made `margin` slower still, is faster than the bound.
+
+    `cache_bytes` (the L2's size) is deducted from the bytes: the L2 is flushed before every sample, so the
+    inputs come from DRAM, but the L2 writes back, so up to its size of outputs can be written into it and
+    reach DRAM only after the kernel has ended. The bytes that must cross the DRAM bus while the kernel runs
+    are at least bytes - L2; a case whose bytes fit in the L2 has no memory bound."""
+    slowest = max(median_ms, ci_high_ms)
+    cache = float(cache_bytes) if cache_bytes and cache_bytes > 0 else None
+    dram_bytes = bytes_moved - cache if bytes_moved and cache else bytes_moved
+    checks = []
+    for kind, work in (("memory", dram_bytes), (compute, flops)):
+        peak = peaks.get(kind)
+        if peak is None or not work or work <= 0 or median_ms <= 0:
+            continue
+        bound = physical_bound_ms(peak, work)
+        scale = 1e9 if kind == "memory" else 1e12
+        checks.append(LimitCheck(case=case, kind=kind, work=work, cache_bytes=cache if kind == "memory" else None,
+                                 unit=peak.unit, peak=peak, bound_ms=bound,
+                                 median_ms=median_ms, ci_high_ms=slowest,
+                                 achieved=work / (median_ms * 1e-3) / scale, margin=margin,
+                                 beyond=slowest * (1 + margin) < bound))
+    return checks
+
+
+def violations(checks: list[LimitCheck]) -> list[LimitCheck]:
+    """The checks beyond the limit, the worst per case (the highest achieved / peak) first in case order."""
+    worst: dict[str, LimitCheck] = {}
+    for check in checks:
+        if check.beyond and (check.case not in worst
+                             or check.achieved / check.peak.peak > worst[check.case].achieved / worst[check.case].peak.peak):
+            worst[check.case] = check
+    return list(worst.values())

@@ -22,7 +22,7 @@ import os
 import ml_dtypes
 import numpy as np
 
-from harness import execute, gpu
+from harness import execute, gpu, timed_loop
 from harness.baselines import CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUBLAS_OP_N, CUDA_R_16BF, CUDA_R_32F
 from harness.cuda_check import CudaError, check
 
@@ -118,7 +118,7 @@ def answer(context: gpu.Context, utilities: execute.Utilities, header: dict, blo
             raise execute.JobFailed("launch_error", "UNKNOWN_VENDOR_CALL", f"no vendor call {call.get('library')!r} "
                                     f"{call.get('op')!r}")
         library = cublas(context)
-        return execute.time(context, utilities, header, blobs, launcher=lambda pointers: library.gemm(call, pointers))
+        return timed_loop.time(context, utilities, header, blobs, launcher=lambda pointers: library.gemm(call, pointers))
     return measure_peaks(context, header), []
 
 

@@ -22,7 +22,9 @@ class ReasonCode(str, Enum):
     OUT_OF_BOUNDS_WRITE = "out_of_bounds_write"
     INPUT_MODIFIED = "input_modified"
     UNWRITTEN_OUTPUT = "unwritten_output"  # timed launches that left output elements unwritten
-    TIMED_OUTPUT_MISMATCH = "timed_output_mismatch"
+    TIMED_OUTPUT_MISMATCH = "timed_output_mismatch"  # an audited timed launch's output is wrong
+    LAUNCH_NOT_AS_DECLARED = "launch_not_as_declared"  # a timed launch ran other kernels, or another grid or block
+    BEYOND_PHYSICAL_LIMIT = "beyond_physical_limit"  # faster than the device can move the bytes or do the flops
 
 
 class Reason(BaseModel):
@@ -71,6 +73,9 @@ class CaseTiming(BaseModel):
     launches: int = 0
     checked_launches: int = 0
     unwritten_launches: int = 0
+    # "fresh": every launch's inputs drawn on the device from a secret per-job key; "rotated": the fixed sets
+    inputs: str = "rotated"
+    audited_launches: int = 0         # timed launches compared in full with the reference's output for their inputs
     event_overhead_ms: float | None = None
     host_kept_up: bool | None = None  # the whole timed loop was queued before the GPU reached it
     reasons: list[Reason] = []

@@ -41,13 +41,15 @@ def _start(ordinal: int):
 
 
 def _answer(context, utilities, header: dict, blobs: list[bytes]):
-    from harness import execute
+    from harness import execute, timed_loop
 
     op = header.get("op")
     if op == "run":
         return execute.run(context, header, blobs, utilities)
     if op == "time":
-        return execute.time(context, utilities, header, blobs)
+        return timed_loop.time(context, utilities, header, blobs)
+    if op == "draw_run":
+        return execute.draw_run(context, header, blobs, utilities)
     if op in ("vendor_time", "peaks"):  # cuBLAS and the device peaks (harness/vendor.py)
         from harness import vendor
 

@@ -150,6 +150,10 @@ def _evaluate(run: Run, number: int, candidate: Candidate, references: dict, *, 
     if timing_reasons:
         return _reject(entry, timing_reasons), clock.seconds
     _fill_timing(run, entry, timing)
+    impossible = suspicion.beyond_physical_limit(run, entry) if number > 0 else []
+    if impossible:  # refused, not re-verified: re-timing an impossible result proves nothing
+        run.audit.append("beyond_physical_limit", {"attempt": number, "cases": [r.case for r in impossible]})
+        return _reject(entry, impossible), clock.seconds
     suspicious = suspicion.flags(run, entry) if number > 0 else []
     if suspicious:
         _say(progress, 3.5, 4, "re-verifying a result that looks too good")
@@ -178,6 +182,7 @@ def time_side_by_side(time: Callable[[Kernel, list[Case]], TimingReport], kernel
     extra: dict[str, Any] = {}
     clocks: set[str] = set()
     events: dict[str, dict[str, list[float]]] = {}
+    audited: dict[str, dict[str, int]] = {label: {c.name: 0 for c in cases} for label in kernels}
     for _ in range(rounds):
         for label, k in kernels.items():
             report = time(k, cases)
@@ -187,10 +192,11 @@ def time_side_by_side(time: Callable[[Kernel, list[Case]], TimingReport], kernel
                 samples[label][case.case] += case.samples_ms
                 events.setdefault(label, {}).setdefault(case.case, []).extend(case.event_samples_ms or [])
                 extra.setdefault(label, {})[case.case] = case
+                audited[label][case.case] += case.audited_launches
                 clocks.add(case.clock)
     if len(clocks) > 1:  # samples of two clocks are not comparable
         raise RuntimeError(f"the timings side by side read different clocks: {sorted(clocks)}")
-    return {"samples": samples, "event_samples": events, "cases": extra}
+    return {"samples": samples, "event_samples": events, "cases": extra, "audited": audited}
 
 
 def _interleaved(run: Run, kernel, references: dict, clock) -> tuple[dict, list[Reason]]:
@@ -223,7 +229,9 @@ def _fill_timing(run: Run, entry: dict, timing: dict) -> None:
                "achieved_gbps": measured.achieved_gbps, "achieved_tflops": measured.achieved_tflops,
                "roofline_ms": measured.roofline_ms,
                "roofline_fraction": roofline_fraction(measured.roofline_ms, mine[name].median_ms),
-               "clock": measured.clock, "event_median_ms": _median(timing.get("event_samples", {}).get("candidate", {}).get(name))}
+               "clock": measured.clock, "event_median_ms": _median(timing.get("event_samples", {}).get("candidate", {}).get(name)),
+               # fresh: every timed launch drew new inputs from a secret key; audited: launches compared in full
+               "inputs": measured.inputs, "audited_launches": timing.get("audited", {}).get("candidate", {}).get(name)}
         if baseline is not None:
             row.update(baseline_stats=_dump(baseline[name]), best_stats=_dump(best[name]),
                        speedup_vs_baseline=_dump(speedup(baseline[name], mine[name])),

@@ -29,7 +29,8 @@ REQUIRED_CHECKS = {
     "holdout-oracle": "the holdout cases against the float64 oracle",
     "fresh-oracle": "fresh random values against the float64 oracle",
 }
-CheckKind = Literal["replay", "holdout", "holdout-oracle", "fresh-oracle", "compile", "referee"]
+CheckKind = Literal["replay", "holdout", "holdout-oracle", "fresh-oracle", "compile", "referee",
+                    "physical-limit"]  # physical-limit: a re-timed median beyond the device's limit (failed only)
 
 
 class CheckResult(BaseModel):

@@ -4,7 +4,8 @@ The run folder is verified first; one that does not verify is refused (exit 2). 
 run's own task copy, locked expected outputs and timing protocol: the kernel on each replay request
 (best-case-N.json), on the holdout cases against the reference outputs and against the float64
 oracle, and on fresh random values against the oracle; then N interleaved timings beside the
-baseline (attempts/000.cu). server/decision.py says GO or NO-GO. The result goes to RUN/replay.json
+baseline (attempts/000.cu), each against the device's physical limit (a re-timed kernel beyond it fails a
+"physical-limit" check). server/decision.py says GO or NO-GO. The result goes to RUN/replay.json
 (RUN/replay-attempt-NNN.json for --attempt), a file the audit log does not record: appending to
 events.jsonl could break the chain of a server still holding the run (docs/decisions.md).
 """
@@ -30,6 +31,7 @@ from harness.stats import geomean_speedup, speedup, summarize
 from harness.task import Case, LaunchSpec, Task, TaskError, load_task
 from harness.verdict import CheckReport
 from server import lock as locking
+from server import suspicion
 from server.attempt import TimingFailed, time_side_by_side
 from server.audit import verify_run, write_json_atomic
 from server.decision import (CheckResult, Decision, RepeatResult, decide, environment_differences,
@@ -156,7 +158,7 @@ def replay_run(record: RunRecord, make_executor: MakeExecutor, repeats: int = 3,
         with _no_bytecode():
             env_now = executor.start()
             _preload(executor, record)
-            _replay(executor, record, repeats, say, checks, timings)
+            _replay(executor, record, repeats, say, checks, timings, env_now)
     except Exception as exc:  # noqa: BLE001 - reported as the replay's failure, and logged
         log.warning("the replay could not complete", exc_info=True)
         checks.append(CheckResult(name="referee", kind="referee", passed=False, reasons=[
@@ -191,7 +193,7 @@ def _preload(executor: Executor, record: RunRecord) -> None:
 
 
 def _replay(executor: Executor, record: RunRecord, repeats: int, say: Say, checks: list[CheckResult],
-            timings: list[tuple[RepeatResult, dict]]) -> None:
+            timings: list[tuple[RepeatResult, dict]], environment: dict | None = None) -> None:
     kernel, failed = _compile(executor, record.kernel)
     baseline, baseline_failed = _compile(executor, record.baseline)
     checks += [c for c in (failed, baseline_failed) if c is not None]
@@ -206,6 +208,7 @@ def _replay(executor: Executor, record: RunRecord, repeats: int, say: Say, check
     for number in range(1, repeats + 1):
         say(f"timing beside the baseline, repeat {number} of {repeats}")
         timings.append(_repeat(executor, record, kernel, baseline, number))
+        checks += _physical_limit(record, environment or {}, timings[-1])
 
 
 def _compile(executor: Executor, subject: Subject) -> tuple[Kernel | None, CheckResult | None]:
@@ -295,6 +298,22 @@ def _repeat(executor: Executor, record: RunRecord, kernel: Kernel, baseline: Ker
     return result, {"stats": {label: {case: s.model_dump(mode="json") for case, s in per_case.items()}
                               for label, per_case in stats.items()},
                     "samples_ms": timed["samples"]}
+
+
+def _physical_limit(record: RunRecord, environment: dict, timed: tuple[RepeatResult, dict]) -> list[CheckResult]:
+    """The re-timed kernel's medians against this device's physical limits (server/suspicion.py): a failed
+    check per case beyond them, so the decision is NO-GO naming beyond_physical_limit. The numbers go into the
+    repeat's record. The baseline (attempt 0) is the task's own kernel: exempt, as in the run."""
+    result, extra = timed
+    stats = (extra.get("stats") or {}).get("candidate")
+    if record.kernel.attempt == 0 or not stats:
+        return []
+    checks = suspicion.physical_limit_checks(record.task, environment, stats)
+    if checks:
+        extra["physical_limit"] = suspicion.limit_record(checks)
+    return [CheckResult(name=f"physical limit {r.case} (repeat {result.repeat})", kind="physical-limit", case=r.case,
+                        passed=False, reasons=[f"{r.code.value}: {r.detail}"])
+            for r in suspicion.limit_reasons(checks)]
 
 
 def _document(record: RunRecord, repeats: int, chain_head: str | None, checks: list[CheckResult],

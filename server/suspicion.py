@@ -1,16 +1,23 @@
-"""Results too good to be true are re-verified before they count.
+"""Results too good to be true are refused, or re-verified before they count.
 
 A kernel cannot move its compulsory bytes faster than the memory's peak bandwidth (the L2 is
-flushed before every sample), and a tenfold gain over a real baseline is rare enough to deserve a
-second look. Such an attempt is checked again on new secret inputs and timed again in a fresh
-worker; it counts only if both agree.
+flushed before every sample, though up to its size of outputs may still sit in it when the kernel
+ends) nor do its flops faster than the compute peak of its class. A median
+beyond that physical limit (harness/peaks.py: the larger of the measured and the theoretical peak,
+beyond by more than the timing's uncertainty and PHYSICAL_MARGIN) is refused outright:
+re-timing an impossible result proves nothing. Short of that, a result below the measured memory
+roofline or a tenfold gain over a real baseline is rare enough to deserve a second look: such an
+attempt is checked again on new secret inputs and timed again in a fresh worker; it counts only if
+both agree.
 """
 
 from __future__ import annotations
 
 import secrets
 
-from harness.verdict import Reason
+from harness.peaks import PHYSICAL_MARGIN, LimitCheck, limit_checks, physical_peaks, violations
+from harness.task import Task
+from harness.verdict import Reason, ReasonCode
 from server.run import Run
 
 SPEEDUP_FLAG = 10.0
@@ -26,6 +33,51 @@ def peak_bandwidth_bytes_per_s(environment: dict) -> float | None:
     if not clock_khz or not bus_bits:
         return None
     return clock_khz * 1e3 * 2 * bus_bits / 8
+
+
+def physical_limit_checks(task: Task, environment: dict, stats: dict[str, dict]) -> list[LimitCheck]:
+    """Each performance case's median (stats[case]: a LatencyStats dump) against the device's physical limits
+    for the case's bytes (less the L2 its writes may stay in) and its compute class's flops; a case without
+    stats is not checked."""
+    peaks = physical_peaks(environment)
+    if not peaks:
+        return []
+    l2_bytes = environment.get("l2_bytes")
+    cache = float(l2_bytes) if isinstance(l2_bytes, (int, float)) and l2_bytes > 0 else None
+    checks = []
+    for case in task.performance_cases:
+        case_stats = stats.get(case.name)
+        if not case_stats:
+            continue
+        checks += limit_checks(peaks, case.name, case_stats["median_ms"], case_stats.get("ci_high_ms") or 0.0,
+                               task.bytes_moved(case.dims), task.flops(case.dims), task.cost.compute,
+                               cache_bytes=cache)
+    return checks
+
+
+def limit_record(checks: list[LimitCheck]) -> dict:
+    """What history.json keeps of the checks: the peaks used and, per case and limit, achieved against peak."""
+    return {"margin": PHYSICAL_MARGIN,
+            "peaks": {c.kind: c.peak.model_dump(mode="json") for c in checks},
+            "cases": [{"case": c.case, "kind": c.kind, "unit": c.unit, "work": c.work, "cache_bytes": c.cache_bytes,
+                       "achieved": c.achieved, "peak": c.peak.peak,
+                       "bound_ms": c.bound_ms, "median_ms": c.median_ms, "ci_high_ms": c.ci_high_ms,
+                       "beyond": c.beyond} for c in checks]}
+
+
+def limit_reasons(checks: list[LimitCheck]) -> list[Reason]:
+    return [Reason(code=ReasonCode.BEYOND_PHYSICAL_LIMIT, case=c.case, detail=c.detail()) for c in violations(checks)]
+
+
+def beyond_physical_limit(run: Run, entry: dict) -> list[Reason]:
+    """An attempt's timed medians against the device's physical limits: one reason per case beyond them (its
+    worst limit); [] when none is, or when the device has no peak to check against. The numbers go into
+    entry["physical_limit"] either way. For attempts only: the baseline is the task's own kernel."""
+    stats = {name: row["stats"] for name, row in (entry.get("timing") or {}).items() if row.get("stats")}
+    checks = physical_limit_checks(run.task, run.environment, stats)
+    if checks:
+        entry["physical_limit"] = limit_record(checks)
+    return limit_reasons(checks)
 
 
 def flags(run: Run, entry: dict) -> list[str]:

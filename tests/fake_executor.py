@@ -6,7 +6,7 @@ Markers (in a comment anywhere in the source):
   fake: wrong-fresh    mismatch only on fresh (secret-seed) inputs
   fake: wrong-holdout  mismatch only on holdout cases
   fake: unwritten      timing finds unwritten outputs
-  fake: latency_us=N   median latency N microseconds (default 100)
+  fake: latency_us=N   median latency N microseconds (default 100: default_latency_us)
   fake: die            the process kills itself during timing (a server killed mid-attempt)
   fake: unwritten-on-retime   timing after abort() (a fresh worker) finds unwritten outputs
 """
@@ -32,14 +32,27 @@ def markers(source: str) -> dict[str, str]:
     return {m.group(1): m.group(2) for m in re.finditer(r"fake: ([a-z_-]+)(?:=([0-9.]+))?", source)}
 
 
-# What harness.peaks would measure on an H200, roughly; the fake's environment carries it.
-FAKE_PEAKS = {"memory_gbps": 4300.0, "fp32_tflops": 51.0, "tensor_bf16_tflops": 830.0, "source": "measured"}
+# What harness.peaks would measure on an H200, roughly.
+H200_PEAKS = {"memory_gbps": 4300.0, "fp32_tflops": 51.0, "tensor_bf16_tflops": 830.0, "source": "measured"}
+# What the fake's environment carries by default: the memory peak only. The fake's latencies are markers,
+# the same for every case, not physics: the matmul's square-2048 case at the usual 50 us would be 344
+# TFLOP/s of float32, beyond any device's compute limit, and refused (beyond_physical_limit). Tests of
+# the physical limit pass H200_ENVIRONMENT (tests/test_physical_limit.py).
+FAKE_PEAKS = {"memory_gbps": 4300.0, "source": "measured"}
+# An H200's own facts (sm_90, 132 SMs at 1980 MHz, HBM3e at 3201 MHz on a 6144-bit bus, 60 MiB of L2) and its
+# measured peaks.
+H200_ENVIRONMENT = {"compute_capability": [9, 0], "sm_count": 132, "sm_clock_khz": 1980000,
+                    "memory_clock_khz": 3201000, "memory_bus_bits": 6144, "l2_bytes": 60 * 2**20,
+                    "peaks": H200_PEAKS}
 
 
 class FakeExecutor:
-    def __init__(self, task: Task, gpu: str = "Fake GPU", vendor_latency_us: float | None = 20.0):
+    def __init__(self, task: Task, gpu: str = "Fake GPU", vendor_latency_us: float | None = 20.0,
+                 environment: dict | None = None, default_latency_us: float = 100.0):
         self.task = task
         self.gpu = gpu
+        self.environment = environment or {}  # facts that replace or add to start()'s
+        self.default_latency_us = default_latency_us  # a kernel without a latency_us marker (the baseline)
         self.vendor_latency_us = vendor_latency_us  # None: the vendor library "cannot be loaded"
         self.cache = CompileCache()
         self.sources: dict[bytes, str] = {}
@@ -52,7 +65,7 @@ class FakeExecutor:
     def start(self) -> dict:
         return {"gpu": self.gpu, "compute_capability": [9, 0], "arch": "sm_90", "driver_cuda_version": "13.0",
                 "nvrtc": "13.x", "cuda_bindings": "13.x", "sm_clock_khz": 1980000, "event_overhead_ms": 0.002,
-                "peaks": FAKE_PEAKS, "peaks_notes": []}
+                "peaks": FAKE_PEAKS, "peaks_notes": [], **self.environment}
 
     def compile(self, source: str, options: tuple[str, ...]):
         result = compile_kernel(source, self.task.kernel_name, options=options, arch="sm_90", cache=self.cache)
@@ -100,7 +113,7 @@ class FakeExecutor:
         marks = markers(self._source(kernel))
         if "die" in marks:
             os.kill(os.getpid(), signal.SIGKILL)
-        latency_ms = float(marks.get("latency_us", 100)) / 1000
+        latency_ms = float(marks.get("latency_us", self.default_latency_us)) / 1000
         rng = np.random.default_rng(len(self.calls))
         timings = []
         for case in cases:

@@ -7,10 +7,11 @@ by `--behaviour=NAME` on its command line (parsed out before the fds):
   honest         a correct kernel
   oob_after      flips one byte of c's tail guard band (just after the end of c)
   oob_before     flips the last byte of c's head guard band (just before the start of c)
-  modify_input   reports a different sha256 for input a
+  modify_input   reports a different sha256 for input a (fresh inputs: a changed element in launch 0)
   unwritten      leaves the last row of c holding the poison, in both runs
   race           the second run's output differs by 1.0 in one element
-  stale_timing   time jobs: re-checked and last outputs of every set return set 0's result
+  stale_timing   time jobs: re-checked and last outputs of every set return set 0's result (fresh
+                 inputs: every audited launch returns the first timed launch's result)
   skip_timing    time jobs: every 4th timed launch leaves 10 elements unwritten
   fault          answers a sticky CUDA_ERROR_ILLEGAL_ADDRESS fault, then exits 3
   out_of_memory  answers every job as the real worker does when device memory ran out, and stays up
@@ -30,7 +31,8 @@ import sys
 import numpy as np
 
 from harness import wire
-from harness.jobs import canary, pack_outputs, run_slots, time_slots
+from harness.fresh_inputs import draw_on_host, stream_of
+from harness.jobs import audit_slots, canary, pack_outputs, run_slots, time_slots
 from harness.task import DTYPES
 from sandbox.worker import confine_from_argv, regions_from_argv
 
@@ -92,7 +94,7 @@ def _evidence(header, input_sets, behaviour):
     for s, inputs in enumerate(input_sets):
         digest = {}
         for i, spec in enumerate(arrays):
-            if spec["kind"] == "input":
+            if spec["kind"] == "input" and spec["name"] in inputs:
                 raw = np.ascontiguousarray(inputs[spec["name"]]).view(np.uint8).tobytes()
                 if behaviour == "modify_input" and spec["name"] == "a":
                     raw = raw[:-1] + bytes([raw[-1] ^ 0x01])
@@ -145,7 +147,55 @@ def _peaks(header, behaviour):
     return {"status": "ok", "copies": copies, "gemm_size": header["gemm_size"], "gemm": gemm, "notes": notes}, []
 
 
+def _drawn(header, key, launch):
+    """A launch's inputs as the device draws them (harness/fresh_inputs.py), by name, and (m, n)."""
+    scalars = {p["name"]: p["value"] for p in header["params"] if p["kind"] == "scalar"}
+    m, n, k = scalars["m"], scalars["n"], scalars["k"]
+    shapes = {"a": (m, k), "b": (k, n)}
+    specs = [p for p in _arrays(header) if p["kind"] == "input"]
+    arrays = {}
+    for index, (spec, entry) in enumerate(zip(specs, header["inputs"][0])):
+        shape = shapes[spec["name"]]
+        words = draw_on_host(entry["drawn"], shape[0] * shape[1], key, stream_of(launch, index))
+        arrays[spec["name"]] = words.view(DTYPES[spec["dtype"]]).reshape(shape)
+    return arrays, (m, n)
+
+
+def _draw_run(header):
+    """The reference's outputs for the draws of the given launches (always honest)."""
+    draws = header["draws"]
+    outputs = []
+    for launch in draws["launches"]:
+        inputs, shape = _drawn(header, draws["key"], launch)
+        outputs.append(_launch(inputs, shape, header["poisons"][0], "honest"))
+    hashes, guards = _evidence(header, [{}], "honest")
+    fields, sent = pack_outputs(outputs, [f"{launch}/0" for launch in draws["launches"]], {})
+    return {"status": "ok", "input_sha256": hashes, **fields}, sent + guards
+
+
+def _fresh_time(header, behaviour, compute=None):
+    """A time job on fresh inputs: only the audited launches are computed."""
+    iterations, warmups, key = header["iterations"], header["warmups"], header["fresh"]["key"]
+    checked = sorted(set(header["checked_launches"]))
+    launches = [checked[0]] * len(checked) if behaviour == "stale_timing" else checked
+    outputs = []
+    for i in launches:
+        inputs, shape = _drawn(header, key, warmups + i)
+        outputs.append(compute(inputs) if compute else _launch(inputs, shape, header["poison"], behaviour))
+    unwritten = [10 if behaviour == "skip_timing" and i % 4 == 0 else 0 for i in range(iterations)]
+    changed = [1 if behaviour == "modify_input" and i == 0 else 0 for i in range(iterations)]
+    rng = np.random.default_rng(header["guard_seed"] % (1 << 32))
+    samples = [float(0.05 + abs(x)) for x in rng.normal(0.0, SAMPLE_SPREAD_MS.get(behaviour, 0.001), iterations)]
+    hashes, guards = _evidence(header, [{}] * header["sets"], "honest")
+    fields, sent = pack_outputs(outputs, audit_slots(checked, 1), {})
+    answer = {"status": "ok", "samples_ms": samples, "unwritten": unwritten, "changed_inputs": changed,
+              "input_sha256": hashes, "event_overhead_ms": 0.002, "host_kept_up": True, **fields}
+    return answer, sent + guards
+
+
 def _time(header, blobs, behaviour, compute=None):
+    if header.get("fresh"):
+        return _fresh_time(header, behaviour, compute)
     sets, iterations = header["sets"], header["iterations"]
     poison = header["poison"]
     checked = sorted(set(header["checked_launches"]))
@@ -204,6 +254,8 @@ def main(argv):
             answer, out = _run(header, blobs, behaviour)
         elif op == "time":
             answer, out = _time(header, blobs, behaviour)
+        elif op == "draw_run":
+            answer, out = _draw_run(header)
         elif op == "vendor_time" and behaviour == "no_cublas":
             answer, out = {"status": "unavailable", "error": "CUBLAS_UNAVAILABLE",
                            "detail": "cuBLAS could not be loaded: DynamicLibNotFoundError (fake)"}, []

@@ -26,12 +26,12 @@ def kernel(*marks: str) -> str:
     return INITIAL + "".join(f"\n// fake: {mark}" for mark in marks) + "\n"
 
 
-def executor(gpu: str = "Fake GPU") -> FakeExecutor:
-    return FakeExecutor(load_task(MATMUL), gpu=gpu)
+def executor(gpu: str = "Fake GPU", **options) -> FakeExecutor:
+    return FakeExecutor(load_task(MATMUL), gpu=gpu, **options)
 
 
-def new_run(tmp_path: Path, **settings) -> Run:
-    return Run.create(MATMUL, tmp_path / "results", RunSettings(**settings), executor())
+def new_run(tmp_path: Path, executor_options: dict | None = None, **settings) -> Run:
+    return Run.create(MATMUL, tmp_path / "results", RunSettings(**settings), executor(**(executor_options or {})))
 
 
 def client(run: Run) -> Client:

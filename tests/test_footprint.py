@@ -33,7 +33,8 @@ def test_timing_needs_every_set_with_its_guards_and_the_snapshots():
     n = 16777216
     layout = Layout.for_case(task, case.dims)
     # each 64 MiB array with its guard bands and the 2 MiB of slack that aligns it
-    expected = 4 * 3 * (4 * n + 2 * GUARD_BYTES + (2 << 20)) + 10 * 4 * n + 8 * 100
+    # and two counters per timed launch (unwritten elements, changed drawn inputs), one per snapshot
+    expected = 4 * 3 * (4 * n + 2 * GUARD_BYTES + (2 << 20)) + 3 * 4 * n + 8 * (2 * 100 + 3)
     assert timing_bytes(layout, settings) == expected == case_bytes(task, case, settings)
     odd = next(c for c in task.cases if c.name == "odd")
     assert case_bytes(task, odd, settings) == 3 * (4 * 1001 + 2 * GUARD_BYTES)

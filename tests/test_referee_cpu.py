@@ -48,11 +48,14 @@ def reference_worker():
 
 @pytest.fixture
 def referee(request, task, reference_worker):
-    candidate = _worker("candidate", request.param)
+    """A referee whose candidate worker behaves as the parameter says; "rotated:NAME" times on the rotated
+    fixed input sets instead of fresh inputs."""
+    protocol, _, behaviour = request.param.rpartition(":")
+    candidate = _worker("candidate", behaviour)
     pool = _Pool(reference_worker, candidate)
     kernel = Kernel("reference", CUBIN, task.kernel_name, task.launch)
     try:
-        yield Referee(task, pool, kernel, Settings(warmups=2, iterations=20))
+        yield Referee(task, pool, kernel, Settings(warmups=2, iterations=20, fresh_inputs=protocol != "rotated"))
     finally:
         candidate.stop()
     assert not candidate.alive
@@ -90,7 +93,8 @@ def test_an_honest_kernel_passes_check_and_timing(referee, task):
         # batches of 20 until the median is known to +-0.5% (the fake's spread needs a few)
         assert case.launches == 20 * case.batches and len(case.samples_ms) == case.stats.n == case.launches
         assert 1 <= case.batches <= 20 and case.noise <= 0.005
-        assert case.checked_launches == (3 + 4) * case.batches  # min_checked_launches + last output per input set
+        # min_checked_launches audited per batch, each on its own fresh inputs
+        assert case.checked_launches == case.audited_launches == 3 * case.batches and case.inputs == "fresh"
         assert case.unwritten_launches == 0
         assert case.achieved_gbps is not None and case.achieved_gbps > 0
         assert case.achieved_tflops is not None and case.achieved_tflops > 0
@@ -113,6 +117,19 @@ def _answers(worker: Worker) -> list[tuple[dict, list]]:
 
 
 @pytest.mark.parametrize("referee", ["quiet_timing"], indirect=True)
+def test_every_audited_output_of_fresh_inputs_travels_and_is_compared(referee, task):
+    answers = _answers(referee.pool.candidate)
+    timing = _time(referee, task)
+    assert timing.passed
+    batches = [c.batches for c in timing.cases]
+    assert len(answers) == sum(batches)
+    assert all(a["outputs_sent"] == 3 and len(a["output_sha256"]) == 3 for a, _ in answers)
+    assert all(len(a["changed_inputs"]) == referee.settings.iterations for a, _ in answers)
+    keys = [a for a, _ in answers]
+    assert len({tuple(a["output_sha256"]) for a in keys}) == len(keys)  # no two batches drew the same inputs
+
+
+@pytest.mark.parametrize("referee", ["rotated:quiet_timing"], indirect=True)
 def test_outputs_found_right_are_not_sent_again_and_distinct_ones_once(referee, task):
     answers = _answers(referee.pool.candidate)
     first = _time(referee, task)
@@ -165,6 +182,15 @@ def test_a_changed_input_is_input_modified(referee, task):
         assert case.reasons[0].detail.endswith(": a")
 
 
+@pytest.mark.parametrize("referee", ["modify_input"], indirect=True)
+def test_a_drawn_input_changed_during_a_timed_launch_is_input_modified(referee, task):
+    timing = _time(referee, task)
+    assert not timing.passed
+    for case in timing.cases:
+        assert [r.code for r in case.reasons] == [ReasonCode.INPUT_MODIFIED]
+        assert case.reasons[0].detail.startswith("inputs changed by the kernel during 1 of 20 timed launches")
+
+
 @pytest.mark.parametrize("referee", ["unwritten"], indirect=True)
 def test_an_unwritten_row_is_unwritten_output_not_a_race(referee, task):
     report = _check(referee, task)
@@ -194,6 +220,18 @@ def test_runs_that_disagree_are_a_race(referee, task):
 
 
 @pytest.mark.parametrize("referee", ["stale_timing"], indirect=True)
+def test_audited_outputs_that_repeat_an_earlier_launch_are_caught(referee, task):
+    assert _check(referee, task).passed  # single runs are correct
+    timing = _time(referee, task)
+    assert not timing.passed and timing.score_ms is None
+    for case in timing.cases:
+        assert [r.code for r in case.reasons] == [ReasonCode.TIMED_OUTPUT_MISMATCH]
+        assert case.unwritten_launches == 0
+        # the first audited launch's output is its own; the two others repeat it
+        assert "2 of 3 audited timed launches gave wrong outputs for their own fresh inputs" in case.reasons[0].detail
+
+
+@pytest.mark.parametrize("referee", ["rotated:stale_timing"], indirect=True)
 def test_timed_outputs_that_repeat_an_earlier_set_are_caught(referee, task):
     assert _check(referee, task).passed  # single runs are correct
     timing = _time(referee, task)

@@ -14,15 +14,15 @@ from server.attempt import finish, record_attempt
 from server.audit import verify_run
 from server.cli import main
 from server.replay import replay
-from tests.fake_executor import FakeExecutor
+from tests.fake_executor import H200_ENVIRONMENT, FakeExecutor
 from tests.server_support import HOLDOUT, VISIBLE, kernel, new_run, read_json
 
 no_gpu = pytest.mark.skipif(gpu_absent_reason() is None, reason="this machine has a GPU")
 
 
-def make_run(tmp_path: Path, *sources: str) -> Path:
+def make_run(tmp_path: Path, *sources: str, executor_options: dict | None = None) -> Path:
     """A finished run whose attempts are `sources`, in order."""
-    run = new_run(tmp_path)
+    run = new_run(tmp_path, executor_options)
     try:
         for number, source in enumerate(sources, start=1):
             record_attempt(run, run.candidate(None, source), f"try {number}", None, None)
@@ -123,6 +123,39 @@ def test_another_gpu_is_no_go_naming_the_field(good_run):
     assert document["reasons"] == ["environment differs from the run's: gpu: run 'Fake GPU', now 'Other GPU'"]
     assert document["environment"]["differences"] == [{"field": "gpu", "run": "Fake GPU", "now": "Other GPU"}]
     assert "environment: differs from the run's: gpu 'Fake GPU' -> 'Other GPU'" in out
+
+
+def test_a_best_re_timed_beyond_the_physical_limit_is_no_go_naming_it(good_run):
+    # The run's fake knew only a memory peak; on an H200 the best's 50 us is 344 TFLOP/s of fp32 on square-2048.
+    code, document, out = replayed(good_run, lambda task, timing: FakeExecutor(task, environment=H200_ENVIRONMENT),
+                                   repeats=2)
+    assert code == 1 and document["decision"] == "NO-GO"
+    limit = [r for r in document["reasons"] if "beyond_physical_limit" in r]
+    assert [r.split(" failed:")[0] for r in limit] == [
+        f"physical limit {case} (repeat {n})" for n in (1, 2) for case in ("square-2048", "rect-2000x1500x1000")]
+    assert "beyond_physical_limit: square-2048: " in limit[0] and "TFLOP/s of fp32" in limit[0]
+    assert "66.9 TFLOP/s peak (theoretical; measured 51.0)" in limit[0]
+    assert [r for r in document["reasons"] if r not in limit] == []  # every other check holds, and it is faster
+    assert all(c["passed"] for c in document["checks"] if c["kind"] != "physical-limit")
+    assert document["repeats"][0]["physical_limit"]["peaks"]["fp32"]["measured"] == 51.0
+    assert "FAIL physical limit square-2048 (repeat 1): beyond_physical_limit" in out
+
+
+def test_a_best_within_the_physical_limit_still_replays_to_go(tmp_path):
+    slow = {"default_latency_us": 5000}  # a 5 ms baseline; the best at 400 us is 42.9 TFLOP/s, within an H200's 66.9
+    run_dir = make_run(tmp_path, kernel("latency_us=400"), executor_options=slow)
+    code, document, out = replayed(run_dir, lambda task, timing: FakeExecutor(task, environment=H200_ENVIRONMENT, **slow),
+                                   repeats=2)
+    assert code == 0, out
+    assert not any(c["beyond"] for r in document["repeats"] for c in r["physical_limit"]["cases"])
+
+
+def test_a_best_that_is_the_baseline_is_exempt_from_the_physical_limit(tmp_path):
+    run_dir = make_run(tmp_path)  # its 100 us on square-2048 would be 172 TFLOP/s: the task's own kernel is exempt
+    _, document, _ = replayed(run_dir, lambda task, timing: FakeExecutor(task, environment=H200_ENVIRONMENT))
+    assert document["kernel"]["attempt"] == 0
+    assert not any(c["kind"] == "physical-limit" for c in document["checks"])
+    assert not any("physical_limit" in r for r in document["repeats"])
 
 
 def test_a_best_that_is_the_baseline_is_no_go_for_every_repeat(tmp_path):

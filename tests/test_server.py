@@ -226,9 +226,11 @@ async def test_resources_and_prompt(run):
 
 @pytest.mark.anyio
 async def test_a_result_too_good_to_be_true_is_flagged_and_reverified(tmp_path):
-    run = new_run(tmp_path)
+    # A 1 ms baseline: 50 us is 20x faster, yet physically possible (beyond the limit is refused instead:
+    # tests/test_physical_limit.py).
+    run = new_run(tmp_path, {"default_latency_us": 1000})
     async with client(run) as c:
-        answer = await ok(c, "record_attempt", source=kernel("latency_us=5"), rationale="fast")
+        answer = await ok(c, "record_attempt", source=kernel("latency_us=50"), rationale="fast")
     assert answer["verdict"] == "valid-faster"
     entry = run.history[-1]
     assert entry["flags"] and "more than 10x" in entry["flags"][0]
@@ -240,8 +242,8 @@ async def test_a_result_too_good_to_be_true_is_flagged_and_reverified(tmp_path):
 
 @pytest.mark.anyio
 async def test_a_flagged_result_that_fails_reverification_is_rejected(tmp_path):
-    run = new_run(tmp_path)
-    source = kernel("latency_us=5", "unwritten-on-retime")
+    run = new_run(tmp_path, {"default_latency_us": 1000})
+    source = kernel("latency_us=50", "unwritten-on-retime")
     async with client(run) as c:
         answer = await ok(c, "record_attempt", source=source, rationale="fast")
     assert answer["verdict"] == "rejected"

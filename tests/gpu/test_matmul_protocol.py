@@ -116,9 +116,10 @@ __device__ unsigned int blocks_seen = 0;
 """
 
 
-def test_result_cached_in_device_state_is_caught_by_timing(referee, matmul_task, arch):
+def test_result_cached_in_device_state_is_never_replayed(referee, matmul_task, arch):
     # Every block counts itself in; once a whole launch has been seen, later launches copy the
-    # first launch's result instead of computing.
+    # first launch's result instead of computing. The counter and the cache are `__device__` state, put back
+    # to zero before every launch: no launch ever sees a whole earlier launch, and every one computes.
     source = kernel("""
     __shared__ unsigned int seen;
     if (threadIdx.x == 0 && threadIdx.y == 0) seen = atomicAdd(&blocks_seen, 1u);
@@ -127,10 +128,13 @@ def test_result_cached_in_device_state_is_caught_by_timing(referee, matmul_task,
     c[row * n + col] = sum; cache[row * n + col] = sum;
     """, prelude=CACHED)
     k = build(source, matmul_task, arch)
-    assert referee.check(k, list(matmul_task.visible_cases)).passed  # same inputs twice: the cache looks right
+    assert referee.check(k, list(matmul_task.visible_cases)).passed
     timing = referee.time(k, list(matmul_task.performance_cases))
-    assert not timing.passed
-    assert codes(timing) == {ReasonCode.TIMED_OUTPUT_MISMATCH}
+    assert timing.passed, timing.reasons  # audited on fresh inputs: the outputs were computed
+    honest = referee.time(build(kernel("c[row * n + col] = sum;"), matmul_task, arch),
+                          list(matmul_task.performance_cases))
+    for cached, computed in zip(timing.cases, honest.cases):  # and no faster than computing them
+        assert cached.stats.median_ms >= computed.stats.median_ms * 0.97, (cached.stats, computed.stats)
 
 
 EVERY_FOURTH = "__device__ unsigned int launches = 0;"

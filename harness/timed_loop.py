@@ -1,0 +1,224 @@
+"""What a GPU worker does with a time job: warm-ups, then timed launches, as named steps.
+
+Runs inside the worker process only; it judges nothing (harness/evaluate.py does, in the parent).
+
+Every launch, warm-ups included, is readied outside its timed window: with fresh inputs (header
+"fresh"), its device-drawn inputs are drawn for that launch (harness/fresh_inputs.py); the module's
+writable globals are put back to their initial image and its outputs poisoned (execute._Job.poison);
+with a cold L2, the L2 is flushed. After it, still outside the window, its outputs are scanned for
+poison left unwritten, its drawn inputs are checked against their draw, and the outputs of the
+audited launches (a secret subset the parent chose) are copied to snapshots read back at the end.
+
+The whole timed loop is queued behind a hold kernel, with no host synchronization inside it, so
+that each launch's event pair (and kernel-clock record) measures the GPU, not the host's pace.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+
+import numpy as np
+
+from harness import gpu
+from harness.execute import Launcher, Utilities, _Job
+from harness.jobs import audit_slots, digests_later, pack_outputs, time_slots
+
+
+def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[bytes],
+         launcher: Launcher | None = None) -> tuple[dict, list[bytes]]:
+    """Run a time job. With a `launcher` (a vendor library call, harness/vendor.py) the blobs hold only
+    the inputs and each launch is that call, under exactly the same protocol."""
+    loop = TimedLoop(context, utilities, header, blobs, launcher)
+    try:
+        loop.upload_sets()
+        loop.warm_up()
+        loop.queue_timed_launches()
+        loop.compare_rotated_snapshots()
+        context.synchronize()
+        loop.phase("gpu")
+        return loop.answer()
+    finally:
+        loop.close()
+
+
+class TimedLoop:
+    def __init__(self, context: gpu.Context, utilities: Utilities, header: dict, blobs: list[bytes],
+                 launcher: Launcher | None):
+        self.context, self.utilities, self.header = context, utilities, header
+        self.sets, self.iterations, self.warmups = header["sets"], header["iterations"], header["warmups"]
+        self.clocked = header.get("clock", "kernel") == "kernel" and utilities.clock is not None
+        self.checked = sorted(set(header["checked_launches"]))
+        self.fresh_key = (header.get("fresh") or {}).get("key")  # None: the rotated fixed sets
+        cubin, self.input_blobs = (None, blobs) if launcher is not None else (blobs[0], blobs[1:])
+        self.phases: dict[str, float] = {}
+        self._mark = perf_counter()
+        self.counters = self.snapshots = self.queued = None
+        self.pairs: list[gpu.EventPair] = []
+        self.job = _Job(context, header, cubin, sets=self.sets, launcher=launcher, resident=utilities.resident)
+        self.n_out = len(self.job.outputs(0))
+        self.output_bytes = sum(p["nbytes"] for p in self.job.arrays if p["kind"] == "output")
+        try:
+            self._allocate()
+        except BaseException:
+            self.close()  # nothing made for a job that could not start is left behind
+            raise
+        utilities.begin()
+        self.phase("setup")
+
+    def _allocate(self) -> None:
+        # Counters: per timed launch, output elements still poisoned; then per timed launch, drawn input
+        # elements changed; then per re-checked output (rotated sets), whether it differs from its set's last.
+        making_room = self.utilities.resident.making_room
+        self.counters = making_room(gpu.Allocation, 8 * (2 * max(self.iterations, 1) + len(self.checked) * self.n_out))
+        self.snapshots = making_room(gpu.Allocation, self.output_bytes * len(self.checked))
+        self.pairs = [gpu.EventPair() for _ in range(self.iterations)]
+        self.queued = gpu.EventPair()
+
+    def phase(self, name: str) -> None:
+        """The worker's own seconds per phase, for the bench."""
+        now = perf_counter()
+        self.phases[name] = round(now - self._mark, 6)
+        self._mark = now
+
+    # -- the steps -----------------------------------------------------------------------------
+    def upload_sets(self) -> None:
+        taken = 0
+        for s in range(self.sets):
+            sent = self.job.sent_inputs(s)
+            self.job.upload_inputs(s, self.input_blobs[taken:taken + sent])
+            taken += sent
+        if taken != len(self.input_blobs):
+            raise ValueError(f"{len(self.input_blobs)} input blobs for {taken} inputs sent")
+        self.phase("upload")
+
+    def ready(self, launch: int, set_index: int) -> None:
+        """Everything a launch needs before its window: fresh inputs, initial globals, poisoned outputs."""
+        if self.fresh_key is not None:
+            self.job.draw(self.utilities, set_index, self.fresh_key, launch)
+        self.job.poison(set_index, self.header["poison"])
+
+    def warm_up(self) -> None:
+        gpu.fill(self.counters.ptr, 0, self.counters.nbytes, self.context.stream)
+        for i in range(self.warmups):
+            self.ready(i, i % self.sets)
+            self.job.launch(i % self.sets)
+        self.context.synchronize()
+        gpu.reset_persisting_l2()
+
+    def queue_timed_launches(self) -> None:
+        utilities, stream, job = self.utilities, self.context.stream, self.job
+        utilities.hold(self.iterations)
+        started = perf_counter()
+        gpu.record(self.queued.start, stream)
+        snapshot_ptr = self.snapshots.ptr
+        checked = set(self.checked)
+        for i in range(self.iterations):
+            s = i % self.sets
+            self.ready(self.warmups + i, s)
+            if self.header["cold_l2"]:
+                utilities.flush_l2()
+            gpu.record(self.pairs[i].start, stream)
+            if self.clocked:
+                utilities.tag(i + 1)
+            job.launch(s)
+            if self.clocked:
+                utilities.untag()
+            gpu.record(self.pairs[i].end, stream)
+            for _, p, buffer in job.outputs(s):
+                utilities.count_equal(buffer.ptr, p["nbytes"] // p["itemsize"], p["itemsize"], self.header["poison"],
+                                      self.counters.ptr + 8 * i)
+            if self.fresh_key is not None:
+                job.draw(utilities, s, self.fresh_key, self.warmups + i,
+                         changed=self.counters.ptr + 8 * (self.iterations + i))
+            if i in checked:
+                for _, p, buffer in job.outputs(s):
+                    gpu.copy(snapshot_ptr, buffer.ptr, p["nbytes"], stream)
+                    snapshot_ptr += p["nbytes"]
+        # Still inside the hold when everything is queued: the GPU never waited for the host.
+        self.host_kept_up = not gpu.completed(self.queued.start)
+        utilities.queued(self.iterations, perf_counter() - started, self.host_kept_up)
+
+    def compare_rotated_snapshots(self) -> None:
+        """Rotated sets only: a re-checked output equal to its set's last one is not read back twice."""
+        if self.fresh_key is not None:
+            return
+        at = self.snapshot_offsets()
+        base = 8 * 2 * self.iterations
+        for k, i in enumerate(self.checked):
+            for j, (_, p, last) in enumerate(self.job.outputs(i % self.sets)):
+                self.utilities.differ(at[k][j], last.ptr, p["nbytes"], self.counters.ptr + base + 8 * (k * self.n_out + j))
+
+    def snapshot_offsets(self) -> list[list[int]]:
+        """Device address of each re-checked launch's copy of each output: back to back, in launch order."""
+        sizes = [p["nbytes"] for _, p, _ in self.job.outputs(0)]
+        offsets, at = [], self.snapshots.ptr
+        for _ in self.checked:
+            offsets.append([])
+            for size in sizes:
+                offsets[-1].append(at)
+                at += size
+        return offsets
+
+    # -- the answer ----------------------------------------------------------------------------
+    def answer(self) -> tuple[dict, list[bytes]]:
+        utilities, iterations = self.utilities, self.iterations
+        samples_ms = [pair.elapsed_ms() for pair in self.pairs]
+        tags = list(range(1, iterations + 1)) if self.clocked else []
+        kernel_ms, gpu_busy_ms, records = utilities.finish_with_records(tags)
+        if not self.clocked:
+            kernel_ms = records = None
+        counts = np.frombuffer(gpu.download(self.counters.ptr, self.counters.nbytes).tobytes(), dtype=np.uint64)
+        unwritten, changed = counts[:iterations], counts[iterations:2 * iterations]
+        inputs_host, blobs, slots = self.read_back(counts[2 * iterations:])
+        output_hashes = digests_later(blobs)  # hashed on the hashing threads while the inputs are checked
+        self.phase("read_back")
+        hashes, guards = self.job.evidence(inputs_host)
+        self.job.keep_inputs(hashes)
+        self.phase("evidence")
+        fields, sent = pack_outputs(blobs, slots, self.header.get("known_outputs") or {}, output_hashes())
+        self.phase("hash_outputs")
+        answer = {"status": "ok", "samples_ms": samples_ms, "kernel_samples_ms": kernel_ms,
+                  "clock_note": None if self.clocked else utilities.clock_note or "events asked for",
+                  "gpu_busy_ms": gpu_busy_ms, "unwritten": [int(u) for u in unwritten],
+                  "changed_inputs": [int(c) for c in changed] if self.fresh_key is not None else None,
+                  "launch_records": records if self.job.function_name() is not None else None,
+                  "input_sha256": hashes, "event_overhead_ms": utilities.event_overhead_ms,
+                  "kernel_floor_ms": utilities.kernel_floor_ms, "host_kept_up": self.host_kept_up,
+                  "phases_s": self.phases, "resident_inputs": utilities.resident.keys(), **fields}
+        return answer, sent + guards
+
+    def read_back(self, differs: np.ndarray) -> tuple[np.ndarray, list, list[str]]:
+        """(host room for the inputs' evidence, the output blobs to send, their slots). Fresh inputs: every
+        audited launch's snapshot. Rotated sets: the re-checked snapshots (each one equal to its set's last
+        output given as that same object, hashed once), then the last output of every set."""
+        job, n_out = self.job, self.n_out
+        sets = 0 if self.fresh_key is not None else self.sets
+        inputs_host, host = np.split(
+            self.utilities.staging.take(job.input_bytes() + self.snapshots.nbytes + self.output_bytes * sets),
+            [job.input_bytes()])
+        lasts, offset = [], self.snapshots.nbytes
+        for s in range(sets):
+            for _, p, buffer in job.outputs(s):
+                lasts.append(host[offset:offset + p["nbytes"]])
+                gpu.download_into(buffer.ptr, lasts[-1])
+                offset += p["nbytes"]
+        at, blobs = self.snapshot_offsets(), []
+        for k, i in enumerate(self.checked):
+            for j, (_, p, _) in enumerate(job.outputs(i % self.sets)):
+                if sets and differs[k * n_out + j] == 0:
+                    blobs.append(lasts[(i % sets) * n_out + j])  # the same bytes: the same object, hashed once
+                else:
+                    start = at[k][j] - self.snapshots.ptr
+                    blobs.append(host[start:start + p["nbytes"]])
+                    gpu.download_into(at[k][j], blobs[-1])
+        if self.fresh_key is not None:
+            return inputs_host, blobs, audit_slots(self.checked, n_out)
+        return inputs_host, blobs + lasts, time_slots(self.checked, self.sets, n_out)
+
+    def close(self) -> None:
+        for pair in self.pairs + ([self.queued] if self.queued else []):
+            pair.destroy()
+        for allocation in (self.counters, self.snapshots):
+            if allocation is not None:
+                allocation.free()
+        self.job.close()
