@@ -356,7 +356,7 @@ def _gpu_busy_counted():
     def counted(self, header, blobs, *args, **kwargs):
         started = time.perf_counter()
         answer, back = call(self, header, blobs, *args, **kwargs)
-        if header.get("op") not in ("run", "time", "vendor_time"):
+        if header.get("op") not in ("run", "time", "vendor_time", "draw_run"):
             return answer, back  # a compile worker's job: no GPU there
         measured["jobs"] += 1
         measured["each"].append({"op": header.get("op"), "wall_s": round(time.perf_counter() - started, 4),

@@ -104,6 +104,7 @@ class Referee:
         self._preparing: dict[tuple[str, int], Future] = {}
         self._preparing_lock = threading.Lock()
         self._preparer: ThreadPoolExecutor | None = None
+        self._comparer: ThreadPoolExecutor | None = None  # audited outputs compared while the GPU goes on
 
     # -- expected outputs --------------------------------------------------------------------
     def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
@@ -319,12 +320,16 @@ class Referee:
         return self._time_cases(cases, vendor_job, self.pool.reference)
 
     def _time_cases(self, cases: list[Case], make_job, worker: Worker) -> TimingReport:
-        timings = [self._time_case(case, make_job, worker) for case in cases]
+        """Each case in turn. The audited outputs of fresh-input timings are compared on other threads
+        while the next jobs run on the GPU; every comparison is done before this returns."""
+        audits: list[tuple[str, Future]] = []  # (case, its comparison under way)
+        timings = [self._time_case(case, make_job, worker, audits) for case in cases]
+        timings = [_with_audits(t, [f for name, f in audits if name == t.case]) for t in timings]
         passed = all(t.passed for t in timings)
         score = geometric_mean([t.stats.median_ms for t in timings]) if passed and timings else None
         return TimingReport(passed=passed, cases=timings, score_ms=score)
 
-    def _time_case(self, case: Case, make_job, worker: Worker) -> CaseTiming:
+    def _time_case(self, case: Case, make_job, worker: Worker, audits: list[tuple[str, Future]]) -> CaseTiming:
         """Batches of timed launches until the median is known to within the noise target (or the
         cap); every batch is judged on its own (fresh re-checked launches, fresh guard seed), then
         the samples are merged. The GPU's clocks, throttling and other users are read around it."""
@@ -335,7 +340,7 @@ class Referee:
         before = self.nvml.read() if self.nvml else None
         batches: list[CaseTiming] = []
         while True:
-            timing = self._time_batch(timed, make_job, worker)
+            timing = self._time_batch(timed, make_job, worker, audits)
             if not timing.passed:
                 return timing.model_copy(update={"batches": len(batches) + 1})
             batches.append(timing)
@@ -409,7 +414,8 @@ class Referee:
     def _our_pids(self) -> list[int]:
         return [w.pid for w in (self.pool.candidate, self.pool.reference) if w.alive]
 
-    def _time_batch(self, timed: _TimedCase, make_job, worker: Worker) -> CaseTiming:
+    def _time_batch(self, timed: _TimedCase, make_job, worker: Worker,
+                    audits: list[tuple[str, Future]]) -> CaseTiming:
         """`make_job(case, layout, input_sets, timing)` gives (header, blobs), or raises _Refused."""
         s, case, layout = self.settings, timed.case, timed.layout
         checked = _secret_subset(s.iterations, s.checked_launches)
@@ -439,7 +445,7 @@ class Referee:
         if failure is not None:
             return CaseTiming(case=case.name, passed=False, reasons=[failure])
         if expected is not None:
-            return self._judge_fresh_timing(timed, answer, blobs_back, checked, guard_seed, expected, built[0])
+            return self._judge_fresh_timing(timed, answer, blobs_back, checked, guard_seed, expected, built[0], audits)
         return self._judge_timing(timed, answer, blobs_back, checked, guard_seed)
 
     def _merged(self, case: Case, batches: list[CaseTiming], rule: StoppingRule, watch: GpuWatch | None) -> CaseTiming:
@@ -511,7 +517,8 @@ class Referee:
             warnings=warnings, **self._rates(case, stats))
 
     def _judge_fresh_timing(self, timed: _TimedCase, answer, blobs, audited, guard_seed,
-                            expected: list[dict[str, np.ndarray]], header: dict) -> CaseTiming:
+                            expected: list[dict[str, np.ndarray]], header: dict,
+                            audits: list[tuple[str, Future]]) -> CaseTiming:
         """A fresh-input timing: guard bands and fixed inputs as for any job; every launch's drawn inputs
         still hold their draw; every launch's outputs fully written (where no right output can hold the
         poison); each audited launch's outputs right for its own inputs; and each launch exactly the
@@ -530,18 +537,16 @@ class Referee:
             reasons.append(Reason(code=ReasonCode.INPUT_MODIFIED, case=case.name, detail=(
                 f"inputs changed by the kernel during {len(touched)} of {iterations} timed launches "
                 f"(first: launch {touched[0]}, {changed[touched[0]]} elements)")))
-        allowed = {i: _poison_count(expected[k], layout, jobs.TIMING_POISON) for k, i in enumerate(audited)}
+        # An audited launch's right output may itself hold the poison's pattern: counted only where needed.
+        allowed = {i: _poison_count(expected[k], layout, jobs.TIMING_POISON)
+                   for k, i in enumerate(audited) if unwritten[i]}
         short = [i for i, count in enumerate(unwritten)
                  if count != allowed.get(i, 0) and (i in allowed or not timed.poison_is_a_value)]
         if short:
             reasons.append(Reason(code=ReasonCode.UNWRITTEN_OUTPUT, case=case.name, detail=(
                 f"{len(short)} of {iterations} timed launches left output elements unwritten "
                 f"(first: launch {short[0]}, {unwritten[short[0]] - allowed.get(short[0], 0)} elements)")))
-        wrong = self._wrong_audited(timed, outputs, audited, expected)
-        if wrong:
-            reasons.append(Reason(code=ReasonCode.TIMED_OUTPUT_MISMATCH, case=case.name, detail=(
-                f"{len(wrong)} of {len(audited)} audited timed launches gave wrong outputs for their own fresh "
-                f"inputs (first: {wrong[0]}); a result must be computed from the inputs of its launch")))
+        audits.append((case.name, self._comparing().submit(self._audit_reasons, timed, outputs, audited, expected)))
         reasons += _undeclared_launches(answer.get("launch_records"), header, case.name)
         stats = summarize(samples)
         kept_up = answer.get("host_kept_up")
@@ -554,6 +559,20 @@ class Referee:
             checked_launches=len(audited), audited_launches=len(audited), inputs="fresh",
             unwritten_launches=len(short), event_overhead_ms=answer.get("event_overhead_ms"), reasons=reasons,
             host_kept_up=kept_up, warnings=warnings, **self._rates(case, stats))
+
+    def _comparing(self) -> ThreadPoolExecutor:
+        if self._comparer is None:
+            self._comparer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="audits")
+        return self._comparer
+
+    def _audit_reasons(self, timed: _TimedCase, outputs: list, audited: list[int],
+                       expected: list[dict[str, np.ndarray]]) -> list[Reason]:
+        wrong = self._wrong_audited(timed, outputs, audited, expected)
+        if not wrong:
+            return []
+        return [Reason(code=ReasonCode.TIMED_OUTPUT_MISMATCH, case=timed.case.name, detail=(
+            f"{len(wrong)} of {len(audited)} audited timed launches gave wrong outputs for their own fresh "
+            f"inputs (first: {wrong[0]}); a result must be computed from the inputs of its launch"))]
 
     def _wrong_audited(self, timed: _TimedCase, outputs: list, audited: list[int],
                        expected: list[dict[str, np.ndarray]]) -> list[str]:
@@ -719,6 +738,15 @@ def _undeclared_launches(records: list | None, header: dict, case: str) -> list[
     return [Reason(code=ReasonCode.LAUNCH_NOT_AS_DECLARED, case=case, detail=(
         f"{len(off)} timed launches did not run exactly the declared kernel {declared[0]} with grid "
         f"{tuple(declared[1])} and block {tuple(declared[2])} (first: launch {i} ran {seen})"))]
+
+
+def _with_audits(timing: CaseTiming, audits: list[Future]) -> CaseTiming:
+    """A case's timing with the outcome of its audits (their comparisons waited for here)."""
+    found = [audit.result() for audit in audits]  # every comparison waited for, the first failure told
+    reasons = next((r for r in found if r), [])
+    if not reasons:
+        return timing
+    return timing.model_copy(update={"passed": False, "reasons": timing.reasons + reasons})
 
 
 def _geometry(kernel: Kernel, case: Case):

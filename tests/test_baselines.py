@@ -143,7 +143,8 @@ def test_cublas_is_timed_and_checked_like_a_kernel(referee_for, tmp_path):
     assert report.available and report.notes == [] and report.timing.passed
     assert set(report.medians_ms) == {c.name for c in referee.task.visible_cases}
     for case in report.timing.cases:
-        assert (case.launches, case.checked_launches, case.unwritten_launches) == (20 * case.batches, 7 * case.batches, 0)
+        assert (case.launches, case.audited_launches, case.unwritten_launches) == (20 * case.batches, 3 * case.batches, 0)
+        assert case.inputs == "fresh"
         assert case.achieved_gbps > 0 and case.roofline_fraction is not None and 0 < case.roofline_fraction < 1
     assert referee.pool.candidate.starts == 0  # the vendor runs in the trusted reference worker only
 
