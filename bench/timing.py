@@ -207,6 +207,7 @@ class Bench:
             for label, (kernel, case, task_name) in self.kernels.items():
                 if task_name not in rotated:
                     rotated[task_name] = GpuExecutor(load_task(CASES / task_name), Settings(fresh_inputs=False))
+                    rotated[task_name].start()
                 runs = {"fresh": [], "rotated": []}
                 for r in range(rounds):
                     order = [("fresh", self.executor(task_name)), ("rotated", rotated[task_name])]
