@@ -172,6 +172,23 @@ def test_each_target_is_judged_from_the_measurements_and_unmeasured_ones_say_so(
     assert "| A/A: no false claim | no | 1 of 20 |" in timing.report(results)
 
 
+def test_fresh_inputs_are_judged_against_the_rotated_sets_from_50_us_and_their_cost_is_shown():
+    def protocol(median_ms, busy_us, wall_us):
+        return {"median_ms": median_ms, "gpu_busy_us_per_launch": busy_us, "wall_us_per_launch": wall_us}
+
+    results = {"protocols": {"rounds": 3, "kernels": [
+        {"label": "short", "fresh": protocol(0.0044, 372.3, 2230), "rotated": protocol(0.0045, 293.9, 1528),
+         "ratio": 0.0044 / 0.0045},  # 2% apart, but under 50 us: not judged
+        {"label": "long", "fresh": protocol(2.1527, 2991.8, 6531), "rotated": protocol(2.1500, 2742.1, 7323),
+         "ratio": 2.1527 / 2.1500}]}}
+    judged = {name: (met, what) for name, met, what in timing.targets(results)}
+    assert judged["fresh inputs within 1% of the rotated sets from 50 us"] == (True, "at most 0.13% apart, over 1 kernels")
+    results["protocols"]["kernels"][1]["ratio"] = 1.02
+    judged = {name: (met, what) for name, met, what in timing.targets(results)}
+    assert judged["fresh inputs within 1% of the rotated sets from 50 us"][0] is False
+    assert "| long | 2152.7 | 2150.0 | 1.0200 | 2991.8 / 2742.1 | 6531 / 7323 |" in timing.report(results)
+
+
 def test_the_bench_compiles_the_referees_own_kernels_as_a_worker_does():
     from bench.direct import utility_cubin
 

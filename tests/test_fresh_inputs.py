@@ -1,0 +1,141 @@
+"""Fresh inputs without a GPU: the host's draw of the device generator, the wire specs, the launch
+records of the kernel clock, and the parent's judgement of a launch that is not the declared one."""
+
+import numpy as np
+import pytest
+
+from harness import fresh_inputs, jobs
+from harness.compile import compile_kernel
+from harness.evaluate import Settings, _undeclared_launches, _with_audits
+from harness.execute import UTILITY_SOURCE
+from harness.kernel_clock import KIND_CONCURRENT_KERNEL, KIND_EXTERNAL_CORRELATION, Activity, launch_records
+from harness.task import load_task
+from harness.verdict import CaseTiming, Reason, ReasonCode
+from tests.test_cli import MATMUL
+
+N = 200_000
+
+
+def test_uniform_and_normal_draws_follow_their_distribution():
+    uniform = fresh_inputs.draw_on_host(fresh_inputs.draw_spec("uniform", "float32", low=-1.0, high=3.0), N, 7, 0)
+    assert uniform.dtype == np.float32 and uniform.min() >= -1.0 and uniform.max() < 3.0
+    assert abs(uniform.mean() - 1.0) < 0.02 and abs(uniform.var() - 16 / 12) < 0.02
+    normal = fresh_inputs.draw_on_host(fresh_inputs.draw_spec("normal", "float64", mean=0.5, std=2.0), N, 7, 1)
+    assert abs(normal.mean() - 0.5) < 0.03 and abs(normal.std() - 2.0) < 0.03
+
+
+def test_integer_draws_cover_their_range_and_nothing_else():
+    drawn = fresh_inputs.draw_on_host(fresh_inputs.draw_spec("integers", "int8", low=-3, high=4), N, 9, 2)
+    assert drawn.dtype == np.int8 and set(np.unique(drawn)) == set(range(-3, 4))
+    counts = np.bincount(drawn.astype(np.int64) + 3)
+    assert counts.min() > N / 7 * 0.95
+    wide = fresh_inputs.draw_on_host(fresh_inputs.draw_spec("integers", "int64", low=-(1 << 40), high=1 << 40), N, 9, 3)
+    assert wide.min() >= -(1 << 40) and wide.max() < 1 << 40 and wide.min() < -(1 << 39) and wide.max() > 1 << 39
+
+
+def test_half_precision_draws_are_the_rounded_single_precision_values():
+    spec16 = fresh_inputs.draw_spec("uniform", "bfloat16", low=-1.0, high=1.0)
+    spec32 = fresh_inputs.draw_spec("uniform", "float32", low=-1.0, high=1.0)
+    words = fresh_inputs.draw_on_host(spec16, 1000, 5, 4)
+    single = fresh_inputs.draw_on_host(spec32, 1000, 5, 4)
+    import ml_dtypes
+    assert np.array_equal(words, single.astype(ml_dtypes.bfloat16).view("<u2"))
+
+
+def test_keys_and_streams_give_independent_draws_and_the_same_ones_again():
+    spec = fresh_inputs.draw_spec("uniform", "float32", low=0.0, high=1.0)
+    first = fresh_inputs.draw_on_host(spec, 1000, 1, fresh_inputs.stream_of(0, 0))
+    assert np.array_equal(first, fresh_inputs.draw_on_host(spec, 1000, 1, fresh_inputs.stream_of(0, 0)))
+    for other in (fresh_inputs.draw_on_host(spec, 1000, 2, fresh_inputs.stream_of(0, 0)),
+                  fresh_inputs.draw_on_host(spec, 1000, 1, fresh_inputs.stream_of(1, 0)),
+                  fresh_inputs.draw_on_host(spec, 1000, 1, fresh_inputs.stream_of(0, 1))):
+        assert (first != other).mean() > 0.99
+    assert fresh_inputs.stream_of(3, 5) != fresh_inputs.stream_of(5, 3)
+
+
+def test_a_generator_the_device_cannot_draw_is_refused_by_name():
+    with pytest.raises(ValueError, match="npy"):
+        fresh_inputs.draw_spec("npy", "float32")
+    with pytest.raises(ValueError, match="empty"):
+        fresh_inputs.draw_spec("integers", "int32", low=4, high=4)
+
+
+def test_the_generator_compiles_with_the_referees_own_kernels():
+    compiled = compile_kernel(UTILITY_SOURCE, "referee_generate", arch="sm_90")
+    assert compiled.ok, compiled.log
+
+
+def test_a_fresh_time_job_draws_every_generated_input_and_sends_none():
+    task = load_task(MATMUL)
+    case = task.case("square-2048")
+    layout = jobs.Layout.for_case(task, case.dims)
+    draws = {"a": fresh_inputs.draw_spec("uniform", "float32", -1, 1),
+             "b": fresh_inputs.draw_spec("normal", "float32", mean=0, std=1)}
+    header, blobs = jobs.time_job(b"cubin", "matmul_f32", layout, task.launch.resolve(case), [{}] * 4,
+                                  warmups=10, iterations=100, cold_l2=True, checked_launches=[5, 9, 70],
+                                  guard_seed=1, fresh=jobs.FreshDraws(key=123, draws=draws))
+    assert blobs == [b"cubin"] and header["fresh"] == {"key": 123}
+    assert all(entry == {"key": None, "sent": False, "drawn": draws[name]}
+               for entries in header["inputs"] for entry, name in zip(entries, ("a", "b")))
+    reference, ref_blobs = jobs.draw_run_job(b"ref", "matmul_f32", layout, task.launch.resolve(case), {},
+                                             jobs.FreshDraws(key=123, draws=draws), [15, 19, 80], guard_seed=2)
+    assert reference["draws"] == {"key": 123, "launches": [15, 19, 80]} and ref_blobs == [b"ref"]
+    assert jobs.audit_slots([9, 5], 1) == ["5/0", "9/0"]
+
+
+def test_the_default_protocol_is_fresh_with_three_audits_per_hundred_launches():
+    settings = Settings()
+    assert settings.fresh_inputs and settings.checked_launches == 3
+    assert Settings(iterations=400).checked_launches == 12
+
+
+def _kernel(correlation, name, grid, block):
+    return Activity(KIND_CONCURRENT_KERNEL, 0, 1, correlation, name=name, grid=grid, block=block)
+
+
+def test_each_tagged_launch_lists_the_kernels_it_ran():
+    records = [Activity(KIND_EXTERNAL_CORRELATION, 0, 0, 5, 1), _kernel(5, "k", (4, 2, 1), (32, 8, 1)),
+               Activity(KIND_EXTERNAL_CORRELATION, 0, 0, 6, 2), _kernel(6, "k", (4, 2, 1), (32, 8, 1)),
+               _kernel(6, "extra", (1, 1, 1), (1, 1, 1)), _kernel(7, "flush", (528, 1, 1), (512, 1, 1))]
+    assert launch_records(records, [1, 2, 3]) == [
+        [["k", [4, 2, 1], [32, 8, 1]]],
+        [["k", [4, 2, 1], [32, 8, 1]], ["extra", [1, 1, 1], [1, 1, 1]]],
+        []]
+
+
+HEADER = {"kernel": "matmul_f32", "launch": {"grid": [4, 2, 1], "block": [32, 8, 1], "shared_bytes": 0}}
+DECLARED = ["matmul_f32", [4, 2, 1], [32, 8, 1]]
+
+
+@pytest.mark.parametrize("second, seen", [
+    ([DECLARED, ["other", [1, 1, 1], [1, 1, 1]]], "other grid (1, 1, 1)"),
+    ([["matmul_f32", [8, 2, 1], [32, 8, 1]]], "grid (8, 2, 1)"),
+    ([], "no kernel"),
+])
+def test_a_timed_launch_that_is_not_the_declared_one_is_refused(second, seen):
+    reasons = _undeclared_launches([[DECLARED], second, [DECLARED]], HEADER, "square")
+    assert [r.code for r in reasons] == [ReasonCode.LAUNCH_NOT_AS_DECLARED]
+    assert "1 timed launches" in reasons[0].detail and "launch 1 ran" in reasons[0].detail
+    assert seen in reasons[0].detail
+
+
+def test_the_declared_launch_or_no_records_pass():
+    assert _undeclared_launches([[DECLARED]] * 3, HEADER, "square") == []
+    assert _undeclared_launches(None, HEADER, "square") == []  # events alone, or a library call
+    assert _undeclared_launches([[]], {"vendor": {}}, "square") == []
+
+
+class _Done:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+def test_a_failed_audit_fails_its_case_once_whatever_the_batches():
+    timing = CaseTiming(case="square", passed=True)
+    wrong = [Reason(code=ReasonCode.TIMED_OUTPUT_MISMATCH, case="square", detail="1 of 3 audited")]
+    assert _with_audits(timing, [_Done([]), _Done([])]) is timing
+    failed = _with_audits(timing, [_Done([]), _Done(wrong), _Done(wrong)])
+    assert not failed.passed and failed.reasons == wrong
