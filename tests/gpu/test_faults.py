@@ -151,10 +151,12 @@ def test_device_memory_taken_by_another_process_rejects_the_attempt_once_then_it
 def test_a_case_too_large_for_the_device_is_refused_before_a_run_starts(tmp_path):
     folder = huge_saxpy(tmp_path, 2**31 - 1)  # 8 GiB per array: one set fits, timing needs 176 GiB
     task = load_task(folder)
-    executor = GpuExecutor(task, Settings(), compile_deadline_s=15)
+    # 10 audited launches, so 10 output snapshots: 4 sets and 3 snapshots (120 GiB) would fit an H200
+    timing = Settings(checked_fraction=0.1)
+    executor = GpuExecutor(task, timing, compile_deadline_s=15)
     try:
         with pytest.raises(TaskDoesNotFit, match=r"case large needs 176\.0 GiB of device memory"):
-            Run.create(folder, tmp_path / "results", RunSettings(), executor)
+            Run.create(folder, tmp_path / "results", RunSettings(timing=timing), executor)
     finally:
         executor.close()
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
