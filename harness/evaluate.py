@@ -24,7 +24,7 @@ from harness.nvml import GpuWatch, Nvml, judge
 from harness.stats import StoppingRule, geometric_mean, summarize
 from harness.oracle import run_oracle
 from harness.peaks import DevicePeaks, roofline_fraction, roofline_ms
-from harness.task import DTYPES, Case, LaunchSpec, Task, make_inputs
+from harness.task import DTYPES, INTEGER_DTYPES, Case, LaunchSpec, Task, make_inputs
 from harness.verdict import CaseCheck, CaseTiming, CheckReport, Reason, ReasonCode, TimingReport
 from sandbox.pool import JobTimeout, Worker, WorkerCrashed, WorkerPool
 
@@ -377,8 +377,11 @@ class Referee:
         fixed = {name: array for name, array in inputs.items() if name not in draws}
         fixed_hashes = {name: hashes[name] for name in fixed}
         sets = self.settings.rotation_sets
-        # Whether a right output can hold the timing poison: then only audited launches are judged by it.
-        poison_is_a_value = self._poison_count(case, case.seed, layout) > 0
+        # Whether a right output can hold the timing poison (all bits set: a NaN no arithmetic makes, but -1
+        # or the maximum of an integer): then only the audited launches, whose right outputs are known, are
+        # judged by the elements still holding it.
+        poison_is_a_value = (any(spec.dtype in INTEGER_DTYPES for spec in layout.outputs)
+                             or self._poison_count(case, case.seed, layout) > 0)
         return _TimedCase(case=case, layout=layout, expected_sets=[], input_sets=[fixed] * sets,
                           sent_hashes=[fixed_hashes] * sets, poison_counts=[], draws=draws,
                           poison_is_a_value=poison_is_a_value)
@@ -505,6 +508,7 @@ class Referee:
                 f"{len(stale)} re-checked timed outputs are wrong (first: {stale[0]}); "
                 "a result must not depend on earlier launches")))
         stats = summarize(samples)
+        reasons += _uneven_launches(stats, case.name)
         kept_up = answer.get("host_kept_up")
         warnings = [] if kept_up is not False else [
             "the host could not queue the timed launches ahead of the GPU: samples may include idle gaps"]
@@ -549,6 +553,7 @@ class Referee:
         audits.append((case.name, self._comparing().submit(self._audit_reasons, timed, outputs, audited, expected)))
         reasons += _undeclared_launches(answer.get("launch_records"), header, case.name)
         stats = summarize(samples)
+        reasons += _uneven_launches(stats, case.name)
         kept_up = answer.get("host_kept_up")
         warnings = [] if kept_up is not False else [
             "the host could not queue the timed launches ahead of the GPU: samples may include idle gaps"]
@@ -722,6 +727,23 @@ def _clocked_samples(answer: dict, iterations: int) -> tuple[str, list[float], l
         raise jobs.AnswerError(f"the kernel clock disagrees with the events on {len(late)} launches "
                                f"(first: launch {i}, {kernel[i]:.4f} ms against {events[i]:.4f} ms)")
     return "kernel", kernel, events
+
+
+# An honest kernel's launches take about the same time: on an H200 the mean of a case's samples was within
+# 1% of their median (its slowest launch within 13%). A kernel that does several launches' work in a few of
+# them and little in the rest keeps the mean (the work is the same) and moves the median, which is the score.
+UNEVEN_MEAN_OVER_MEDIAN = 1.5
+
+
+def _uneven_launches(stats, case: str) -> list[Reason]:
+    """A job whose mean launch is far above its median one: work shifted between launches, beyond any noise."""
+    ratio = stats.mean_ms / stats.median_ms if stats.median_ms > 0 else 1.0
+    if ratio <= UNEVEN_MEAN_OVER_MEDIAN:
+        return []
+    return [Reason(code=ReasonCode.UNEVEN_LAUNCHES, case=case, detail=(
+        f"the mean timed launch ({stats.mean_ms * 1e3:.2f} us) is {ratio:.2f} times the median one "
+        f"({stats.median_ms * 1e3:.2f} us), beyond the {UNEVEN_MEAN_OVER_MEDIAN:g} allowed: some launches do "
+        "the work of others, which the median would not see"))]
 
 
 def _undeclared_launches(records: list | None, header: dict, case: str) -> list[Reason]:

@@ -396,10 +396,11 @@ class _Job:
                 for n, ((i, p), entry) in enumerate(zip(inputs, self.input_entries[set_index])) if entry.get("drawn")]
 
     def draw(self, utilities: "Utilities", set_index: int, key: int, launch: int, changed: int = 0) -> None:
-        """Draw the set's device-drawn inputs for `launch` (or, with `changed`, count what no longer holds it)."""
+        """Draw the set's device-drawn inputs for `launch` of the job keyed `key` (or, with `changed`, count
+        what no longer holds that draw). Only that launch's own key goes to the device."""
+        own_key = fresh_inputs.launch_key(key, launch)
         for p, spec, buffer, n in self.drawn_inputs(set_index):
-            utilities.generate(spec, buffer.ptr, p["nbytes"] // p["itemsize"], key,
-                               fresh_inputs.stream_of(launch, n), changed)
+            utilities.generate(spec, buffer.ptr, p["nbytes"] // p["itemsize"], own_key, n, changed)
 
     def launch(self, set_index: int) -> None:
         if self.launcher is not None:

@@ -3,11 +3,14 @@
 A kernel that remembers answers (by input content, pointer, shape or a launch counter) is fast only
 where an input comes back. Under timing, every launch and warm-up therefore gets inputs no launch has
 seen: each input is drawn from its task generator (uniform, normal, integers) by the referee's own
-counter-based generator (Philox4x32-10), keyed by a secret 64-bit key per job (drawn with `secrets`
-in the parent, never derived from a case's public seed) and by the launch's stream number. The draw
-is a pure function of (key, stream, input, element): the reference worker draws the very same inputs
-for the audited launches, and after each timed launch the candidate's worker checks, with the same
-kernel, that the inputs still hold their draw (no array-sized copy is kept).
+counter-based generator (Philox4x32-10), keyed by a key of its own for each launch, derived on the
+host (launch_key) from a secret 64-bit key per job (drawn with `secrets` in the parent, never from a
+case's public seed) and the launch's number; the input's index is its stream. The key of a launch
+reaches the device only as an argument of the draws queued for that launch: no kernel launched
+earlier, warm-ups included, could learn a later launch's inputs from it. The draw is a pure function
+of (job key, launch, input, element): the reference worker draws the very same inputs for the
+audited launches, and after each timed launch the candidate's worker checks, with the same kernel,
+that the inputs still hold their draw (no array-sized copy is kept).
 
 The values follow the task's distributions, not numpy's bit streams: the visible cases, drawn on the
 host from their seeds, are another sample of the same distributions.
@@ -18,12 +21,12 @@ arguments); it imports nothing else of the project.
 
 from __future__ import annotations
 
+import hashlib
+
 # Element types the generator writes, by task dtype name.
 DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5,
                "int32": 6, "uint32": 7, "int64": 8}
 DISTRIBUTIONS = {"uniform": 0, "normal": 1, "integers": 2}
-# The stream number of an input within a launch: launch * STREAMS_PER_LAUNCH + input index.
-STREAMS_PER_LAUNCH = 64
 
 GENERATOR_SOURCE = r"""
 // Philox4x32-10 (Salmon et al., SC'11): four 32-bit words from a 128-bit counter and a 64-bit key.
@@ -136,9 +139,11 @@ def draw_spec(kind: str, dtype: str, low=None, high=None, mean=None, std=None) -
             "ilow": ilow, "irange": irange}
 
 
-def stream_of(launch: int, input_index: int) -> int:
-    """The generator stream of one input of one launch (warm-ups first, then timed launches)."""
-    return launch * STREAMS_PER_LAUNCH + input_index
+def launch_key(job_key: int, launch: int) -> int:
+    """The generator key of one launch of a job (warm-ups first, then timed launches): a keyed hash, so
+    that one launch's key says nothing of another's."""
+    digest = hashlib.blake2b(launch.to_bytes(8, "little"), key=job_key.to_bytes(8, "little"), digest_size=8)
+    return int.from_bytes(digest.digest(), "little")
 
 
 def generator_arguments(spec: dict, ptr: int, elements: int, key: int, stream: int, changed: int) -> list:

@@ -4,8 +4,8 @@ A `__device__` table or counter is the cheapest way for a kernel to carry someth
 to the next: a memo of finished answers, a launch counter that skips work on some launches. Before
 every launch of a candidate (checks and timing alike, outside the timed window) the worker writes
 each writable global variable (harness/device_state.py lists them from the CUBIN) back to the bytes
-it held right after the module was loaded. A kernel is then a function of its inputs alone, whichever
-launch it is.
+it held right after the module was loaded. No `__device__` variable then tells a launch from another
+(memory outside them, the device heap for one, is not reset: docs/security.md).
 
 Each variable is located by name (cuModuleGetGlobal): the loader gives every variable a slot of its
 own, not one block per section, and patches pointer initializers at load time, so the image is

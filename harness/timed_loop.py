@@ -62,7 +62,6 @@ class TimedLoop:
         except BaseException:
             self.close()  # nothing made for a job that could not start is left behind
             raise
-        utilities.begin()
         self.phase("setup")
 
     def _allocate(self) -> None:
@@ -71,8 +70,10 @@ class TimedLoop:
         making_room = self.utilities.resident.making_room
         self.counters = making_room(gpu.Allocation, 8 * (2 * max(self.iterations, 1) + len(self.checked) * self.n_out))
         self.snapshots = making_room(gpu.Allocation, self.output_bytes * len(self.checked))
-        self.pairs = [gpu.EventPair() for _ in range(self.iterations)]
+        for _ in range(self.iterations):  # one at a time: those made before a failure are destroyed too
+            self.pairs.append(gpu.EventPair())
         self.queued = gpu.EventPair()
+        self.utilities.begin()
 
     def phase(self, name: str) -> None:
         """The worker's own seconds per phase, for the bench."""

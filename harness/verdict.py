@@ -25,6 +25,7 @@ class ReasonCode(str, Enum):
     TIMED_OUTPUT_MISMATCH = "timed_output_mismatch"  # an audited timed launch's output is wrong
     LAUNCH_NOT_AS_DECLARED = "launch_not_as_declared"  # a timed launch ran other kernels, or another grid or block
     BEYOND_PHYSICAL_LIMIT = "beyond_physical_limit"  # faster than the device can move the bytes or do the flops
+    UNEVEN_LAUNCHES = "uneven_launches"    # the mean launch far above the median: work shifted between launches
 
 
 class Reason(BaseModel):

@@ -255,7 +255,8 @@ def _latencies(entry: dict) -> list[CaseLatency]:
                         achieved_tflops=t["achieved_tflops"], roofline_ms=t.get("roofline_ms"),
                         roofline_fraction=t.get("roofline_fraction"),
                         baseline_median_ms=(t.get("baseline_stats") or {}).get("median_ms"),
-                        speedup_vs_baseline=t.get("speedup_vs_baseline"), speedup_vs_best=t.get("speedup_vs_best"))
+                        speedup_vs_baseline=t.get("speedup_vs_baseline"), speedup_vs_best=t.get("speedup_vs_best"),
+                        inputs=t.get("inputs"), audited_launches=t.get("audited_launches"))
             for name, t in (entry.get("timing") or {}).items()]
 
 

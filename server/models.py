@@ -65,6 +65,8 @@ class CaseLatency(BaseModel):
     baseline_median_ms: float | None = None
     speedup_vs_baseline: Speedup | None = None
     speedup_vs_best: Speedup | None = None
+    inputs: str | None = None               # "fresh": every timed launch drew new inputs from a secret key
+    audited_launches: int | None = None     # timed launches compared in full with the reference's output
 
 
 class TimeAnswer(BaseModel):

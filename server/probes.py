@@ -117,7 +117,8 @@ def _time_answer(run: Run, candidate: Candidate, measured: dict) -> TimeAnswer:
                                 roofline_fraction=case.roofline_fraction,
                                 baseline_median_ms=stats["baseline"][case.case].median_ms,
                                 speedup_vs_baseline=speedup(stats["baseline"][case.case], case.stats),
-                                speedup_vs_best=speedup(best[case.case], case.stats)))
+                                speedup_vs_best=speedup(best[case.case], case.stats),
+                                inputs=case.inputs, audited_launches=case.audited_launches))
     names = [r.case for r in rows]
     return TimeAnswer(
         candidate=candidate.id, cases=rows, score_ms=geometric_mean([stats["candidate"][n].median_ms for n in names]),

@@ -124,7 +124,8 @@ class FakeExecutor:
             stats = summarize(samples)
             timings.append(CaseTiming(case=case.name, passed=not reasons, stats=stats, samples_ms=samples,
                                       launches=50, achieved_gbps=100.0, achieved_tflops=1.0, reasons=reasons,
-                                      roofline_ms=0.01, roofline_fraction=0.01 / stats.median_ms))
+                                      roofline_ms=0.01, roofline_fraction=0.01 / stats.median_ms,
+                                      inputs="fresh", audited_launches=3))
         passed = all(t.passed for t in timings)
         return TimingReport(passed=passed, cases=timings,
                             score_ms=geometric_mean([t.stats.median_ms for t in timings]) if passed else None)

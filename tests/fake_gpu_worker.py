@@ -13,6 +13,7 @@ by `--behaviour=NAME` on its command line (parsed out before the fds):
   stale_timing   time jobs: re-checked and last outputs of every set return set 0's result (fresh
                  inputs: every audited launch returns the first timed launch's result)
   skip_timing    time jobs: every 4th timed launch leaves 10 elements unwritten
+  batched_timing time jobs: every 4th timed launch takes 0.2 ms, the others 0.01 ms (work done in batches)
   fault          answers a sticky CUDA_ERROR_ILLEGAL_ADDRESS fault, then exits 3
   out_of_memory  answers every job as the real worker does when device memory ran out, and stays up
   no_cublas      vendor_time jobs answer "unavailable" and peaks come without compute peaks
@@ -31,14 +32,14 @@ import sys
 import numpy as np
 
 from harness import wire
-from harness.fresh_inputs import draw_on_host, stream_of
+from harness.fresh_inputs import draw_on_host, launch_key
 from harness.jobs import audit_slots, canary, pack_outputs, run_slots, time_slots
 from harness.task import DTYPES
 from sandbox.worker import confine_from_argv, regions_from_argv
 
 BEHAVIOURS = {"honest", "oob_after", "oob_before", "modify_input", "unwritten", "race",
               "stale_timing", "skip_timing", "fault", "out_of_memory", "no_cublas",
-              "quiet_timing", "noisy_timing"}
+              "quiet_timing", "noisy_timing", "batched_timing"}
 SAMPLE_SPREAD_MS = {"quiet_timing": 0.00001, "noisy_timing": 0.02}
 FAKE_PEAKS = {"memory_gbps": 4000.0, "fp32_tflops": 50.0, "tensor_bf16_tflops": 800.0}
 EXIT_STICKY = 3
@@ -147,6 +148,14 @@ def _peaks(header, behaviour):
     return {"status": "ok", "copies": copies, "gemm_size": header["gemm_size"], "gemm": gemm, "notes": notes}, []
 
 
+def _samples(header, behaviour):
+    iterations = header["iterations"]
+    if behaviour == "batched_timing":
+        return [0.2 if i % 4 == 0 else 0.01 for i in range(iterations)]
+    rng = np.random.default_rng(header["guard_seed"] % (1 << 32))
+    return [float(0.05 + abs(x)) for x in rng.normal(0.0, SAMPLE_SPREAD_MS.get(behaviour, 0.001), iterations)]
+
+
 def _drawn(header, key, launch):
     """A launch's inputs as the device draws them (harness/fresh_inputs.py), by name, and (m, n)."""
     scalars = {p["name"]: p["value"] for p in header["params"] if p["kind"] == "scalar"}
@@ -156,7 +165,7 @@ def _drawn(header, key, launch):
     arrays = {}
     for index, (spec, entry) in enumerate(zip(specs, header["inputs"][0])):
         shape = shapes[spec["name"]]
-        words = draw_on_host(entry["drawn"], shape[0] * shape[1], key, stream_of(launch, index))
+        words = draw_on_host(entry["drawn"], shape[0] * shape[1], launch_key(key, launch), index)
         arrays[spec["name"]] = words.view(DTYPES[spec["dtype"]]).reshape(shape)
     return arrays, (m, n)
 
@@ -184,8 +193,7 @@ def _fresh_time(header, behaviour, compute=None):
         outputs.append(compute(inputs) if compute else _launch(inputs, shape, header["poison"], behaviour))
     unwritten = [10 if behaviour == "skip_timing" and i % 4 == 0 else 0 for i in range(iterations)]
     changed = [1 if behaviour == "modify_input" and i == 0 else 0 for i in range(iterations)]
-    rng = np.random.default_rng(header["guard_seed"] % (1 << 32))
-    samples = [float(0.05 + abs(x)) for x in rng.normal(0.0, SAMPLE_SPREAD_MS.get(behaviour, 0.001), iterations)]
+    samples = _samples(header, behaviour)
     hashes, guards = _evidence(header, [{}] * header["sets"], "honest")
     fields, sent = pack_outputs(outputs, audit_slots(checked, 1), {})
     answer = {"status": "ok", "samples_ms": samples, "unwritten": unwritten, "changed_inputs": changed,
@@ -210,8 +218,7 @@ def _time(header, blobs, behaviour, compute=None):
     poisoned = [int((np.frombuffer(r, np.uint8).reshape(-1, 4) == poison).all(axis=1).sum()) for r in results]
     unwritten = [poisoned[i % sets] + (10 if behaviour == "skip_timing" and i % 4 == 0 else 0)
                  for i in range(iterations)]
-    rng = np.random.default_rng(header["guard_seed"] % (1 << 32))
-    samples = [float(0.05 + abs(x)) for x in rng.normal(0.0, SAMPLE_SPREAD_MS.get(behaviour, 0.001), iterations)]
+    samples = _samples(header, behaviour)
     checked_blobs = [results[i % sets] for i in checked]
     hashes, guards = _evidence(header, input_sets, behaviour)
     fields, sent = pack_outputs(checked_blobs + results, time_slots(checked, sets, 1), header.get("known_outputs") or {})

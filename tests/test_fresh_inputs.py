@@ -44,13 +44,43 @@ def test_half_precision_draws_are_the_rounded_single_precision_values():
 
 def test_keys_and_streams_give_independent_draws_and_the_same_ones_again():
     spec = fresh_inputs.draw_spec("uniform", "float32", low=0.0, high=1.0)
-    first = fresh_inputs.draw_on_host(spec, 1000, 1, fresh_inputs.stream_of(0, 0))
-    assert np.array_equal(first, fresh_inputs.draw_on_host(spec, 1000, 1, fresh_inputs.stream_of(0, 0)))
-    for other in (fresh_inputs.draw_on_host(spec, 1000, 2, fresh_inputs.stream_of(0, 0)),
-                  fresh_inputs.draw_on_host(spec, 1000, 1, fresh_inputs.stream_of(1, 0)),
-                  fresh_inputs.draw_on_host(spec, 1000, 1, fresh_inputs.stream_of(0, 1))):
+    first = fresh_inputs.draw_on_host(spec, 1000, 1, 0)
+    assert np.array_equal(first, fresh_inputs.draw_on_host(spec, 1000, 1, 0))
+    for other in (fresh_inputs.draw_on_host(spec, 1000, 2, 0), fresh_inputs.draw_on_host(spec, 1000, 1, 1)):
         assert (first != other).mean() > 0.99
-    assert fresh_inputs.stream_of(3, 5) != fresh_inputs.stream_of(5, 3)
+
+
+def test_each_launch_of_a_job_has_a_key_of_its_own_that_says_nothing_of_the_others():
+    keys = [fresh_inputs.launch_key(0xC0FFEE, launch) for launch in range(1000)]
+    assert len(set(keys)) == 1000 and all(0 <= k < 2**64 for k in keys)
+    assert keys[5] == fresh_inputs.launch_key(0xC0FFEE, 5)  # the reference draws the same for launch 5
+    assert fresh_inputs.launch_key(0xC0FFEF, 5) != keys[5]
+    assert 0.4 < np.mean([bin(a ^ b).count("1") / 64 for a, b in zip(keys, keys[1:])]) < 0.6
+
+
+def test_a_job_draws_each_input_of_a_launch_with_that_launchs_key_and_the_input_as_its_stream():
+    from harness.execute import _Job
+
+    calls = []
+
+    class Utilities:
+        def generate(self, spec, ptr, elements, key, stream, changed):
+            calls.append((spec, ptr, elements, key, stream, changed))
+
+    class Buffer:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+    class Job:
+        def drawn_inputs(self, set_index):
+            return [({"nbytes": 400, "itemsize": 4}, "spec-a", Buffer(1000 + set_index), 0),
+                    ({"nbytes": 80, "itemsize": 8}, "spec-b", Buffer(2000 + set_index), 1)]
+
+    _Job.draw(Job(), Utilities(), 2, 77, 13)
+    _Job.draw(Job(), Utilities(), 2, 77, 13, changed=5)
+    key = fresh_inputs.launch_key(77, 13)
+    assert calls == [("spec-a", 1002, 100, key, 0, 0), ("spec-b", 2002, 10, key, 1, 0),
+                     ("spec-a", 1002, 100, key, 0, 5), ("spec-b", 2002, 10, key, 1, 5)]
 
 
 def test_a_generator_the_device_cannot_draw_is_refused_by_name():
@@ -139,3 +169,16 @@ def test_a_failed_audit_fails_its_case_once_whatever_the_batches():
     assert _with_audits(timing, [_Done([]), _Done([])]) is timing
     failed = _with_audits(timing, [_Done([]), _Done(wrong), _Done(wrong)])
     assert not failed.passed and failed.reasons == wrong
+
+
+def test_launches_of_even_length_pass_and_work_shifted_between_launches_does_not():
+    from harness.evaluate import UNEVEN_MEAN_OVER_MEDIAN, _uneven_launches
+    from harness.stats import summarize
+
+    honest = summarize([1.0 + 0.001 * (i % 7) for i in range(97)] + [1.13, 1.2, 1.1])  # a few slow launches
+    assert _uneven_launches(honest, "square") == []
+    # three launches of four copy an answer the fourth computed for them: the same work, a quarter of the median
+    shifted = summarize([4.0 if i % 4 == 0 else 0.01 for i in range(100)])
+    (reason,) = _uneven_launches(shifted, "square")
+    assert reason.code is ReasonCode.UNEVEN_LAUNCHES and reason.case == "square"
+    assert f"beyond the {UNEVEN_MEAN_OVER_MEDIAN:g} allowed" in reason.detail

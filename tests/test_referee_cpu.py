@@ -256,6 +256,15 @@ def test_timed_launches_that_skip_work_are_unwritten_output(referee, task):
         assert "first: launch 0, 10 elements" in case.reasons[0].detail
 
 
+@pytest.mark.parametrize("referee", ["batched_timing", "rotated:batched_timing"], indirect=True)
+def test_launches_that_do_each_others_work_are_uneven_launches(referee, task):
+    timing = _time(referee, task)
+    assert not timing.passed
+    for case in timing.cases:
+        assert [r.code for r in case.reasons] == [ReasonCode.UNEVEN_LAUNCHES]
+        assert "is 5.75 times the median one" in case.reasons[0].detail
+
+
 @pytest.mark.parametrize("referee", ["fault"], indirect=True)
 def test_a_fault_stops_the_check_and_the_worker_is_replaced(referee, task):
     candidate = referee.pool.candidate

@@ -103,6 +103,11 @@ async def test_verdicts(run):
         assert (faster["attempt"], faster["verdict"], faster["best_attempt"]) == (1, "valid-faster", 1)
         assert faster["speedup_vs_baseline"]["ratio"] == pytest.approx(2.0, rel=0.02)
         assert faster["speedup_vs_baseline"]["beyond_noise"] is True
+        # the record says how it was timed: fresh inputs, audited launches summed over the interleaved rounds
+        assert all(row["inputs"] == "fresh" and row["audited_launches"] == 3 * run.settings.timing_rounds
+                   for row in faster["cases"])
+        row = read_json(run.dir / "history.json")["attempts"][1]["timing"]["square-2048"]
+        assert (row["inputs"], row["audited_launches"]) == ("fresh", 3 * run.settings.timing_rounds)
         assert (run.dir / "best.cu").read_text() == kernel("latency_us=50")
         assert [read_json(run.dir / f"best-case-{i}.json")["attempt"] for i in range(3)] == [1, 1, 1]
 
@@ -183,6 +188,7 @@ async def test_time_kernel_refuses_an_invalid_candidate(run):
         timed = await ok(c, "time_kernel", source=kernel("latency_us=50"))
         assert [row["case"] for row in timed["cases"]] == ["square-2048", "rect-2000x1500x1000"]
         assert timed["speedup_vs_baseline"]["ratio"] == pytest.approx(2.0, rel=0.02)
+        assert all(row["inputs"] == "fresh" and row["audited_launches"] == 3 for row in timed["cases"])
         assert timed["budget"]["probes_left_in_window"] == 18  # the refused timing was a probe too
         assert timed["budget"]["attempts_used"] == 0
 

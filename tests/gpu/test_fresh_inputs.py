@@ -40,7 +40,7 @@ def draw(device, spec: dict, itemsize: int, key: int, stream: int) -> tuple[gpu.
 @pytest.mark.parametrize("kind, dtype, params", DRAWS, ids=[f"{k}-{d}" for k, d, _ in DRAWS])
 def test_the_device_draws_what_the_host_draws(device, kind, dtype, params):
     spec = fresh_inputs.draw_spec(kind, dtype, **params)
-    key, stream = 0x1234_5678_9ABC_DEF0, fresh_inputs.stream_of(17, 1)
+    key, stream = fresh_inputs.launch_key(0x1234_5678_9ABC_DEF0, 17), 1
     host = fresh_inputs.draw_on_host(spec, ELEMENTS, key, stream)
     buffer, got = draw(device, spec, host.itemsize, key, stream)
     buffer.free()
@@ -58,19 +58,19 @@ def test_the_device_draws_what_the_host_draws(device, kind, dtype, params):
 def test_each_launch_and_input_draws_other_values_and_the_check_counts_changes(device):
     context, utilities = device
     spec = fresh_inputs.draw_spec("uniform", "float32", low=-1.0, high=1.0)
-    first, a = draw(device, spec, 4, 99, fresh_inputs.stream_of(0, 0))
-    second, b = draw(device, spec, 4, 99, fresh_inputs.stream_of(1, 0))
-    other_key, c = draw(device, spec, 4, 100, fresh_inputs.stream_of(0, 0))
+    first, a = draw(device, spec, 4, 99, 0)
+    second, b = draw(device, spec, 4, 99, 1)
+    other_key, c = draw(device, spec, 4, 100, 0)
     a, b, c = (x.view(np.float32) for x in (a, b, c))
     assert (a != b).mean() > 0.999 and (a != c).mean() > 0.999
     counter = gpu.Allocation(8)
     try:
         gpu.fill(counter.ptr, 0, 8, context.stream)
-        utilities.generate(spec, first.ptr, ELEMENTS, 99, fresh_inputs.stream_of(0, 0), changed=counter.ptr)
+        utilities.generate(spec, first.ptr, ELEMENTS, 99, 0, changed=counter.ptr)
         context.synchronize()
         assert int(gpu.download(counter.ptr, 8).view(np.uint64)[0]) == 0
         gpu.fill(first.ptr + 4 * 1000, 0, 12, context.stream)  # three elements zeroed
-        utilities.generate(spec, first.ptr, ELEMENTS, 99, fresh_inputs.stream_of(0, 0), changed=counter.ptr)
+        utilities.generate(spec, first.ptr, ELEMENTS, 99, 0, changed=counter.ptr)
         context.synchronize()
         assert int(gpu.download(counter.ptr, 8).view(np.uint64)[0]) == 3
     finally:
