@@ -182,3 +182,58 @@ def test_launches_of_even_length_pass_and_work_shifted_between_launches_does_not
     (reason,) = _uneven_launches(shifted, "square")
     assert reason.code is ReasonCode.UNEVEN_LAUNCHES and reason.case == "square"
     assert f"beyond the {UNEVEN_MEAN_OVER_MEDIAN:g} allowed" in reason.detail
+
+
+def test_a_timed_loop_that_cannot_start_frees_everything_it_made(monkeypatch):
+    """The worker's timed loop with its GPU calls stubbed: the third event pair fails to be made, and every
+    allocation, every pair made before it and the job are released; the clock is not begun."""
+    from harness import timed_loop
+
+    made, released = [], []
+
+    class Made:
+        def __init__(self, *args):
+            if sum(isinstance(m, Pair) for m in made) == 2 and isinstance(self, Pair):
+                raise RuntimeError("cuEventCreate failed")
+            made.append(self)
+
+        def free(self):
+            released.append(self)
+
+        destroy = free
+
+    class Pair(Made):
+        pass
+
+    class Job:
+        arrays = [{"kind": "output", "nbytes": 64}]
+
+        def __init__(self, *args, **kwargs):
+            made.append(self)
+
+        def outputs(self, set_index):
+            return [(0, self.arrays[0], None)]
+
+        def close(self):
+            released.append(self)
+
+    class Resident:
+        @staticmethod
+        def making_room(allocate, *args):
+            return allocate(*args)
+
+    class Utilities:
+        clock, resident, begun = None, Resident(), False
+
+        def begin(self):
+            self.begun = True
+
+    monkeypatch.setattr(timed_loop, "_Job", Job)
+    monkeypatch.setattr(timed_loop.gpu, "Allocation", Made)
+    monkeypatch.setattr(timed_loop.gpu, "EventPair", Pair)
+    utilities = Utilities()
+    header = {"sets": 4, "iterations": 5, "warmups": 1, "checked_launches": [1, 3], "fresh": {"key": 1}}
+    with pytest.raises(RuntimeError, match="cuEventCreate"):
+        timed_loop.TimedLoop(None, utilities, header, [b"cubin"], None)
+    assert len(made) == 5 and set(map(id, made)) == set(map(id, released))  # job, 2 allocations, 2 pairs
+    assert not utilities.begun
