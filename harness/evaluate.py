@@ -507,8 +507,15 @@ class Referee:
             reasons.append(Reason(code=ReasonCode.TIMED_OUTPUT_MISMATCH, case=case.name, detail=(
                 f"{len(stale)} re-checked timed outputs are wrong (first: {stale[0]}); "
                 "a result must not depend on earlier launches")))
+        return self._case_timing(case, answer, clock, samples, events, reasons,
+                                 checked_launches=len(checked) + sets, unwritten_launches=len(short))
+
+    def _case_timing(self, case: Case, answer: dict, clock: str, samples: list[float], events: list[float] | None,
+                     reasons: list[Reason], **counts) -> CaseTiming:
+        """A judged timing job: its samples' statistics (uneven launches refused), the worker's facts and
+        `counts` (checked, audited, unwritten launches; which inputs)."""
         stats = summarize(samples)
-        reasons += _uneven_launches(stats, case.name)
+        reasons = reasons + _uneven_launches(stats, case.name)
         kept_up = answer.get("host_kept_up")
         warnings = [] if kept_up is not False else [
             "the host could not queue the timed launches ahead of the GPU: samples may include idle gaps"]
@@ -516,9 +523,8 @@ class Referee:
             case=case.name, passed=not reasons, stats=stats, samples_ms=samples, launches=len(samples),
             clock=clock, event_samples_ms=events, event_median_ms=summarize(events).median_ms if events else None,
             kernel_floor_ms=answer.get("kernel_floor_ms"), gpu_busy_ms=answer.get("gpu_busy_ms"),
-            checked_launches=len(checked) + sets, unwritten_launches=len(short),
             event_overhead_ms=answer.get("event_overhead_ms"), reasons=reasons, host_kept_up=kept_up,
-            warnings=warnings, **self._rates(case, stats))
+            warnings=warnings, **counts, **self._rates(case, stats))
 
     def _judge_fresh_timing(self, timed: _TimedCase, answer, blobs, audited, guard_seed,
                             expected: list[dict[str, np.ndarray]], header: dict,
@@ -552,18 +558,8 @@ class Referee:
                 f"(first: launch {short[0]}, {unwritten[short[0]] - allowed.get(short[0], 0)} elements)")))
         audits.append((case.name, self._comparing().submit(self._audit_reasons, timed, outputs, audited, expected)))
         reasons += _undeclared_launches(answer.get("launch_records"), header, case.name)
-        stats = summarize(samples)
-        reasons += _uneven_launches(stats, case.name)
-        kept_up = answer.get("host_kept_up")
-        warnings = [] if kept_up is not False else [
-            "the host could not queue the timed launches ahead of the GPU: samples may include idle gaps"]
-        return CaseTiming(
-            case=case.name, passed=not reasons, stats=stats, samples_ms=samples, launches=len(samples),
-            clock=clock, event_samples_ms=events, event_median_ms=summarize(events).median_ms if events else None,
-            kernel_floor_ms=answer.get("kernel_floor_ms"), gpu_busy_ms=answer.get("gpu_busy_ms"),
-            checked_launches=len(audited), audited_launches=len(audited), inputs="fresh",
-            unwritten_launches=len(short), event_overhead_ms=answer.get("event_overhead_ms"), reasons=reasons,
-            host_kept_up=kept_up, warnings=warnings, **self._rates(case, stats))
+        return self._case_timing(case, answer, clock, samples, events, reasons, checked_launches=len(audited),
+                                 audited_launches=len(audited), inputs="fresh", unwritten_launches=len(short))
 
     def _comparing(self) -> ThreadPoolExecutor:
         if self._comparer is None:
