@@ -10,13 +10,11 @@ import statistics
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
-from time import perf_counter
 
 import numpy as np
 from harness import fresh_inputs, gpu
 from harness.cuda_check import CudaError
-from harness.jobs import (canary, digests_later, hashing_pool, pack_outputs, run_slots, same_bytes, sha256,
-                          time_slots)
+from harness.jobs import canary, digests_later, hashing_pool, pack_outputs, run_slots, same_bytes, sha256
 from harness.kernel_clock import KernelClock, busy_ms, launch_records, launch_spans_ms
 from harness.module_state import ModuleState, UnrestorableState
 
