@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import secrets
 
-from harness.peaks import PHYSICAL_MARGIN, LimitCheck, limit_checks, physical_peaks, violations
+from harness.peaks import PHYSICAL_MARGIN, LimitCheck, limit_checks, physical_peaks, theoretical_peaks, violations
 from harness.task import Task
 from harness.verdict import Reason, ReasonCode
 from server.run import Run
@@ -27,12 +27,8 @@ def peak_bandwidth_bytes_per_s(environment: dict) -> float | None:
     """The measured copy bandwidth (harness/peaks.py) where the run has it; else the theoretical DRAM
     bandwidth from the device's memory clock and bus width (double data rate)."""
     measured_gbps = (environment.get("peaks") or {}).get("memory_gbps")
-    if measured_gbps:
-        return measured_gbps * 1e9
-    clock_khz, bus_bits = environment.get("memory_clock_khz"), environment.get("memory_bus_bits")
-    if not clock_khz or not bus_bits:
-        return None
-    return clock_khz * 1e3 * 2 * bus_bits / 8
+    gbps = measured_gbps or theoretical_peaks(environment)["memory_gbps"]
+    return gbps * 1e9 if gbps else None
 
 
 def physical_limit_checks(task: Task, environment: dict, stats: dict[str, dict]) -> list[LimitCheck]:
