@@ -17,7 +17,7 @@
 
 PLAN.json is written by bench/timing.py: for each kernel its task folder, source file, case and
 seed. Inputs are the task's own (harness.task.make_inputs), and a kernel's launches rotate over the
-same input sets as the referee's timed loop (harness.evaluate.input_seed), so every clock sees the
+same input sets as the referee's timed loop (harness.settings.input_seed), so every clock sees the
 same work.
 """
 
@@ -33,11 +33,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness import gpu  # noqa: E402
-from harness.compile import arch_for, compile_kernel  # noqa: E402
-from harness.evaluate import input_seed  # noqa: E402
+from harness.worker_side import gpu  # noqa: E402
+from harness.worker_side.nvrtc import arch_for, compile_kernel  # noqa: E402
+from harness.settings import input_seed  # noqa: E402
 from harness.jobs import Layout  # noqa: E402
-from harness.task import Case, load_task, make_inputs  # noqa: E402
+from harness.task_model import Case  # noqa: E402
+from harness.task import load_task, make_inputs  # noqa: E402
 
 REPEATS = 7  # launches per input set under ncu
 SETS = 4  # the referee's default rotation (Settings.rotation_sets)
@@ -48,7 +49,7 @@ class Prepared:
 
     def __init__(self, context: gpu.Context, entry: dict, sets: int = SETS, guard_bytes: int = 0):
         """`guard_bytes`: each array lies between guard bands of that size, placed as the referee
-        places them (harness/gpu.py GuardedBuffer)."""
+        places them (harness/worker_side/gpu.py GuardedBuffer)."""
         task = load_task(Path(entry["task"]))
         case = Case(name=entry["case"], role="performance", dims=entry["dims"], seed=entry["seed"])
         source = Path(entry["source"]).read_text()
@@ -108,7 +109,7 @@ def prepare_all(plan: list[dict], sets: int = SETS) -> tuple[gpu.Context, list[P
 
 def utility_cubin(arch: str) -> bytes:
     """The referee's own kernels (flush, hold, empty, scan), compiled as a worker compiles them."""
-    from harness import execute
+    from harness.worker_side import execute
 
     compiled = compile_kernel(execute.UTILITY_SOURCE, "referee_empty", arch=arch)
     if not compiled.ok:
@@ -118,7 +119,7 @@ def utility_cubin(arch: str) -> bytes:
 
 def utilities(context: gpu.Context, clock=None):
     """The referee's own kernels in this process, with its flush buffer."""
-    from harness import execute
+    from harness.worker_side import execute
 
     return execute.Utilities(context, utility_cubin(arch_for(*context.info.compute_capability)), clock)
 
@@ -194,7 +195,7 @@ def by_flush(plan: list[dict], out: Path) -> None:
 
 
 CLOCK_LAUNCHES = 200
-# What runs around each timed launch, one step of the referee's loop (harness/execute.py) added at a
+# What runs around each timed launch, one step of the referee's loop (harness/worker_side/execute.py) added at a
 # time: (input sets, output poisoned before, arrays between guard bands placed as the referee places
 # them, output scanned after).
 CLOCK_STEPS = {"one set": (1, False, False, False), "one set, poisoned": (1, True, False, False),
@@ -205,8 +206,8 @@ CLOCK_STEPS = {"one set": (1, False, False, False), "one set, poisoned": (1, Tru
 def by_clock(plan: list[dict], out: Path, tracing: str = "serial") -> None:
     """Kernel-clock medians of each kernel after the read flush, one step of the referee's loop added
     at a time, with the median of each input set; and an empty kernel's."""
-    from harness.jobs import GUARD_BYTES
-    from harness.kernel_clock import KernelClock
+    from harness.worker_side.buffers import GUARD_BYTES
+    from harness.worker_side.kernel_clock import KernelClock
 
     clock = KernelClock(tracing=tracing)  # before the context, as in the worker
     if not clock.available:

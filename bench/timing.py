@@ -39,9 +39,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.direct import REPEATS, SETS  # noqa: E402
 from harness.device import gpu_absent_reason  # noqa: E402
-from harness.evaluate import Kernel, Settings  # noqa: E402
+from harness.settings import CompiledKernel, TimingSettings  # noqa: E402
 from harness.stats import speedup, summarize  # noqa: E402
-from harness.task import Case, load_task  # noqa: E402
+from harness.task_model import Case  # noqa: E402
+from harness.task import load_task  # noqa: E402
 from server.attempt import record_attempt, time_side_by_side  # noqa: E402
 from server.executor import GpuExecutor  # noqa: E402
 from server.run import Run, RunSettings  # noqa: E402
@@ -81,27 +82,27 @@ class Bench:
         self.out, self.runs, self.trials, self.ncu_passes = out, runs, trials, ncu_passes
         self.results: dict = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "settings": {}}
         self.executors: dict[str, GpuExecutor] = {}
-        self.kernels: dict[str, tuple[Kernel, Case, str]] = {}
+        self.kernels: dict[str, tuple[CompiledKernel, Case, str]] = {}
 
     def save(self) -> None:
         (self.out / "timing.json").write_text(json.dumps(self.results, indent=1, default=str))
 
     def executor(self, task_name: str) -> GpuExecutor:
         if task_name not in self.executors:
-            executor = GpuExecutor(load_task(CASES / task_name), Settings())
+            executor = GpuExecutor(load_task(CASES / task_name), TimingSettings())
             facts = executor.start()
             self.results.setdefault("environment", {k: facts.get(k) for k in (
                 "gpu", "driver_cuda_version", "nvrtc", "cuda_bindings", "sm_clock_khz", "gpu_state", "nvml_note")})
-            self.results["settings"] = Settings().model_dump()
+            self.results["settings"] = TimingSettings().model_dump()
             self.executors[task_name] = executor
         return self.executors[task_name]
 
-    def compiled(self, task_name: str, source: Path, which: str = "initial") -> Kernel:
+    def compiled(self, task_name: str, source: Path, which: str = "initial") -> CompiledKernel:
         executor = self.executor(task_name)
         result = executor.compile(source.read_text(), ())
         if not result.ok:
             raise RuntimeError(f"{source} does not compile:\n{result.log}")
-        return Kernel(which, result.cubin, result.lowered_name, executor.task.own_launch(which))
+        return CompiledKernel(which, result.cubin, result.lowered_name, executor.task.own_launch(which))
 
     def load_kernels(self) -> None:
         for label, task_name, which, dims in KERNELS:
@@ -206,7 +207,7 @@ class Bench:
         try:
             for label, (kernel, case, task_name) in self.kernels.items():
                 if task_name not in rotated:
-                    rotated[task_name] = GpuExecutor(load_task(CASES / task_name), Settings(fresh_inputs=False))
+                    rotated[task_name] = GpuExecutor(load_task(CASES / task_name), TimingSettings(fresh_inputs=False))
                     rotated[task_name].start()
                 runs = {"fresh": [], "rotated": []}
                 for r in range(rounds):
@@ -236,7 +237,7 @@ class Bench:
         executor = self.executor("matmul_f32")
         rounds = RunSettings().timing_rounds
 
-        def trial(first: tuple[str, Kernel], second: tuple[str, Kernel]) -> tuple[float, bool, bool]:
+        def trial(first: tuple[str, CompiledKernel], second: tuple[str, CompiledKernel]) -> tuple[float, bool, bool]:
             """(median of B / median of A, B slower beyond noise, B faster beyond noise)."""
             timed = time_side_by_side(executor.time, dict([first, second]), [DISCRIMINATION_CASE], rounds)
             a, b = (summarize(timed["samples"][label][DISCRIMINATION_CASE.name]) for label in ("A", "B"))
@@ -271,7 +272,7 @@ class Bench:
         hit = executor.compile(source, ())
         hit_ms = (time.perf_counter() - started) * 1e3
 
-        run_executor = GpuExecutor(load_task(CASES / "matmul_f32"), Settings())
+        run_executor = GpuExecutor(load_task(CASES / "matmul_f32"), TimingSettings())
         busy = {"s": 0.0}
         timed = run_executor.time
 

@@ -3,7 +3,7 @@
 :func:`parse_signature` reads ``extern "C" __global__ void NAME(TYPE a, ...)``,
 the subset a kernel entry point needs: scalars by value and single pointers,
 with ``const`` and ``__restrict__`` qualifiers. The dtype names are those of
-:data:`harness.task.DTYPES`.
+:data:`harness.task_model.DTYPES`.
 """
 
 from __future__ import annotations

@@ -8,15 +8,16 @@ out-of-memory error in the middle of a run.
 
 from __future__ import annotations
 
-from harness.evaluate import Settings
-from harness.jobs import Layout, guarded_bytes
-from harness.task import Case, Task
+from harness.settings import TimingSettings
+from harness.jobs import Layout
+from harness.worker_side.buffers import guarded_bytes
+from harness.task_model import Case, Task
 
 # Left for the CUDA context, the module, local memory and the allocator's rounding.
 CONTEXT_RESERVE_BYTES = 1 << 30
 
 
-def timing_bytes(layout: Layout, settings: Settings) -> int:
+def timing_bytes(layout: Layout, settings: TimingSettings) -> int:
     """Device bytes of one timing job: every set's guarded buffers, snapshots and launch counters."""
     per_set = sum(guarded_bytes(a.nbytes) for a in layout.arrays)
     output_bytes = sum(a.nbytes for a in layout.outputs)
@@ -24,7 +25,7 @@ def timing_bytes(layout: Layout, settings: Settings) -> int:
     return settings.rotation_sets * per_set + settings.checked_launches * output_bytes + counters
 
 
-def case_bytes(task: Task, case: Case, settings: Settings) -> int:
+def case_bytes(task: Task, case: Case, settings: TimingSettings) -> int:
     layout = Layout.for_case(task, case.dims)
     if case.role == "performance":
         return timing_bytes(layout, settings)
@@ -38,7 +39,7 @@ def usable_bytes(device: dict) -> int | None:
     return int(device["total_memory_bytes"]) - 2 * int(device.get("l2_bytes", 0)) - CONTEXT_RESERVE_BYTES
 
 
-def shortfalls(task: Task, settings: Settings, device: dict) -> list[str]:
+def shortfalls(task: Task, settings: TimingSettings, device: dict) -> list[str]:
     """One sentence per case that cannot fit on this device; empty when every case fits."""
     usable = usable_bytes(device)
     if usable is None:

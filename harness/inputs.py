@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.task import DTYPES, Param, Task, TaskError
+from harness.task_model import DTYPES, Param, Task, TaskError
 
 
 def draw(task: Task, param: Param, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

@@ -1,29 +1,20 @@
 """Jobs sent to a GPU worker and the parent's strict reading of the answers.
 
 The parent builds a job from a task, a compiled kernel and input arrays; the worker executes it
-(harness/execute.py) and answers with raw bytes. Everything the parent concludes (outputs,
+(harness/worker_side/execute.py) and answers with raw bytes. Everything the parent concludes (outputs,
 guard bands, input integrity) is re-derived here from bytes and from what the parent itself
 sent, never taken from a worker's say-so.
 """
 
 from __future__ import annotations
 
-import hashlib
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from harness.task import DTYPES, LaunchGeometry, Task
-
-GUARD_BYTES = 4096
-# Two poisons per check: 0xFF makes float outputs NaN, 0x7F a huge finite value. An output that
-# depends on what was in memory before the launch differs between the two runs.
-POISON_BYTES = (0xFF, 0x7F)
-TIMING_POISON = 0xFF
+from harness.task_model import DTYPES, LaunchGeometry, Task
+from harness.worker_side.buffers import GUARD_BYTES, TIMING_POISON, canary, digests, sha256
 
 
 @dataclass(frozen=True)
@@ -80,125 +71,6 @@ class Layout:
         return wire
 
 
-# An array this large starts on a boundary of ALIGN_BYTES, where cuMemAlloc puts an allocation of its
-# own: a kernel's speed can depend on where its arrays lie. Shifted by a 4 KiB guard band, a naive
-# bfloat16 matmul ran 5% slower on an H200 (3991 against 3799 us) and other kernels moved by up to
-# 5% either way, so that the referee timed placements no program would have (docs/timing.md).
-ALIGNED_FROM_BYTES = 1 << 20
-ALIGN_BYTES = 2 << 20
-
-
-def array_alignment(nbytes: int) -> int:
-    """The boundary an array of `nbytes` starts on between its guard bands (0: the allocator's own)."""
-    return ALIGN_BYTES if nbytes >= ALIGNED_FROM_BYTES else 0
-
-
-def guarded_bytes(nbytes: int, guard_bytes: int = GUARD_BYTES) -> int:
-    """Device bytes an array takes with its guard bands and the slack that aligns it."""
-    return nbytes + 2 * guard_bytes + array_alignment(nbytes)
-
-
-def canary(seed: int, buffer_index: int, guard_bytes: int = GUARD_BYTES) -> tuple[np.ndarray, np.ndarray]:
-    """The head and tail guard patterns of one buffer; unpredictable to a kernel, known to the parent."""
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, buffer_index])))
-    pattern = rng.integers(0, 256, size=2 * guard_bytes, dtype=np.uint8)
-    return pattern[:guard_bytes], pattern[guard_bytes:]
-
-
-def sha256(array: np.ndarray) -> str:
-    return hashlib.sha256(memoryview(np.ascontiguousarray(array).view(np.uint8).reshape(-1))).hexdigest()
-
-
-_hashers: ThreadPoolExecutor | None = None
-
-
-_hashers_made = threading.Lock()
-
-
-def hashing_pool() -> ThreadPoolExecutor:
-    """The threads that hash and compare large blobs (hashlib and numpy let go of the GIL)."""
-    global _hashers
-    with _hashers_made:
-        if _hashers is None:
-            _hashers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sha256")
-    return _hashers
-
-
-def _views(blobs: list) -> tuple[list, list[memoryview]]:
-    unique = list({id(b): b for b in blobs}.values())
-    return unique, [memoryview(np.ascontiguousarray(b).view(np.uint8).reshape(-1)) if isinstance(b, np.ndarray)
-                    else memoryview(b) for b in unique]
-
-
-def digests_later(blobs: list) -> Callable[[], list[str]]:
-    """Start hashing each blob (sha256) on the hashing threads; the returned call waits for the
-    digests, in the blobs' order. A blob given twice (the same object) is hashed once."""
-    unique, views = _views(blobs)
-    if sum(v.nbytes for v in views) < (8 << 20) or len(views) < 2:
-        found = {id(b): hashlib.sha256(v).hexdigest() for b, v in zip(unique, views)}
-        return lambda: [found[id(b)] for b in blobs]
-    futures = [hashing_pool().submit(lambda v=v: hashlib.sha256(v).hexdigest()) for v in views]
-
-    def wait() -> list[str]:
-        by_id = {id(b): f.result() for b, f in zip(unique, futures)}
-        return [by_id[id(b)] for b in blobs]
-    return wait
-
-
-def digests(blobs: list) -> list[str]:
-    """sha256 of each blob, large ones on several threads. A blob given twice (the same object) is
-    hashed once."""
-    return digests_later(blobs)()
-
-
-SAME_BYTES_CHUNK = 4 << 20
-
-
-def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two uint8 arrays hold the same bytes, compared in chunks (no array-sized temporary)."""
-    if a.nbytes != b.nbytes:
-        return False
-    for start in range(0, a.nbytes, SAME_BYTES_CHUNK):
-        if not np.array_equal(a[start:start + SAME_BYTES_CHUNK], b[start:start + SAME_BYTES_CHUNK]):
-            return False
-    return True
-
-
-# -- outputs in answers: each distinct output travels once ------------------------------------------
-# Every output blob of an answer has a slot, "SET/OUTPUT" (its input set and which output it is). The
-# worker sends the sha256 of every output, and the bytes of each distinct output once, except those
-# whose hash the job names as already verified for that very slot: a kernel's outputs repeat from
-# launch to launch, and 16 MB outputs re-sent and re-compared made most of an attempt's host time.
-
-def run_slots(poisons: int, outputs: int) -> list[str]:
-    return [f"0/{j}" for _ in range(poisons) for j in range(outputs)]
-
-
-def time_slots(checked: list[int], sets: int, outputs: int) -> list[str]:
-    """The re-checked launches' outputs (in launch order), then the last output of every set."""
-    return ([f"{i % sets}/{j}" for i in sorted(set(checked)) for j in range(outputs)]
-            + [f"{s}/{j}" for s in range(sets) for j in range(outputs)])
-
-
-def audit_slots(audited: list[int], outputs: int) -> list[str]:
-    """Fresh inputs: each audited launch's outputs, by launch number (no two launches share inputs)."""
-    return [f"{i}/{j}" for i in sorted(set(audited)) for j in range(outputs)]
-
-
-def pack_outputs(blobs: list, slots: list[str], known: dict[str, list[str]],
-                 hashes: list[str] | None = None) -> tuple[dict, list]:
-    """Worker side: the answer's output fields and the output blobs to send, in slot order.
-    `hashes`: the blobs' sha256 where already computed."""
-    hashes = digests(blobs) if hashes is None else hashes
-    sent, seen = [], set()
-    for blob, slot, digest in zip(blobs, slots, hashes, strict=True):
-        if digest in seen or digest in known.get(slot, ()):
-            continue
-        seen.add(digest)
-        sent.append(blob)
-    return {"output_sha256": hashes, "outputs_sent": len(sent)}, sent
-
-
 def unpack_outputs(answer: dict, blobs: list[bytes], slots: list[str],
                    known: dict[str, set[str]]) -> tuple[list[bytes | None], list[bytes]]:
     """Parent side: one entry per slot, the output's bytes, or None for an output whose hash the job
@@ -235,7 +107,7 @@ def resident_key(name: str, digest: str) -> str:
 def _inputs_field(layout: Layout, input_sets: list[dict[str, np.ndarray]], hashes: list[dict | None] | None,
                   resident: frozenset[str], draws: dict[str, dict] | None = None) -> tuple[list[list[dict]], list]:
     """Per set, per input: its key and whether its bytes go with the job (not if the worker holds
-    it), or how the worker draws it (`draws`, by name: harness/fresh_inputs.py); and the blobs that go."""
+    it), or how the worker draws it (`draws`, by name: harness/worker_side/fresh_inputs.py); and the blobs that go."""
     entries, blobs = [], []
     for s, inputs in enumerate(input_sets):
         known = (hashes or [None] * len(input_sets))[s] or {}
@@ -290,7 +162,7 @@ def time_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry
              fresh: FreshDraws | None = None) -> tuple[dict, list]:
     """`known_outputs`: by slot ("SET/OUTPUT"), the sha256 of outputs already found right, not to be sent again.
     `clock`: "kernel" times each launch on the kernel clock too, where the worker has it; "events" does not.
-    `fresh`: every launch draws its drawn inputs anew (harness/fresh_inputs.py); `input_sets` then hold only
+    `fresh`: every launch draws its drawn inputs anew (harness/worker_side/fresh_inputs.py); `input_sets` then hold only
     the inputs that are not drawn, the same in every set, and `checked_launches` are the audited launches."""
     header = {"op": "time", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
               "sets": len(input_sets), "warmups": warmups, "iterations": iterations, "cold_l2": cold_l2,
@@ -302,7 +174,7 @@ def time_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry
 
 
 def vendor_time_job(call: dict, layout: Layout, input_sets: list[dict[str, np.ndarray]], **timing) -> tuple[dict, list]:
-    """A time job whose launch is a vendor library call (harness/vendor.py) instead of a kernel:
+    """A time job whose launch is a vendor library call (harness/worker_side/cublas.py) instead of a kernel:
     the same header without the kernel and its geometry, the same blobs without the CUBIN."""
     header, blobs = time_job(b"", "", layout, LaunchGeometry(grid=(1, 1, 1), block=(1, 1, 1), shared_bytes=0),
                              input_sets, **timing)

@@ -9,7 +9,7 @@ import types
 
 import numpy as np
 
-from harness.task import Task
+from harness.task_model import Task
 
 
 class OracleError(RuntimeError):

@@ -1,6 +1,6 @@
 """What the device can do at best: memory bandwidth and compute peaks, measured once per device.
 
-The measurement runs in a GPU worker (harness/vendor.py, op "peaks"): device-to-device copies of
+The measurement runs in a GPU worker (harness/worker_side/cublas.py, op "peaks"): device-to-device copies of
 several sizes well above the L2 (bytes read + bytes written, best of a few), and cuBLAS GEMMs of
 8192³ in float32 and in bfloat16 with float32 accumulation where cuBLAS loads. The result is
 cached in a JSON file named after the device's fingerprint (GPU, driver build and CUDA version, clocks, cuda-bindings and

@@ -22,8 +22,9 @@ from pydantic import BaseModel, ValidationError
 from harness import expr
 from harness.csig import C_TYPE_SPELLINGS, C_TYPES, CParam, dtype_of_ctype, is_identifier, parse_signature
 from harness.inputs import read_npy
-from harness.task import (DTYPES, INTEGER_DTYPES, WHOLE_FILE, Case, Generator, LaunchError, LaunchSpec,
-                          Param, Task, TaskError, param_shape, scalar_value)
+from harness.task_model import (DTYPES, INTEGER_DTYPES, WHOLE_FILE, Case, Generator, LaunchError, LaunchSpec,
+                                Param, Task, TaskError, param_shape, scalar_value)
+from harness.worker_side.cublas_api import GEMM_TYPES, MAX_GEMM_DIM
 
 
 # ------------------------------------------------------------- schema errors
@@ -428,8 +429,6 @@ class _Checker:
 
     def check_vendor(self) -> None:
         """[vendor]: a, b, c name 2-D arrays of a supported dtype whose shapes are (m, k), (k, n), (m, n)."""
-        from harness.baselines import GEMM_TYPES  # it builds on the task models
-
         vendor = self.task.vendor
         if vendor is None:
             return
@@ -451,8 +450,6 @@ class _Checker:
             self.check_vendor_case(case, a, b, c)
 
     def check_vendor_case(self, case: Case, a: Param, b: Param, c: Param) -> None:
-        from harness.baselines import MAX_GEMM_DIM
-
         vendor = self.task.vendor
         dims = {}
         for key in ("m", "n", "k"):

@@ -15,13 +15,12 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
 
-from harness import wire
+from sandbox import wire
 from sandbox.confine import gpu_worker_confinement
 from sandbox.environment import worker_environment
 
@@ -30,7 +29,6 @@ log = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 90.0
 # Each direction's shared memory region (sparse: only what a message touches is memory).
 REGION_BYTES = 1 << 30
-WORKER_COMMAND = (sys.executable, "-m", "sandbox.worker")
 
 
 class WorkerError(RuntimeError):
@@ -48,8 +46,8 @@ class JobTimeout(Exception):
 class Worker:
     """One GPU worker process, started lazily and replaced after a fault, a crash or a timeout."""
 
-    def __init__(self, name: str, *, device: int = 0, startup_timeout_s: float = STARTUP_TIMEOUT_S,
-                 command: Sequence[str] = WORKER_COMMAND, confine: bool = True):
+    def __init__(self, name: str, *, command: Sequence[str], device: int = 0,
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S, confine: bool = True):
         self.name = name
         self.command = tuple(command)
         self.confine = confine
@@ -268,12 +266,14 @@ class Worker:
 
 
 class WorkerPool:
-    """The reference kernel and the candidates never share a worker (nor a CUDA context)."""
+    """The reference kernel and the candidates never share a worker (nor a CUDA context).
 
-    def __init__(self, device: int = 0, confine: bool = True):
+    `command`: the worker program, started with the pipes' descriptors and the device appended."""
+
+    def __init__(self, command: Sequence[str], device: int = 0, confine: bool = True):
         self.confine = confine
-        self.reference = Worker("reference", device=device, confine=confine)
-        self.candidate = Worker("candidate", device=device, confine=confine)
+        self.reference = Worker("reference", command=command, device=device, confine=confine)
+        self.candidate = Worker("candidate", command=command, device=device, confine=confine)
 
     def close(self) -> None:
         self.reference.stop()

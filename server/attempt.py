@@ -13,12 +13,12 @@ import secrets
 import time
 from typing import Any, Callable
 
-from harness.baselines import vendor_summary
-from harness.evaluate import Kernel
+from harness.vendor_yardstick import vendor_summary
+from harness.settings import CompiledKernel
 from harness.peaks import roofline_fraction
 from harness.stats import Speedup, geomean_speedup, geometric_mean, speedup, summarize
-from harness.task import Case
-from harness.verdict import Reason, ReasonCode, TimingReport
+from harness.task_model import Case
+from harness.results import Reason, ReasonCode, TimingReport
 from server import suspicion
 from server.audit import write_bytes_atomic
 from server.models import AttemptAnswer, CaseLatency, FinishAnswer
@@ -173,7 +173,7 @@ class TimingFailed(Exception):
         self.label, self.reasons = label, reasons
 
 
-def time_side_by_side(time: Callable[[Kernel, list[Case]], TimingReport], kernels: dict[str, Kernel],
+def time_side_by_side(time: Callable[[CompiledKernel, list[Case]], TimingReport], kernels: dict[str, CompiledKernel],
                       cases: list[Case], rounds: int) -> dict:
     """The interleaved protocol: each kernel in turn (in `kernels`' order), `rounds` times, samples merged per
     case. {"samples": {label: {case: [ms]}}, "cases": {label: {case: its last CaseTiming}}}; raises

@@ -7,19 +7,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from harness.baselines import VendorReport, time_vendor
-from harness.compile import CompileResult
+from harness.vendor_yardstick import VendorReport, time_vendor
+from harness.worker_side.nvrtc import CompileResult
 from harness.device import gpu_absent_reason
-from harness.evaluate import Kernel, Referee, Settings
+from harness.referee import Referee
+from harness.settings import CompiledKernel, TimingSettings
 from harness.footprint import shortfalls
 from harness.oracle import run_oracle
 from harness.peaks import DevicePeaks, device_peaks
 from harness.stats import geometric_mean
 from harness.compare import compare_output
-from harness.task import LaunchSpec, Task, make_inputs
-from harness.verdict import CaseTiming, CheckReport, TimingReport
-from sandbox.compiler import CompileService
-from sandbox.pool import WorkerPool
+from harness.task_model import LaunchSpec, Task
+from harness.task import make_inputs
+from harness.results import CaseTiming, CheckReport, TimingReport
+from harness.compile_service import CompileService
+from harness.gpu_workers import gpu_worker_pool
 
 DEFAULT_ARCH = "sm_90"
 EXIT_OK, EXIT_FAILED, EXIT_NO_GPU = 0, 1, 3
@@ -47,7 +49,7 @@ def targets_for(task: Task, kernel_file: Path | None, launch: LaunchSpec | None)
     return [Target(which, task.source(which), task.own_launch(which)) for which in ("reference", "initial")]
 
 
-def run_check(task: Task, targets: list[Target], settings: Settings, out: TextIO, json_path: Path | None = None,
+def run_check(task: Task, targets: list[Target], settings: TimingSettings, out: TextIO, json_path: Path | None = None,
               confine: bool = True) -> int:
     gpu: dict | None = None
     yardsticks: dict = {"peaks": None, "vendor": None}  # filled as they are measured
@@ -59,10 +61,10 @@ def run_check(task: Task, targets: list[Target], settings: Settings, out: TextIO
     return code
 
 
-def _run(task: Task, targets: list[Target], settings: Settings, out: TextIO, confine: bool,
+def _run(task: Task, targets: list[Target], settings: TimingSettings, out: TextIO, confine: bool,
          yardsticks: dict) -> tuple[int, dict | None]:
     absent = gpu_absent_reason()
-    pool = WorkerPool(confine=confine) if absent is None else None
+    pool = gpu_worker_pool(confine=confine) if absent is None else None
     try:
         arch = pool.candidate.ensure_started()["arch"] if pool else DEFAULT_ARCH
         if pool:
@@ -82,7 +84,7 @@ def _run(task: Task, targets: list[Target], settings: Settings, out: TextIO, con
         if problems:
             print("\nThe task does not fit on this GPU:\n  " + "\n  ".join(problems), file=out)
             return EXIT_FAILED, pool.candidate.hello
-        referee = Referee(task, pool, Kernel("reference", reference.cubin, reference.lowered_name,
+        referee = Referee(task, pool, CompiledKernel("reference", reference.cubin, reference.lowered_name,
                                               task.own_launch("reference")), settings)
         referee.peaks, notes = device_peaks(pool.reference, pool.candidate.hello["device"])
         yardsticks["peaks"] = referee.peaks.model_dump(mode="json") if referee.peaks else None
@@ -112,7 +114,7 @@ def _check_and_time(task: Task, referee: Referee, target: Target, out: TextIO) -
     if not target.compiled.ok:
         print("   does not compile", file=out)
         return
-    kernel = Kernel(target.label, target.compiled.cubin, target.compiled.lowered_name, target.launch)
+    kernel = CompiledKernel(target.label, target.compiled.cubin, target.compiled.lowered_name, target.launch)
     target.check = referee.check(kernel, list(task.visible_cases) + list(task.holdout_cases))
     if target.check.passed:
         target.timing = referee.time(kernel, list(task.performance_cases))

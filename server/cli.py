@@ -10,9 +10,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from harness.compile import CompileRefused
-from harness.evaluate import Settings
-from harness.task import LaunchSpec, TaskError, load_task
+from harness.worker_side.nvrtc import CompileRefused
+from harness.settings import TimingSettings
+from harness.task_model import LaunchSpec, TaskError
+from harness.task import load_task
 
 
 NO_SANDBOX_HELP = ("run compile and GPU workers without Landlock, network namespace and rlimits "
@@ -43,8 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--kernel", type=Path, help="a .cu file to check instead of the reference and the baseline")
     check.add_argument("--launch", help='launch geometry as JSON, e.g. {"grid": ["ceil_div(n,32)", "m"], '
                                         '"block": [32], "shared_bytes": 0}; default: the task\'s')
-    check.add_argument("--warmups", type=int, default=Settings().warmups)
-    check.add_argument("--iterations", type=int, default=Settings().iterations)
+    check.add_argument("--warmups", type=int, default=TimingSettings().warmups)
+    check.add_argument("--iterations", type=int, default=TimingSettings().iterations)
     check.add_argument("--no-cold-l2", action="store_true", help="time with a warm L2 (default: flushed)")
     check.add_argument("--json", type=Path, help="also write the full results as JSON here")
     check.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
@@ -58,8 +59,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="start a new run even if an unfinished run of this task exists (by default it is resumed)")
     serve.add_argument("--max-attempts", type=int, default=7)
     serve.add_argument("--probes-per-window", type=int, default=20, help="probes allowed between two attempts")
-    serve.add_argument("--warmups", type=int, default=Settings().warmups)
-    serve.add_argument("--iterations", type=int, default=Settings().iterations)
+    serve.add_argument("--warmups", type=int, default=TimingSettings().warmups)
+    serve.add_argument("--iterations", type=int, default=TimingSettings().iterations)
     serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     serve.add_argument("--host", default="127.0.0.1", help="HTTP only; loopback by default")
     serve.add_argument("--port", type=int, default=8765, help="HTTP only")
@@ -110,7 +111,7 @@ def _check(args) -> int:
     from server.check import run_check, targets_for
 
     task = load_task(args.task)
-    settings = Settings(warmups=args.warmups, iterations=args.iterations, cold_l2=not args.no_cold_l2)
+    settings = TimingSettings(warmups=args.warmups, iterations=args.iterations, cold_l2=not args.no_cold_l2)
     targets = targets_for(task, args.kernel, _launch(args.launch))
     refusal = sandbox_refusal(args)
     if refusal:

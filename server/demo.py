@@ -198,7 +198,8 @@ def task_folder() -> Path | None:
 
 def _unsuited(task_dir: Path) -> str | None:
     """Why the demo's candidates cannot play this task (they are matmul_f32 kernels), or None."""
-    from harness.task import TaskError, load_task
+    from harness.task_model import TaskError
+    from harness.task import load_task
 
     try:
         task = load_task(task_dir)
@@ -213,7 +214,7 @@ def _unsuited(task_dir: Path) -> str | None:
 
 def compile_only(plan: tuple[Step, ...], arch: str, out: TextIO) -> None:
     """The no-GPU path: NVRTC compiles every candidate (the demo's own, trusted files: no worker needed)."""
-    from harness.compile import compile_kernel
+    from harness.worker_side.nvrtc import compile_kernel
 
     for number, step in enumerate(plan, 1):
         result = compile_kernel(step.source, KERNEL_NAME, options=step.options, arch=arch)

@@ -14,16 +14,17 @@ from typing import Protocol
 
 import numpy as np
 
-from harness.baselines import VendorReport, time_vendor
-from harness.compile import CompileCache, CompileResult, nvrtc_version
-from harness.evaluate import Kernel, Referee, Settings
+from harness.vendor_yardstick import VendorReport, time_vendor
+from harness.worker_side.nvrtc import CompileCache, CompileResult, nvrtc_version
+from harness.referee import Referee
+from harness.settings import CompiledKernel, TimingSettings
 from harness.nvml import Nvml, driver_build
 from harness.peaks import device_peaks
-from harness.task import Case, Task
-from harness.verdict import CheckReport, TimingReport
-from sandbox.compiler import CompileService
+from harness.task_model import Case, Task
+from harness.results import CheckReport, TimingReport
+from harness.compile_service import CompileService
 from sandbox.confine import landlock_abi
-from sandbox.pool import WorkerPool
+from harness.gpu_workers import gpu_worker_pool
 
 
 class ExecutorError(RuntimeError):
@@ -36,9 +37,9 @@ class Executor(Protocol):
     def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]: ...
     def preload(self, case: Case, seed: int, outputs: dict[str, np.ndarray]) -> None: ...
     def prepare(self, cases: list[Case], seeds: dict[str, int]) -> None: ...  # make these inputs ahead of a check
-    def check(self, kernel: Kernel, cases: list[Case], seeds: dict[str, int] | None = None,
+    def check(self, kernel: CompiledKernel, cases: list[Case], seeds: dict[str, int] | None = None,
               against_oracle: bool = False) -> CheckReport: ...
-    def time(self, kernel: Kernel, cases: list[Case]) -> TimingReport: ...
+    def time(self, kernel: CompiledKernel, cases: list[Case]) -> TimingReport: ...
     def time_vendor(self, cases: list[Case]) -> VendorReport | None: ...  # the task's [vendor] call; None without one
     def abort(self) -> None: ...                     # kill the candidate's job in flight (from another thread)
     def fresh_worker(self) -> None: ...              # the next candidate job starts in a new worker
@@ -53,14 +54,14 @@ def package_version(name: str) -> str | None:
 
 
 class GpuExecutor:
-    def __init__(self, task: Task, settings: Settings | None = None, cache: CompileCache | None = None,
+    def __init__(self, task: Task, settings: TimingSettings | None = None, cache: CompileCache | None = None,
                  confine: bool = True, compile_deadline_s: float = 30.0):
         self.task = task
-        self.settings = settings or Settings()
+        self.settings = settings or TimingSettings()
         self.cache = cache or CompileCache()
         self.confine = confine
         self.compiler = CompileService(cache=self.cache, confine=confine, deadline_s=compile_deadline_s)
-        self.pool = WorkerPool(confine=confine)
+        self.pool = gpu_worker_pool(confine=confine)
         self.referee: Referee | None = None
         self.facts: dict | None = None
         self._lock = threading.Lock()
@@ -74,7 +75,7 @@ class GpuExecutor:
         reference = self.compile(self.task.source("reference"), ())
         if not reference.ok:
             raise ExecutorError(f"the task's reference does not compile:\n{reference.log}")
-        kernel = Kernel("reference", reference.cubin, reference.lowered_name, self.task.own_launch("reference"))
+        kernel = CompiledKernel("reference", reference.cubin, reference.lowered_name, self.task.own_launch("reference"))
         self.referee = Referee(self.task, self.pool, kernel, self.settings)
         self.referee.nvml = Nvml(hello.get("pci_bus_id"))
         device = hello["device"]
@@ -113,11 +114,11 @@ class GpuExecutor:
     def prepare(self, cases: list[Case], seeds: dict[str, int]) -> None:
         self.referee.prepare(cases, seeds)
 
-    def check(self, kernel: Kernel, cases: list[Case], seeds: dict[str, int] | None = None,
+    def check(self, kernel: CompiledKernel, cases: list[Case], seeds: dict[str, int] | None = None,
               against_oracle: bool = False) -> CheckReport:
         return self.referee.check(kernel, cases, seeds, against_oracle)
 
-    def time(self, kernel: Kernel, cases: list[Case]) -> TimingReport:
+    def time(self, kernel: CompiledKernel, cases: list[Case]) -> TimingReport:
         return self.referee.time(kernel, cases)
 
     def time_vendor(self, cases: list[Case]) -> VendorReport | None:

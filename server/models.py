@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harness.compare import OutputCheck
 from harness.stats import LatencyStats, Speedup
-from harness.verdict import Reason
+from harness.results import Reason
 
 Verdict = Literal["baseline", "valid-faster", "valid-not-faster", "rejected"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from harness.baselines import describe_view
+from harness.vendor_yardstick import describe_view
 from harness.stats import geometric_mean, geomean_speedup, speedup
-from harness.verdict import CheckReport
+from harness.results import CheckReport
 from server.models import (CaseLatency, CaseStatus, CheckAnswer, CompileAnswer, Resources, TaskCase,
                            TaskDescription, TimeAnswer)
 from server.run import Candidate, Progress, Refusal, Run

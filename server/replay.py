@@ -26,10 +26,11 @@ from typing import Callable, TextIO
 import numpy as np
 
 from harness.device import gpu_absent_reason
-from harness.evaluate import Kernel, Settings, input_seed
+from harness.settings import CompiledKernel, TimingSettings, input_seed
 from harness.stats import geomean_speedup, speedup, summarize
-from harness.task import Case, LaunchSpec, Task, TaskError, load_task
-from harness.verdict import CheckReport
+from harness.task_model import Case, LaunchSpec, Task, TaskError
+from harness.task import load_task
+from harness.results import CheckReport
 from server import lock as locking
 from server import suspicion
 from server.attempt import TimingFailed, time_side_by_side
@@ -41,7 +42,7 @@ from server.run import RunSettings, expected_path, now_iso
 
 log = logging.getLogger(__name__)
 EXIT_GO, EXIT_NO_GO, EXIT_BAD_RUN, EXIT_NO_GPU = 0, 1, 2, 3
-MakeExecutor = Callable[[Task, Settings], Executor]
+MakeExecutor = Callable[[Task, TimingSettings], Executor]
 Say = Callable[[str], None]
 _REQUEST = re.compile(r"best-case-([0-9]+)\.json")
 _ATTEMPT_FILE = re.compile(r"attempts/[0-9]{3}\.cu")
@@ -211,10 +212,10 @@ def _replay(executor: Executor, record: RunRecord, repeats: int, say: Say, check
         checks += _physical_limit(record, environment or {}, timings[-1])
 
 
-def _compile(executor: Executor, subject: Subject) -> tuple[Kernel | None, CheckResult | None]:
+def _compile(executor: Executor, subject: Subject) -> tuple[CompiledKernel | None, CheckResult | None]:
     compiled = executor.compile(subject.source, subject.options)
     if compiled.ok:
-        return Kernel(f"attempt-{subject.attempt}", compiled.cubin, compiled.lowered_name, subject.launch), None
+        return CompiledKernel(f"attempt-{subject.attempt}", compiled.cubin, compiled.lowered_name, subject.launch), None
     return None, CheckResult(name=f"compile attempt {subject.attempt} ({subject.source_file})", kind="compile",
                              passed=False, reasons=[f"it does not compile here: {compiled.log}"[:1000]])
 
@@ -238,7 +239,7 @@ def _results(kind: str, against: str, cases: list[Case], report: CheckReport, se
     return results
 
 
-def _replay_checks(executor: Executor, record: RunRecord, kernel: Kernel) -> list[CheckResult]:
+def _replay_checks(executor: Executor, record: RunRecord, kernel: CompiledKernel) -> list[CheckResult]:
     """The best on each best-case-N.json request as written (its resolved launch); another attempt on every
     visible case with its recorded launch."""
     if not record.requests:
@@ -247,7 +248,7 @@ def _replay_checks(executor: Executor, record: RunRecord, kernel: Kernel) -> lis
     results = []
     for name, request in record.requests:
         case = record.task.case(request["case"])
-        exact = Kernel(kernel.label, kernel.cubin, kernel.symbol, LaunchSpec.model_validate(request["launch"]))
+        exact = CompiledKernel(kernel.label, kernel.cubin, kernel.symbol, LaunchSpec.model_validate(request["launch"]))
         results += _results("replay", "reference", [case], executor.check(exact, [case]),
                             label=lambda c, name=name: f"replay {name} ({c.name})")
     return results
@@ -259,7 +260,7 @@ def _no_oracle(kind: str) -> CheckResult:
                                 "to check against"])
 
 
-def _holdout_checks(executor: Executor, task: Task, kernel: Kernel) -> list[CheckResult]:
+def _holdout_checks(executor: Executor, task: Task, kernel: CompiledKernel) -> list[CheckResult]:
     cases = list(task.holdout_cases)
     if not cases:
         return []  # the decision names the missing holdout checks
@@ -269,7 +270,7 @@ def _holdout_checks(executor: Executor, task: Task, kernel: Kernel) -> list[Chec
     return results + _results("holdout-oracle", "oracle", cases, executor.check(kernel, cases, None, True))
 
 
-def _fresh_checks(executor: Executor, task: Task, kernel: Kernel) -> list[CheckResult]:
+def _fresh_checks(executor: Executor, task: Task, kernel: CompiledKernel) -> list[CheckResult]:
     """New seeds, drawn now, on every case's shape (visible and holdout)."""
     if task.oracle_file is None:
         return [_no_oracle("fresh-oracle")]
@@ -278,7 +279,7 @@ def _fresh_checks(executor: Executor, task: Task, kernel: Kernel) -> list[CheckR
     return _results("fresh-oracle", "oracle", cases, executor.check(kernel, cases, seeds, True), seeds)
 
 
-def _repeat(executor: Executor, record: RunRecord, kernel: Kernel, baseline: Kernel,
+def _repeat(executor: Executor, record: RunRecord, kernel: CompiledKernel, baseline: CompiledKernel,
             number: int) -> tuple[RepeatResult, dict]:
     """One interleaved timing (the run's rounds), the speedup over the baseline per case and overall."""
     cases = list(record.task.performance_cases)

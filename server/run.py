@@ -24,10 +24,11 @@ from typing import Any, Callable
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from harness.compile import check_request
-from harness.evaluate import Kernel, Settings, input_seed
+from harness.worker_side.nvrtc import check_request
+from harness.settings import CompiledKernel, TimingSettings, input_seed
 from harness.footprint import shortfalls
-from harness.task import Case, LaunchSpec, Task, load_task
+from harness.task_model import Case, LaunchSpec, Task
+from harness.task import load_task
 from server import lock as locking
 from server.audit import AuditLog, write_bytes_atomic, write_json_atomic
 from server.executor import Executor
@@ -55,7 +56,7 @@ class RunSettings(BaseModel):
     probe_gpu_seconds_per_window: float = 120.0
     compiles_per_minute: int = 30
     timing_rounds: int = 2
-    timing: Settings = Settings()
+    timing: TimingSettings = TimingSettings()
 
     @classmethod
     def of_run(cls, run_dir: Path) -> "RunSettings":
@@ -342,8 +343,8 @@ class Run:
             self.candidates[cid] = Candidate(cid, source, options, launch)
         return self.candidates[cid]
 
-    def kernel(self, candidate: Candidate) -> tuple[Kernel | None, Any]:
-        """(Kernel, compile result); the Kernel is None when the source does not compile."""
+    def kernel(self, candidate: Candidate) -> tuple[CompiledKernel | None, Any]:
+        """(CompiledKernel, compile result); the CompiledKernel is None when the source does not compile."""
         compiled = self.executor.compile(candidate.source, candidate.options)
         if not compiled.cache_hit:
             self.compiles_total += 1
@@ -354,7 +355,7 @@ class Run:
             self.write_text(f"compile-logs/{candidate.id}.log", compiled.full_log)
         if not compiled.ok:
             return None, compiled
-        return Kernel(candidate.id, compiled.cubin, compiled.lowered_name, candidate.launch), compiled
+        return CompiledKernel(candidate.id, compiled.cubin, compiled.lowered_name, candidate.launch), compiled
 
     def cases_named(self, names: list[str] | None, *, performance_only: bool = False) -> list[Case]:
         pool = list(self.task.performance_cases if performance_only else self.task.visible_cases)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TextIO
 
 from harness.device import gpu_absent_reason
-from harness.evaluate import Settings
+from harness.settings import TimingSettings
 from harness.task import load_task
 from server import transport
 from server.app import build_server
@@ -42,7 +42,7 @@ def serve(args) -> int:
     token, generated = transport.resolve_token() if args.transport == "http" else (None, False)
     if args.run is None:
         settings = RunSettings(max_attempts=args.max_attempts, probes_per_window=args.probes_per_window,
-                               timing=Settings(warmups=args.warmups, iterations=args.iterations))
+                               timing=TimingSettings(warmups=args.warmups, iterations=args.iterations))
     else:
         settings = RunSettings.of_run(args.run)  # a resumed run keeps its own budget and protocol
     executor = GpuExecutor(task, settings.timing, confine=not args.no_sandbox)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import secrets
 
 from harness.peaks import PHYSICAL_MARGIN, LimitCheck, limit_checks, physical_peaks, theoretical_peaks, violations
-from harness.task import Task
-from harness.verdict import Reason, ReasonCode
+from harness.task_model import Task
+from harness.results import Reason, ReasonCode
 from server.run import Run
 
 SPEEDUP_FLAG = 10.0

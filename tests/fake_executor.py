@@ -20,12 +20,12 @@ import signal
 
 import numpy as np
 
-from harness.baselines import VendorReport
-from harness.compile import CompileCache, compile_kernel
-from harness.evaluate import Kernel
+from harness.vendor_yardstick import VendorReport
+from harness.worker_side.nvrtc import CompileCache, compile_kernel
+from harness.settings import CompiledKernel
 from harness.stats import geometric_mean, summarize
-from harness.task import Case, Task
-from harness.verdict import CaseCheck, CaseTiming, CheckReport, Reason, ReasonCode, TimingReport
+from harness.task_model import Case, Task
+from harness.results import CaseCheck, CaseTiming, CheckReport, Reason, ReasonCode, TimingReport
 
 
 def markers(source: str) -> dict[str, str]:
@@ -87,13 +87,13 @@ class FakeExecutor:
     def preload(self, case: Case, seed: int, outputs: dict) -> None:
         self.preloaded[(case.name, seed)] = outputs
 
-    def _source(self, kernel: Kernel) -> str:
+    def _source(self, kernel: CompiledKernel) -> str:
         return self.sources[hashlib.sha256(kernel.cubin).digest()]
 
     def prepare(self, cases: list[Case], seeds: dict[str, int]) -> None:
         self.prepared.append({c.name: seeds[c.name] for c in cases})
 
-    def check(self, kernel: Kernel, cases: list[Case], seeds: dict | None = None,
+    def check(self, kernel: CompiledKernel, cases: list[Case], seeds: dict | None = None,
               against_oracle: bool = False) -> CheckReport:
         self.calls.append("check")
         self.checked_seeds.append(seeds)
@@ -108,7 +108,7 @@ class FakeExecutor:
                                      agreement="identical"))
         return CheckReport(passed=all(r.passed for r in results), cases=results)
 
-    def time(self, kernel: Kernel, cases: list[Case]) -> TimingReport:
+    def time(self, kernel: CompiledKernel, cases: list[Case]) -> TimingReport:
         self.calls.append("time")
         marks = markers(self._source(kernel))
         if "die" in marks:

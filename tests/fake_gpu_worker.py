@@ -1,6 +1,6 @@
 """A stand-in GPU worker that emulates the matmul_f32 kernel on the CPU, for referee tests.
 
-It speaks the real protocol (sandbox/worker.py's 'ready' message, harness/execute.py's answers to
+It speaks the real protocol (harness/worker_side/gpu_worker_main.py's 'ready' message, harness/worker_side/execute.py's answers to
 "run" and "time" jobs) and computes c = a @ b in float32 with numpy. What it does wrong is chosen
 by `--behaviour=NAME` on its command line (parsed out before the fds):
 
@@ -31,11 +31,11 @@ import sys
 
 import numpy as np
 
-from harness import wire
-from harness.fresh_inputs import draw_on_host, launch_key
-from harness.jobs import audit_slots, canary, pack_outputs, run_slots, time_slots
-from harness.task import DTYPES
-from sandbox.worker import confine_from_argv, regions_from_argv
+from sandbox import wire
+from harness.worker_side.fresh_inputs import draw_on_host, launch_key
+from harness.worker_side.buffers import audit_slots, canary, pack_outputs, run_slots, time_slots
+from harness.task_model import DTYPES
+from harness.worker_side.gpu_worker_main import confine_from_argv, regions_from_argv
 
 BEHAVIOURS = {"honest", "oob_after", "oob_before", "modify_input", "unwritten", "race",
               "stale_timing", "skip_timing", "fault", "out_of_memory", "no_cublas",
@@ -157,7 +157,7 @@ def _samples(header, behaviour):
 
 
 def _drawn(header, key, launch):
-    """A launch's inputs as the device draws them (harness/fresh_inputs.py), by name, and (m, n)."""
+    """A launch's inputs as the device draws them (harness/worker_side/fresh_inputs.py), by name, and (m, n)."""
     scalars = {p["name"]: p["value"] for p in header["params"] if p["kind"] == "scalar"}
     m, n, k = scalars["m"], scalars["n"], scalars["k"]
     shapes = {"a": (m, k), "b": (k, n)}

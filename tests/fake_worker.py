@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 
-from harness import wire
-from sandbox.worker import confine_from_argv, regions_from_argv
+from sandbox import wire
+from harness.worker_side.gpu_worker_main import confine_from_argv, regions_from_argv
 
 
 def main(argv):

@@ -11,13 +11,16 @@ import numpy as np
 import pytest
 from cuda.bindings import runtime
 
-from harness import baselines
-from harness.baselines import VendorReport, describe_view, gemm_call, vendor_summary
-from harness.evaluate import Kernel, Referee, Settings
+from harness import vendor_yardstick as baselines
+from harness.worker_side import cublas_api
+from harness.vendor_yardstick import VendorReport, describe_view, gemm_call, vendor_summary
+from harness.referee import Referee
+from harness.settings import CompiledKernel, TimingSettings
 from harness.peaks import DevicePeaks
 from harness.stats import summarize
-from harness.task import TaskError, load_task
-from harness.verdict import CaseTiming, ReasonCode, TimingReport
+from harness.task_model import TaskError
+from harness.task import load_task
+from harness.results import CaseTiming, ReasonCode, TimingReport
 from sandbox.confine import python_paths
 from sandbox.pool import Worker
 from server.check import Target, print_vendor
@@ -35,12 +38,12 @@ VENDOR = {"library": "cublas", "op": "gemm", "a": "a", "b": "b", "c": "c", "m": 
 
 # -- the mapping ---------------------------------------------------------------------------------
 def test_the_constants_are_cudas_own():
-    assert baselines.CUDA_R_32F == int(runtime.cudaDataType.CUDA_R_32F)
-    assert baselines.CUDA_R_16F == int(runtime.cudaDataType.CUDA_R_16F)
-    assert baselines.CUDA_R_16BF == int(runtime.cudaDataType.CUDA_R_16BF)
-    assert baselines.CUDA_R_64F == int(runtime.cudaDataType.CUDA_R_64F)
+    assert cublas_api.CUDA_R_32F == int(runtime.cudaDataType.CUDA_R_32F)
+    assert cublas_api.CUDA_R_16F == int(runtime.cudaDataType.CUDA_R_16F)
+    assert cublas_api.CUDA_R_16BF == int(runtime.cudaDataType.CUDA_R_16BF)
+    assert cublas_api.CUDA_R_64F == int(runtime.cudaDataType.CUDA_R_64F)
     # cublas_api.h: CUBLAS_COMPUTE_32F = 68 (77 would allow TF32), CUBLAS_OP_N = 0, CUBLAS_GEMM_DEFAULT = -1
-    assert (baselines.CUBLAS_COMPUTE_32F, baselines.CUBLAS_OP_N, baselines.CUBLAS_GEMM_DEFAULT) == (68, 0, -1)
+    assert (cublas_api.CUBLAS_COMPUTE_32F, cublas_api.CUBLAS_OP_N, cublas_api.CUBLAS_GEMM_DEFAULT) == (68, 0, -1)
 
 
 def test_row_major_a_times_b_is_column_major_b_times_a_for_cublas():
@@ -128,8 +131,8 @@ def referee_for(request):
         workers = [Worker(name, command=FAKE_GPU + (f"--behaviour={b}",), confine=False, startup_timeout_s=30)
                    for name, b in (("reference", reference_behaviour), ("candidate", "honest"))]
         made.extend(workers)
-        return Referee(task, _Pool(*workers), Kernel("reference", CUBIN, task.kernel_name, task.launch),
-                       Settings(warmups=2, iterations=20))
+        return Referee(task, _Pool(*workers), CompiledKernel("reference", CUBIN, task.kernel_name, task.launch),
+                       TimingSettings(warmups=2, iterations=20))
 
     yield make
     for worker in made:
@@ -326,7 +329,7 @@ def fake_cublas(tmp_path, monkeypatch):
     import shutil
     import subprocess
 
-    from harness import vendor
+    from harness.worker_side import cublas as vendor
 
     if shutil.which("gcc") is None:
         pytest.skip("no C compiler to build the stand-in libcublas")
@@ -342,7 +345,7 @@ def fake_cublas(tmp_path, monkeypatch):
 def test_the_worker_passes_the_parents_arguments_to_cublas_gemm_ex(fake_cublas):
     from cuda.bindings import driver
 
-    from harness.vendor import Cublas
+    from harness.worker_side.cublas import Cublas
 
     library = Cublas(driver.CUstream(0xBEEF))
     assert fake_cublas.fake_seen(0) == 0xBEEF  # cublasSetStream_v2 got the worker's stream
@@ -357,8 +360,8 @@ def test_the_worker_passes_the_parents_arguments_to_cublas_gemm_ex(fake_cublas):
 def test_a_failed_cublas_status_is_a_named_cuda_error(fake_cublas):
     from cuda.bindings import driver
 
-    from harness.cuda_check import CudaError
-    from harness.vendor import Cublas
+    from harness.worker_side.cuda_check import CudaError
+    from harness.worker_side.cublas import Cublas
 
     library = Cublas(driver.CUstream(1))
     with pytest.raises(CudaError) as info:
@@ -367,8 +370,8 @@ def test_a_failed_cublas_status_is_a_named_cuda_error(fake_cublas):
 
 
 def test_a_library_that_does_not_load_is_unavailable_once_and_for_all(monkeypatch):
-    from harness import vendor
-    from harness.execute import JobFailed
+    from harness.worker_side import cublas as vendor
+    from harness.worker_side.execute import JobFailed
 
     attempts = []
 

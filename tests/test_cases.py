@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.compile import compile_kernel
+from harness.worker_side.nvrtc import compile_kernel
 from harness.oracle import run_oracle
-from harness.task import Task, load_task, make_inputs
+from harness.task_model import Task
+from harness.task import load_task, make_inputs
 
 CASES = Path(__file__).resolve().parents[1] / "cases"
 TASK_DIRS = sorted(p for p in CASES.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))

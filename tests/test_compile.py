@@ -1,4 +1,4 @@
-"""harness.compile and harness.cuda_check against the real NVRTC (no GPU needed)."""
+"""harness.worker_side.nvrtc and harness.worker_side.cuda_check against the real NVRTC (no GPU needed)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 import pytest
 from cuda.bindings import driver, nvrtc
 
-from harness.compile import (
+from harness.worker_side.nvrtc import (
     MAX_SOURCE_BYTES,
     CompileCache,
     CompileRefused,
@@ -19,7 +19,7 @@ from harness.compile import (
     parse_ptxas_report,
     trim_log,
 )
-from harness.cuda_check import CudaError, check
+from harness.worker_side.cuda_check import CudaError, check
 
 ELF_MAGIC = b"\x7fELF"
 

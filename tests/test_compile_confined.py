@@ -1,4 +1,4 @@
-"""sandbox.compiler and sandbox.compile_worker: real processes, real NVRTC, real Landlock (no GPU needed)."""
+"""harness.compile_service and harness.worker_side.compile_worker_main: real processes, real NVRTC, real Landlock (no GPU needed)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.compile import MAX_SOURCE_BYTES, CompileRefused, compile_kernel
-from sandbox.compiler import CompileService
+from harness.worker_side.nvrtc import MAX_SOURCE_BYTES, CompileRefused, compile_kernel
+from harness.compile_service import CompileService
 from sandbox.confine import unavailable_reason
 
 ELF_MAGIC = b"\x7fELF"

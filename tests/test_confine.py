@@ -13,6 +13,7 @@ import pytest
 
 from sandbox import confine
 from sandbox.environment import worker_environment
+from harness.gpu_workers import GPU_WORKER_COMMAND
 from sandbox.pool import Worker, WorkerError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,7 +50,7 @@ def connect():
 def compile_a_kernel():
     import numpy
     from cuda.bindings import nvrtc
-    from harness.compile import compile_kernel
+    from harness.worker_side.nvrtc import compile_kernel
     source = 'extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }'
     return compile_kernel(source, "twice", arch="sm_90").ok
 
@@ -145,13 +146,13 @@ def test_the_gpu_worker_cannot_see_results_home_tests_or_the_parent(places, list
         confine.gpu_worker_confinement(scratch), scratch, port=listener,
         read=[str(places / "results" / "summary.json"), __file__, str(REPO / "README.md"),
               f"/proc/{os.getpid()}/environ", "/etc/passwd", "/proc/self/status",
-              str(REPO / "harness" / "wire.py")],
+              str(REPO / "sandbox" / "wire.py")],
         list=[str(Path.home()), str(REPO / "tests")],
         write=[str(scratch / "inside.txt"), str(places / "outside.txt")])
     assert report["read"] == {str(places / "results" / "summary.json"): False, __file__: False,
                               str(REPO / "README.md"): False, f"/proc/{os.getpid()}/environ": False,
                               "/etc/passwd": False, "/proc/self/status": True,
-                              str(REPO / "harness" / "wire.py"): True}
+                              str(REPO / "sandbox" / "wire.py"): True}
     assert report["list"] == {str(Path.home()): False, str(REPO / "tests"): False}
     assert report["write"] == {str(scratch / "inside.txt"): True, str(places / "outside.txt"): False}
     assert report["connect"] is False
@@ -209,7 +210,7 @@ def test_a_worker_that_does_not_confine_itself_is_not_used():
 
 
 def test_the_real_worker_reports_a_spec_it_cannot_apply():
-    command = (sys.executable, "-m", "sandbox.worker", "--confine=[1, 2]")
+    command = (sys.executable, "-m", "harness.worker_side.gpu_worker_main", "--confine=[1, 2]")
     worker = Worker("test", command=command, startup_timeout_s=60, confine=False)
     with pytest.raises(WorkerError, match="ConfinementError: the worker could not be confined"):
         worker.start()
@@ -218,7 +219,7 @@ def test_the_real_worker_reports_a_spec_it_cannot_apply():
 @pytest.mark.gpu
 @needs_landlock
 def test_a_confined_gpu_worker_creates_its_context():
-    with Worker("candidate", startup_timeout_s=120) as worker:
+    with Worker("candidate", command=GPU_WORKER_COMMAND, startup_timeout_s=120) as worker:
         hello = worker.ensure_started()
     assert hello["confined"] is True
     assert hello["device"]["name"]

@@ -13,7 +13,7 @@ import anyio
 import pytest
 from mcp import StdioServerParameters
 
-from harness.compile import compile_kernel
+from harness.worker_side.nvrtc import compile_kernel
 from harness.device import gpu_absent_reason
 from server import demo
 from server.demo_table import render_table

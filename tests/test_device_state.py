@@ -1,4 +1,4 @@
-"""harness.device_state against CUBINs from the real NVRTC (no GPU needed)."""
+"""harness.worker_side.device_state against CUBINs from the real NVRTC (no GPU needed)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import struct
 
 import pytest
 
-from harness.compile import compile_kernel
-from harness.device_state import DeviceVariable, NotACubin, WritableSection, writable_sections
+from harness.worker_side.nvrtc import compile_kernel
+from harness.worker_side.device_state import DeviceVariable, NotACubin, WritableSection, writable_sections
 
 I32 = struct.Struct("<i")
 
@@ -182,7 +182,7 @@ def test_accepts_bytearray_and_memoryview():
 
 def symbol_entry(binary: bytes, name: str) -> int:
     """File offset of the Elf64_Sym called `name`."""
-    from harness.device_state import _sections  # the test edits bytes the parser already located
+    from harness.worker_side.device_state import _sections  # the test edits bytes the parser already located
     sections = _sections(binary)
     symtab = next(s for s in sections if s.type == 2)
     strtab = sections[symtab.link]

@@ -4,9 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.evaluate import Settings
+from harness.settings import TimingSettings
 from harness.footprint import CONTEXT_RESERVE_BYTES, case_bytes, shortfalls, timing_bytes
-from harness.jobs import GUARD_BYTES, Layout
+from harness.jobs import Layout
+from harness.worker_side.buffers import GUARD_BYTES
 from harness.task import load_task
 from server.run import Run, RunSettings, TaskDoesNotFit
 from tests.fake_executor import FakeExecutor
@@ -29,7 +30,7 @@ def huge_saxpy(tmp_path: Path, n: int) -> Path:
 
 def test_timing_needs_every_set_with_its_guards_and_the_snapshots():
     task = load_task(SAXPY)
-    settings = Settings()
+    settings = TimingSettings()
     case = next(c for c in task.cases if c.name == "large")
     n = 16777216
     layout = Layout.for_case(task, case.dims)
@@ -42,19 +43,19 @@ def test_timing_needs_every_set_with_its_guards_and_the_snapshots():
 
 
 def test_a_shipped_task_fits_and_a_huge_case_is_named(tmp_path):
-    assert shortfalls(load_task(SAXPY), Settings(), H200) == []
+    assert shortfalls(load_task(SAXPY), TimingSettings(), H200) == []
     # 2^31 floats = 8 GiB per array: one set fits, but timing holds 4 sets and 3 snapshots (120 GiB): more
     # than an 80 GB GPU offers, less than an H200's.
     task = load_task(huge_saxpy(tmp_path, 2**31 - 1))
-    assert shortfalls(task, Settings(), H200) == []
-    (problem,) = shortfalls(task, Settings(), H100)
+    assert shortfalls(task, TimingSettings(), H200) == []
+    (problem,) = shortfalls(task, TimingSettings(), H100)
     assert problem.startswith("case large needs 120.0 GiB of device memory (4 input sets and 3 output snapshots")
     assert f"offers {(H100['total_memory_bytes'] - 2 * H100['l2_bytes'] - CONTEXT_RESERVE_BYTES) / 2**30:.1f} GiB" \
         in problem
 
 
 def test_a_device_that_does_not_say_its_size_is_not_refused(tmp_path):
-    assert shortfalls(load_task(huge_saxpy(tmp_path, 2**31 - 1)), Settings(), {"gpu": "x"}) == []
+    assert shortfalls(load_task(huge_saxpy(tmp_path, 2**31 - 1)), TimingSettings(), {"gpu": "x"}) == []
 
 
 class _SmallGpu(FakeExecutor):

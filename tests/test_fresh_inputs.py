@@ -4,13 +4,15 @@ records of the kernel clock, and the parent's judgement of a launch that is not 
 import numpy as np
 import pytest
 
-from harness import fresh_inputs, jobs
-from harness.compile import compile_kernel
-from harness.evaluate import Settings, _undeclared_launches, _with_audits
-from harness.execute import UTILITY_SOURCE
-from harness.kernel_clock import KIND_CONCURRENT_KERNEL, KIND_EXTERNAL_CORRELATION, Activity, launch_records
+from harness.worker_side import buffers, fresh_inputs
+from harness import jobs
+from harness.worker_side.nvrtc import compile_kernel
+from harness.settings import TimingSettings
+from harness.timing_protocol import _undeclared_launches, _with_audits
+from harness.worker_side.execute import UTILITY_SOURCE
+from harness.worker_side.kernel_clock import KIND_CONCURRENT_KERNEL, KIND_EXTERNAL_CORRELATION, Activity, launch_records
 from harness.task import load_task
-from harness.verdict import CaseTiming, Reason, ReasonCode
+from harness.results import CaseTiming, Reason, ReasonCode
 from tests.test_cli import MATMUL
 
 N = 200_000
@@ -59,7 +61,7 @@ def test_each_launch_of_a_job_has_a_key_of_its_own_that_says_nothing_of_the_othe
 
 
 def test_a_job_draws_each_input_of_a_launch_with_that_launchs_key_and_the_input_as_its_stream():
-    from harness.execute import _Job
+    from harness.worker_side.execute import _Job
 
     calls = []
 
@@ -110,13 +112,13 @@ def test_a_fresh_time_job_draws_every_generated_input_and_sends_none():
     reference, ref_blobs = jobs.draw_run_job(b"ref", "matmul_f32", layout, task.launch.resolve(case), {},
                                              jobs.FreshDraws(key=123, draws=draws), [15, 19, 80], guard_seed=2)
     assert reference["draws"] == {"key": 123, "launches": [15, 19, 80]} and ref_blobs == [b"ref"]
-    assert jobs.audit_slots([9, 5], 1) == ["5/0", "9/0"]
+    assert buffers.audit_slots([9, 5], 1) == ["5/0", "9/0"]
 
 
 def test_the_default_protocol_is_fresh_with_three_audits_per_hundred_launches():
-    settings = Settings()
+    settings = TimingSettings()
     assert settings.fresh_inputs and settings.checked_launches == 3
-    assert Settings(iterations=400).checked_launches == 12
+    assert TimingSettings(iterations=400).checked_launches == 12
 
 
 def _kernel(correlation, name, grid, block):
@@ -172,7 +174,7 @@ def test_a_failed_audit_fails_its_case_once_whatever_the_batches():
 
 
 def test_launches_of_even_length_pass_and_work_shifted_between_launches_does_not():
-    from harness.evaluate import UNEVEN_MEAN_OVER_MEDIAN, _uneven_launches
+    from harness.timing_protocol import UNEVEN_MEAN_OVER_MEDIAN, _uneven_launches
     from harness.stats import summarize
 
     honest = summarize([1.0 + 0.001 * (i % 7) for i in range(97)] + [1.13, 1.2, 1.1])  # a few slow launches
@@ -187,7 +189,7 @@ def test_launches_of_even_length_pass_and_work_shifted_between_launches_does_not
 def test_a_timed_loop_that_cannot_start_frees_everything_it_made(monkeypatch):
     """The worker's timed loop with its GPU calls stubbed: the third event pair fails to be made, and every
     allocation, every pair made before it and the job are released; the clock is not begun."""
-    from harness import timed_loop
+    from harness.worker_side import timed_loop
 
     made, released = [], []
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from harness import jobs
+from harness.worker_side import buffers
 from harness.task import load_task
 from tests.test_cli import MATMUL
 
@@ -27,13 +28,13 @@ def _clean_guards(layout, seed, sets=1):
     blobs = []
     for s in range(sets):
         for i in range(len(layout.arrays)):
-            head, tail = jobs.canary(seed, s * len(layout.arrays) + i)
+            head, tail = buffers.canary(seed, s * len(layout.arrays) + i)
             blobs += [head.tobytes(), tail.tobytes()]
     return blobs
 
 
 def _hashes(inputs):
-    return {"input_sha256": [{name: jobs.sha256(a) for name, a in inputs.items()}]}
+    return {"input_sha256": [{name: buffers.sha256(a) for name, a in inputs.items()}]}
 
 
 def test_layout_follows_the_signature_order(layout):
@@ -43,11 +44,11 @@ def test_layout_follows_the_signature_order(layout):
 
 
 def test_canaries_are_secret_per_seed_and_buffer():
-    a = jobs.canary(1, 0)
-    assert not np.array_equal(a[0], jobs.canary(2, 0)[0])
-    assert not np.array_equal(a[0], jobs.canary(1, 1)[0])
-    assert np.array_equal(a[1], jobs.canary(1, 0)[1])
-    assert a[0].nbytes == jobs.GUARD_BYTES and jobs.GUARD_BYTES % 256 == 0  # keeps data 256-byte aligned
+    a = buffers.canary(1, 0)
+    assert not np.array_equal(a[0], buffers.canary(2, 0)[0])
+    assert not np.array_equal(a[0], buffers.canary(1, 1)[0])
+    assert np.array_equal(a[1], buffers.canary(1, 0)[1])
+    assert a[0].nbytes == buffers.GUARD_BYTES and buffers.GUARD_BYTES % 256 == 0  # keeps data 256-byte aligned
 
 
 def test_untouched_memory_is_clean(task, layout):
@@ -59,7 +60,7 @@ def test_untouched_memory_is_clean(task, layout):
 @pytest.mark.parametrize("blob, byte, where, distance", [
     (5, 0, "after the end", 1),                      # c's tail guard, first byte: one past the end
     (5, 8, "after the end", 9),
-    (4, jobs.GUARD_BYTES - 1, "before the start", 1),  # c's head guard, last byte: one before
+    (4, buffers.GUARD_BYTES - 1, "before the start", 1),  # c's head guard, last byte: one before
 ])
 def test_a_changed_guard_byte_is_named(layout, blob, byte, where, distance):
     inputs = {"a": np.ones((3, 5), np.float32), "b": np.ones((5, 4), np.float32)}
@@ -105,15 +106,15 @@ def _h(blob: bytes) -> str:
 
 
 def test_time_slots_name_the_input_set_of_every_output():
-    assert jobs.time_slots([5, 2, 2], sets=4, outputs=2) == ["2/0", "2/1", "1/0", "1/1", "0/0", "0/1", "1/0", "1/1",
+    assert buffers.time_slots([5, 2, 2], sets=4, outputs=2) == ["2/0", "2/1", "1/0", "1/1", "0/0", "0/1", "1/0", "1/1",
                                                              "2/0", "2/1", "3/0", "3/1"]
-    assert jobs.run_slots(2, 1) == ["0/0", "0/0"]
+    assert buffers.run_slots(2, 1) == ["0/0", "0/0"]
 
 
 def test_each_distinct_output_travels_once_and_known_ones_not_at_all():
     x, y, z = b"x" * 100, b"y" * 100, b"z" * 100
     slots = ["0/0", "1/0", "0/0", "1/0", "0/0"]
-    fields, sent = jobs.pack_outputs([x, y, x, z, x], slots, {"1/0": [_h(y)]})
+    fields, sent = buffers.pack_outputs([x, y, x, z, x], slots, {"1/0": [_h(y)]})
     assert sent == [x, z]
     assert fields == {"output_sha256": [_h(x), _h(y), _h(x), _h(z), _h(x)], "outputs_sent": 2}
     outputs, rest = jobs.unpack_outputs(fields, sent + [b"guard"], slots, {"1/0": {_h(y)}})
@@ -122,7 +123,7 @@ def test_each_distinct_output_travels_once_and_known_ones_not_at_all():
 
 def test_a_hash_known_for_another_slot_still_travels():
     x = b"x" * 100  # right for set 0; a kernel that gives it for set 1 too must be compared there
-    fields, sent = jobs.pack_outputs([x], ["1/0"], {"0/0": [_h(x)]})
+    fields, sent = buffers.pack_outputs([x], ["1/0"], {"0/0": [_h(x)]})
     assert sent == [x]
     outputs, _ = jobs.unpack_outputs(fields, sent, ["1/0"], {"0/0": {_h(x)}})
     assert outputs == [x]
@@ -137,7 +138,7 @@ def test_a_hash_known_for_another_slot_still_travels():
 ])
 def test_answers_whose_outputs_do_not_add_up_are_refused(tamper, match):
     x, y = b"x" * 100, b"w" * 100
-    fields, sent = jobs.pack_outputs([x, y], ["0/0", "1/0"], {})
+    fields, sent = buffers.pack_outputs([x, y], ["0/0", "1/0"], {})
     fields, blobs = tamper(fields, sent)
     with pytest.raises(jobs.AnswerError, match=match):
         jobs.unpack_outputs(fields, blobs, ["0/0", "1/0"], {})
@@ -145,20 +146,20 @@ def test_answers_whose_outputs_do_not_add_up_are_refused(tamper, match):
 
 def test_digests_of_large_blobs_match_hashlib_on_any_number_of_threads():
     blobs = [os.urandom(3 << 20) for _ in range(5)]
-    assert jobs.digests(blobs) == [_h(b) for b in blobs]
-    assert jobs.digests([np.frombuffer(blobs[0], np.uint8)]) == [_h(blobs[0])]
+    assert buffers.digests(blobs) == [_h(b) for b in blobs]
+    assert buffers.digests([np.frombuffer(blobs[0], np.uint8)]) == [_h(blobs[0])]
 
 
 def test_inputs_the_worker_holds_are_named_and_not_sent():
     import numpy as np
 
     from harness.jobs import ArraySpec, Layout, resident_key, time_job
-    from harness.task import LaunchGeometry
+    from harness.task_model import LaunchGeometry
 
     layout = Layout((("array", ArraySpec("a", "input", "float32", (4,))), ("array", ArraySpec("b", "input", "float32", (4,))),
                      ("array", ArraySpec("c", "output", "float32", (4,)))))
     sets = [{"a": np.full(4, s, np.float32), "b": np.full(4, -s, np.float32)} for s in range(2)]
-    hashes = [{n: jobs.sha256(a) for n, a in inputs.items()} for inputs in sets]
+    hashes = [{n: buffers.sha256(a) for n, a in inputs.items()} for inputs in sets]
     geometry = LaunchGeometry(grid=(1, 1, 1), block=(4, 1, 1), shared_bytes=0)
     timing = dict(warmups=1, iterations=2, cold_l2=True, checked_launches=[0], guard_seed=5, hashes=hashes)
     header, blobs = time_job(b"cubin", "k", layout, geometry, sets, **timing)
@@ -173,26 +174,26 @@ def test_inputs_the_worker_holds_are_named_and_not_sent():
 
 def test_digests_can_be_started_and_waited_for_later_in_the_blobs_order():
     blobs = [np.frombuffer(os.urandom(5 << 20), np.uint8) for _ in range(3)]
-    wait = jobs.digests_later([blobs[2], blobs[0], blobs[2], blobs[1]])  # on the threads: 20 MB
+    wait = buffers.digests_later([blobs[2], blobs[0], blobs[2], blobs[1]])  # on the threads: 20 MB
     assert wait() == [_h(blobs[2].tobytes()), _h(blobs[0].tobytes()), _h(blobs[2].tobytes()), _h(blobs[1].tobytes())]
-    small = jobs.digests_later([b"ab", b"cd"])
+    small = buffers.digests_later([b"ab", b"cd"])
     assert small() == [_h(b"ab"), _h(b"cd")]
 
 
-@pytest.mark.parametrize("where", [0, jobs.SAME_BYTES_CHUNK - 1, jobs.SAME_BYTES_CHUNK, (9 << 20) - 1])
+@pytest.mark.parametrize("where", [0, buffers.SAME_BYTES_CHUNK - 1, buffers.SAME_BYTES_CHUNK, (9 << 20) - 1])
 def test_same_bytes_finds_one_changed_byte_anywhere_in_any_chunk(where):
     a = np.frombuffer(os.urandom(9 << 20), np.uint8)
     b = a.copy()
-    assert jobs.same_bytes(a, b)
+    assert buffers.same_bytes(a, b)
     b[where] ^= 1
-    assert not jobs.same_bytes(a, b)
-    assert not jobs.same_bytes(a, a[:-1])
+    assert not buffers.same_bytes(a, b)
+    assert not buffers.same_bytes(a, a[:-1])
 
 
 def test_an_input_is_compared_with_the_bytes_it_must_hold_and_takes_their_hash_instead_of_being_hashed():
     from concurrent.futures import Future
 
-    from harness.execute import _digest
+    from harness.worker_side.execute import _digest
 
     bytes_ = np.frombuffer(os.urandom(1 << 20), np.uint8)
     # Where the bytes equal those it must hold, their digest is taken as given: the key's of a kept

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from harness import jobs
-from harness.evaluate import _clocked_samples
-from harness.kernel_clock import (KIND_CONCURRENT_KERNEL, KIND_DRIVER, KIND_EXTERNAL_CORRELATION, KIND_MEMCPY,
+from harness.worker_calls import clocked_samples
+from harness.worker_side.kernel_clock import (KIND_CONCURRENT_KERNEL, KIND_DRIVER, KIND_EXTERNAL_CORRELATION, KIND_MEMCPY,
                                   KIND_MEMSET, Activity, KernelClock, busy_ms, launch_spans_ms)
-from harness.verdict import CaseTiming, TimingReport
+from harness.results import CaseTiming, TimingReport
 from server.attempt import time_side_by_side
 from server.executor import _clock_facts
 
@@ -61,8 +61,8 @@ def answer(events, kernel_samples=None):
 
 
 def test_the_parent_reads_the_kernel_clock_where_the_worker_has_it_and_keeps_the_events_beside():
-    assert _clocked_samples(answer([0.5, 0.6]), 2) == ("events", [0.5, 0.6], None)
-    assert _clocked_samples(answer([0.5, 0.6], [0.498, 0.597]), 2) == ("kernel", [0.498, 0.597], [0.5, 0.6])
+    assert clocked_samples(answer([0.5, 0.6]), 2) == ("events", [0.5, 0.6], None)
+    assert clocked_samples(answer([0.5, 0.6], [0.498, 0.597]), 2) == ("kernel", [0.498, 0.597], [0.5, 0.6])
 
 
 @pytest.mark.parametrize("bad", [
@@ -73,7 +73,7 @@ def test_the_parent_reads_the_kernel_clock_where_the_worker_has_it_and_keeps_the
 ])
 def test_samples_that_do_not_add_up_are_refused(bad):
     with pytest.raises(jobs.AnswerError):
-        _clocked_samples(bad, 2)
+        clocked_samples(bad, 2)
 
 
 def test_side_by_side_timings_on_two_clocks_are_refused():
@@ -102,7 +102,7 @@ def test_the_run_records_which_clock_it_reads_and_why():
 def test_run_ahead_yields_in_order_at_most_one_ahead_and_stops_its_producer():
     import threading
 
-    from harness.evaluate import run_ahead
+    from harness.worker_calls import run_ahead
 
     made, done = [], threading.Event()
 
@@ -125,7 +125,7 @@ def test_run_ahead_yields_in_order_at_most_one_ahead_and_stops_its_producer():
 
 
 def test_run_ahead_raises_the_producers_error_after_what_it_made():
-    from harness.evaluate import run_ahead
+    from harness.worker_calls import run_ahead
 
     def produce(put, stopped):
         put("first")
@@ -147,7 +147,7 @@ class _Buffer:
 
 
 def test_resident_inputs_are_kept_least_recently_used_first_out_within_their_cap():
-    from harness.execute import Resident
+    from harness.worker_side.execute import Resident
 
     store = Resident(cap_bytes=100)
     first, second, third = _Buffer(40), _Buffer(40), _Buffer(40)
@@ -165,7 +165,7 @@ def test_resident_inputs_are_kept_least_recently_used_first_out_within_their_cap
 
 
 def test_a_job_naming_an_input_the_worker_lost_goes_again_with_every_input():
-    from harness.evaluate import Referee
+    from harness.worker_calls import call_worker
 
     class Worker:
         resident_inputs = frozenset({"a:1"})
@@ -180,16 +180,15 @@ def test_a_job_naming_an_input_the_worker_lost_goes_again_with_every_input():
             return {"status": "ok", "resident_inputs": ["a:1", "b:2"]}, [b"x"]
 
     worker, built = Worker(), []
-    referee = Referee.__new__(Referee)
-    answer, blobs, failure = referee._call(worker, lambda resident: built.append(resident) or ({}, []), 1.0, 0, "c")
+    answer, blobs, failure = call_worker(worker, lambda resident: built.append(resident) or ({}, []), 1.0, 0, "c")
     assert failure is None and answer["status"] == "ok" and blobs == [b"x"]
     assert built == [frozenset({"a:1"}), frozenset()]  # the second build sends everything
     assert worker.resident_inputs == frozenset({"a:1", "b:2"})
 
 
 def test_an_allocation_out_of_memory_is_tried_again_once_the_kept_inputs_are_freed():
-    from harness.cuda_check import CudaError
-    from harness.execute import Resident
+    from harness.worker_side.cuda_check import CudaError
+    from harness.worker_side.execute import Resident
 
     store, kept, calls = Resident(cap_bytes=100), _Buffer(40), []
     store.keep("a:1", kept, np.zeros(40, dtype=np.uint8))

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from harness import peaks
-from harness.evaluate import Kernel, Referee, Settings
+from harness.referee import Referee
+from harness.settings import CompiledKernel, TimingSettings
 from harness.peaks import DevicePeaks, PeaksUnavailable, roofline_fraction, roofline_ms
 from harness.task import load_task
 from sandbox.pool import Worker
@@ -185,9 +186,9 @@ def test_every_timed_case_states_its_roofline_fraction(tmp_path):
     workers = [Worker(n, command=FAKE_GPU + ("--behaviour=honest",), confine=False, startup_timeout_s=30)
                for n in ("reference", "candidate")]
     try:
-        referee = Referee(task, _Pool(*workers), Kernel("reference", b"\x7fELF", task.kernel_name, task.launch),
-                          Settings(warmups=2, iterations=20))
-        kernel = Kernel("candidate", b"\x7fELF", task.kernel_name, task.launch)
+        referee = Referee(task, _Pool(*workers), CompiledKernel("reference", b"\x7fELF", task.kernel_name, task.launch),
+                          TimingSettings(warmups=2, iterations=20))
+        kernel = CompiledKernel("candidate", b"\x7fELF", task.kernel_name, task.launch)
         assert all(t.roofline_fraction is None for t in referee.time(kernel, list(task.performance_cases)).cases)
         referee.peaks = H200
         for timing in referee.time(kernel, list(task.performance_cases)).cases:

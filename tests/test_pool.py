@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.device import gpu_absent_reason
+from harness.gpu_workers import GPU_WORKER_COMMAND
 from sandbox.pool import JobTimeout, Worker, WorkerCrashed, WorkerError
 
 FAKE = (sys.executable, str(Path(__file__).with_name("fake_worker.py")))
@@ -113,7 +114,7 @@ def test_secrets_do_not_reach_the_worker(monkeypatch):
 @pytest.mark.skipif(gpu_absent_reason() is None, reason="this machine has a GPU")
 def test_the_real_worker_without_a_gpu_says_why():
     with pytest.raises(WorkerError, match="could not start"):
-        Worker("candidate", startup_timeout_s=60).start()
+        Worker("candidate", command=GPU_WORKER_COMMAND, startup_timeout_s=60).start()
 
 
 def test_large_blobs_travel_through_the_shared_regions_both_ways(worker):

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.evaluate import Kernel, Referee, Settings
+from harness.referee import Referee
+from harness.settings import CompiledKernel, TimingSettings
 from harness.task import load_task
-from harness.verdict import ReasonCode
+from harness.results import ReasonCode
 from sandbox.pool import Worker
 
 MATMUL = Path(__file__).resolve().parents[1] / "cases" / "matmul_f32"
@@ -53,16 +54,16 @@ def referee(request, task, reference_worker):
     protocol, _, behaviour = request.param.rpartition(":")
     candidate = _worker("candidate", behaviour)
     pool = _Pool(reference_worker, candidate)
-    kernel = Kernel("reference", CUBIN, task.kernel_name, task.launch)
+    kernel = CompiledKernel("reference", CUBIN, task.kernel_name, task.launch)
     try:
-        yield Referee(task, pool, kernel, Settings(warmups=2, iterations=20, fresh_inputs=protocol != "rotated"))
+        yield Referee(task, pool, kernel, TimingSettings(warmups=2, iterations=20, fresh_inputs=protocol != "rotated"))
     finally:
         candidate.stop()
     assert not candidate.alive
 
 
-def _candidate(task) -> Kernel:
-    return Kernel("candidate", CUBIN, "matmul_f32", task.launch)
+def _candidate(task) -> CompiledKernel:
+    return CompiledKernel("candidate", CUBIN, "matmul_f32", task.launch)
 
 
 def _codes(report) -> set[ReasonCode]:
@@ -296,11 +297,11 @@ def test_device_memory_running_out_is_its_own_reason_and_the_worker_stays(refere
 
 @pytest.mark.parametrize("referee", ["honest"], indirect=True)
 def test_a_launch_that_cannot_be_made_for_a_timed_case_is_refused_before_any_job(referee, task):
-    from harness.task import LaunchSpec
+    from harness.task_model import LaunchSpec
 
     before = referee.pool.candidate.starts
     launch = LaunchSpec.model_validate({"grid": ["ceil_div(n, 16) - 200", "ceil_div(m, 16)"], "block": [16, 16]})
-    timing = referee.time(Kernel("candidate", CUBIN, "matmul_f32", launch), [task.case("rect-2000x1500x1000")])
+    timing = referee.time(CompiledKernel("candidate", CUBIN, "matmul_f32", launch), [task.case("rect-2000x1500x1000")])
     assert not timing.passed
     assert [(r.code, r.case) for r in timing.reasons] == [(ReasonCode.LAUNCH_ERROR, "rect-2000x1500x1000")]
     assert "invalid for this case" in timing.reasons[0].detail
@@ -309,7 +310,7 @@ def test_a_launch_that_cannot_be_made_for_a_timed_case_is_refused_before_any_job
 
 @pytest.mark.parametrize("referee", ["honest"], indirect=True)
 def test_inputs_prepared_ahead_are_used_by_the_check_and_made_once(referee, task, monkeypatch):
-    import harness.evaluate as evaluate
+    import harness.referee as evaluate
 
     made = []
     real = evaluate.make_inputs

@@ -14,22 +14,9 @@ import numpy as np
 import pytest
 import tomllib
 
-from harness.task import (
-    C_TYPE_SPELLINGS,
-    C_TYPES,
-    DTYPES,
-    Case,
-    Generator,
-    LaunchGeometry,
-    LaunchSpec,
-    Param,
-    Task,
-    TaskError,
-    Tolerance,
-    load_task,
-    make_inputs,
-    parse_signature,
-)
+from harness.task import load_task, make_inputs
+from harness.task_model import (C_TYPE_SPELLINGS, C_TYPES, DTYPES, Case, Generator, LaunchGeometry, LaunchSpec, Param,
+                                Task, TaskError, Tolerance, parse_signature)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tasks"
 DELETE = object()

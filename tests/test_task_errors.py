@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from harness.task import TaskError, load_task
+from harness.task_model import TaskError
+from harness.task import load_task
 from tests.test_task import DELETE, KERNEL_SOURCE, edited, load_error, valid_task, write_task
 
 

@@ -8,7 +8,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness.task import C_TYPES, DTYPES, TaskError, load_task, make_inputs
+from harness.task_model import C_TYPES, DTYPES, TaskError
+from harness.task import load_task, make_inputs
 from tests.test_task import (  # noqa: F401 - task is a fixture
     edited,
     integer_aware_task,

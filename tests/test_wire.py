@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from harness import wire
+from sandbox import wire
 
 
 @pytest.fixture

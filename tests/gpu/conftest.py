@@ -2,10 +2,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.compile import compile_kernel
-from harness.evaluate import Kernel, Referee, Settings
+from harness.worker_side.nvrtc import compile_kernel
+from harness.referee import Referee
+from harness.settings import CompiledKernel, TimingSettings
 from harness.task import load_task
-from sandbox.pool import WorkerPool
+from harness.gpu_workers import gpu_worker_pool
 
 MATMUL = Path(__file__).resolve().parents[2] / "cases" / "matmul_f32"
 
@@ -17,7 +18,7 @@ def matmul_task():
 
 @pytest.fixture(scope="module")
 def pool():
-    with WorkerPool() as pool:
+    with gpu_worker_pool() as pool:
         yield pool
 
 
@@ -29,11 +30,11 @@ def arch(pool):
 @pytest.fixture(scope="module")
 def referee(matmul_task, pool, arch):
     reference = build(matmul_task.source("reference"), matmul_task, arch, label="reference")
-    return Referee(matmul_task, pool, reference, Settings(warmups=3, iterations=40))
+    return Referee(matmul_task, pool, reference, TimingSettings(warmups=3, iterations=40))
 
 
-def build(source: str, task, arch: str, label: str = "candidate", launch=None) -> Kernel:
+def build(source: str, task, arch: str, label: str = "candidate", launch=None) -> CompiledKernel:
     compiled = compile_kernel(source, task.kernel_name, arch=arch)
     assert compiled.ok, compiled.log
     assert compiled.resources is not None and compiled.resources.registers > 0
-    return Kernel(label, compiled.cubin, compiled.lowered_name, launch or task.launch)
+    return CompiledKernel(label, compiled.cubin, compiled.lowered_name, launch or task.launch)

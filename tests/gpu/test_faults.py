@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.evaluate import Settings
+from harness.settings import TimingSettings
 from harness.task import load_task
 from server.attempt import record_attempt
 from server.audit import verify_run
@@ -46,7 +46,7 @@ sys.stdin.read()
 
 @pytest.fixture
 def run(tmp_path):
-    timing = Settings(warmups=3, iterations=30, run_deadline_s=10)
+    timing = TimingSettings(warmups=3, iterations=30, run_deadline_s=10)
     executor = GpuExecutor(load_task(MATMUL), timing, compile_deadline_s=15)
     run = Run.create(MATMUL, tmp_path, RunSettings(max_attempts=20, timing=timing), executor)
     yield run
@@ -152,7 +152,7 @@ def test_a_case_too_large_for_the_device_is_refused_before_a_run_starts(tmp_path
     folder = huge_saxpy(tmp_path, 2**31 - 1)  # 8 GiB per array: one set fits, timing needs 176 GiB
     task = load_task(folder)
     # 10 audited launches, so 10 output snapshots: 4 sets and 3 snapshots (120 GiB) would fit an H200
-    timing = Settings(checked_fraction=0.1)
+    timing = TimingSettings(checked_fraction=0.1)
     executor = GpuExecutor(task, timing, compile_deadline_s=15)
     try:
         with pytest.raises(TaskDoesNotFit, match=r"case large needs 176\.0 GiB of device memory"):

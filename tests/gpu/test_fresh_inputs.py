@@ -1,13 +1,14 @@
-"""Fresh inputs on the GPU: the device's draw is the host's (harness/fresh_inputs.py), the check mode
+"""Fresh inputs on the GPU: the device's draw is the host's (harness/worker_side/fresh_inputs.py), the check mode
 counts what changed, and a timing on fresh inputs audits its launches and sees the declared kernel."""
 
 import numpy as np
 import pytest
 
-from harness import execute, fresh_inputs, gpu
-from harness.compile import arch_for, compile_kernel
-from harness.evaluate import Referee, Settings
-from harness.task import Case
+from harness.worker_side import execute, fresh_inputs, gpu
+from harness.worker_side.nvrtc import arch_for, compile_kernel
+from harness.referee import Referee
+from harness.settings import TimingSettings
+from harness.task_model import Case
 from tests.gpu.conftest import build
 
 pytestmark = pytest.mark.gpu
@@ -81,7 +82,7 @@ def test_each_launch_and_input_draws_other_values_and_the_check_counts_changes(d
 def test_a_timing_on_fresh_inputs_audits_its_launches(matmul_task, pool, arch):
     reference = build(matmul_task.source("reference"), matmul_task, arch, label="reference",
                       launch=matmul_task.own_launch("reference"))
-    referee = Referee(matmul_task, pool, reference, Settings(warmups=3, iterations=40))
+    referee = Referee(matmul_task, pool, reference, TimingSettings(warmups=3, iterations=40))
     case = Case(name="fresh-512", role="performance", dims={"m": 512, "n": 384, "k": 256}, seed=11)
     timing = referee.time(build(matmul_task.source("initial"), matmul_task, arch, launch=matmul_task.own_launch("initial")),
                           [case]).cases[0]
@@ -93,7 +94,7 @@ def test_a_timing_on_fresh_inputs_audits_its_launches(matmul_task, pool, arch):
 def test_the_rotated_protocol_is_still_there_for_the_bench(matmul_task, pool, arch):
     reference = build(matmul_task.source("reference"), matmul_task, arch, label="reference",
                       launch=matmul_task.own_launch("reference"))
-    referee = Referee(matmul_task, pool, reference, Settings(warmups=3, iterations=40, fresh_inputs=False))
+    referee = Referee(matmul_task, pool, reference, TimingSettings(warmups=3, iterations=40, fresh_inputs=False))
     case = Case(name="rotated-256", role="performance", dims={"m": 256, "n": 256, "k": 256}, seed=12)
     timing = referee.time(reference, [case]).cases[0]
     assert timing.passed, timing.reasons

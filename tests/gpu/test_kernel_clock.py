@@ -4,9 +4,9 @@ several kernels are clocked too."""
 
 import pytest
 
-from harness.baselines import gemm_call
-from harness.evaluate import Settings, Unavailable
-from harness.task import Case
+from harness.vendor_yardstick import gemm_call
+from harness.settings import TimingSettings, Unavailable
+from harness.task_model import Case
 from tests.gpu.conftest import build
 
 pytestmark = pytest.mark.gpu
@@ -40,10 +40,10 @@ def test_each_launch_reads_its_own_time_just_under_its_events(referee, matmul_ta
 
 
 def test_events_alone_when_asked(matmul_task, pool, arch):
-    from harness.evaluate import Referee
+    from harness.referee import Referee
 
     reference = build(matmul_task.source("reference"), matmul_task, arch, label="reference")
-    referee = Referee(matmul_task, pool, reference, Settings(warmups=2, iterations=20, clock="events"))
+    referee = Referee(matmul_task, pool, reference, TimingSettings(warmups=2, iterations=20, clock="events"))
     timing = referee.time(reference, [SMALL]).cases[0]
     assert timing.passed, timing.reasons
     assert timing.clock == "events" and timing.event_samples_ms is None

@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from harness.evaluate import Settings
-from harness.task import LaunchSpec
-from harness.verdict import ReasonCode
+from harness.settings import TimingSettings
+from harness.task_model import LaunchSpec
+from harness.results import ReasonCode
 from tests.gpu.conftest import build
 
 pytestmark = pytest.mark.gpu
@@ -81,11 +81,11 @@ def test_kernel_that_never_returns_is_killed_and_the_next_job_runs(referee, matm
     source = kernel("c[row * n + col] = sum; while (clock64() >= 0) { }")
     worker = referee.pool.candidate
     starts = worker.starts
-    referee.settings = Settings(warmups=3, iterations=40, run_deadline_s=3)
+    referee.settings = TimingSettings(warmups=3, iterations=40, run_deadline_s=3)
     try:
         check = referee.check(build(source, matmul_task, arch), list(matmul_task.visible_cases))
     finally:
-        referee.settings = Settings(warmups=3, iterations=40)
+        referee.settings = TimingSettings(warmups=3, iterations=40)
     assert codes(check) == {ReasonCode.TIMEOUT}
     assert len(check.cases) == 1  # stops at the first timeout
     good = referee.check(build(matmul_task.source("initial"), matmul_task, arch), list(matmul_task.visible_cases))

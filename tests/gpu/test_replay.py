@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.evaluate import Settings
+from harness.settings import TimingSettings
 from harness.task import load_task
 from server.attempt import finish, record_attempt
 from server.audit import verify_run
@@ -30,7 +30,7 @@ def run_dir(tmp_path_factory) -> Path:
     task_dir = root / "matmul_naive_baseline"
     shutil.copytree(MATMUL, task_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (task_dir / "initial.cu").write_text((MATMUL / "reference.cu").read_text())
-    timing = Settings(warmups=5, iterations=40)
+    timing = TimingSettings(warmups=5, iterations=40)
     executor = GpuExecutor(load_task(task_dir), timing)
     try:
         run = Run.create(task_dir, root / "results", RunSettings(max_attempts=3, timing=timing), executor)

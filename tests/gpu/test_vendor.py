@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import baselines
-from harness.baselines import cublas_wheel_libraries, gemm_call
-from harness.evaluate import Referee, Settings
+from harness import vendor_yardstick as baselines
+from harness.vendor_yardstick import cublas_wheel_libraries, gemm_call
+from harness.referee import Referee
+from harness.settings import TimingSettings
 from harness.peaks import device_peaks
 from harness.task import load_task
-from harness.verdict import ReasonCode
+from harness.results import ReasonCode
 from server.cli import main
 from server.executor import GpuExecutor
 from tests.gpu.conftest import MATMUL, build
@@ -32,7 +33,7 @@ def bf16_task():
 def bf16_referee(bf16_task, pool, arch):
     reference = build(bf16_task.source("reference"), bf16_task, arch, label="reference",
                       launch=bf16_task.reference_launch)
-    return Referee(bf16_task, pool, reference, Settings(warmups=3, iterations=ITERATIONS))
+    return Referee(bf16_task, pool, reference, TimingSettings(warmups=3, iterations=ITERATIONS))
 
 
 def every_case(task):
@@ -109,7 +110,7 @@ def test_peaks_are_plausible_and_cached(pool, tmp_path):
 
 def test_the_executor_records_peaks_and_every_timing_states_its_roofline(matmul_task, monkeypatch, tmp_path):
     monkeypatch.setenv("KERNEL_REFEREE_CACHE_DIR", str(tmp_path))
-    executor = GpuExecutor(matmul_task, Settings(warmups=3, iterations=20))
+    executor = GpuExecutor(matmul_task, TimingSettings(warmups=3, iterations=20))
     try:
         facts = executor.start()
         assert facts["peaks"]["memory_gbps"] > 0 and facts["peaks_notes"] == []

@@ -1,9 +1,9 @@
 """What a GPU worker does with a time job: warm-ups, then timed launches, as named steps.
 
-Runs inside the worker process only; it judges nothing (harness/evaluate.py does, in the parent).
+Runs inside the worker process only; it judges nothing (harness/referee.py does, in the parent).
 
 Every launch, warm-ups included, is readied outside its timed window: with fresh inputs (header
-"fresh"), its device-drawn inputs are drawn for that launch (harness/fresh_inputs.py); the module's
+"fresh"), its device-drawn inputs are drawn for that launch (harness/worker_side/fresh_inputs.py); the module's
 writable globals are put back to their initial image and its outputs poisoned (execute._Job.poison);
 with a cold L2, the L2 is flushed. After it, still outside the window, its outputs are scanned for
 poison left unwritten, its drawn inputs are checked against their draw, and the outputs of the
@@ -19,14 +19,14 @@ from time import perf_counter
 
 import numpy as np
 
-from harness import gpu
-from harness.execute import Launcher, Utilities, _Job
-from harness.jobs import audit_slots, digests_later, pack_outputs, time_slots
+from harness.worker_side import gpu
+from harness.worker_side.execute import Launcher, Utilities, _Job
+from harness.worker_side.buffers import audit_slots, digests_later, pack_outputs, time_slots
 
 
 def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[bytes],
          launcher: Launcher | None = None) -> tuple[dict, list[bytes]]:
-    """Run a time job. With a `launcher` (a vendor library call, harness/vendor.py) the blobs hold only
+    """Run a time job. With a `launcher` (a vendor library call, harness/worker_side/cublas.py) the blobs hold only
     the inputs and each launch is that call, under exactly the same protocol."""
     loop = TimedLoop(context, utilities, header, blobs, launcher)
     try:

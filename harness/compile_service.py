@@ -3,7 +3,7 @@
 A source can `#include` any file the compiling process can read (its compiler errors then quote the
 file back to the agent), and a template-instantiation bomb can keep NVRTC busy for minutes. So the
 parent only checks the request (policy, size) and keeps the cache; NVRTC runs in
-`sandbox.compile_worker`, which confines itself, and which the parent kills at the deadline. Whatever
+`harness.worker_side.compile_worker_main`, which confines itself, and which the parent kills at the deadline. Whatever
 happens to the worker, the caller gets a CompileResult (ok=False with a log saying what happened);
 only a request refused by policy raises CompileRefused.
 """
@@ -20,13 +20,13 @@ from typing import Sequence
 
 from pydantic import ValidationError
 
-from harness.compile import CompileCache, CompileRefused, CompileRequest, CompileResult, check_request, trim_log
+from harness.worker_side.nvrtc import CompileCache, CompileRefused, CompileRequest, CompileResult, check_request, trim_log
 from sandbox.pool import JobTimeout, Worker, WorkerCrashed, WorkerError
 
 # Well under the MCP client's 60 s per tool call, which also has to cover a worker start.
 DEFAULT_DEADLINE_S = 30.0
 STARTUP_TIMEOUT_S = 20.0
-COMPILE_WORKER_COMMAND = (sys.executable, "-m", "sandbox.compile_worker")
+COMPILE_WORKER_COMMAND = (sys.executable, "-m", "harness.worker_side.compile_worker_main")
 MAX_ANSWER_BYTES = 64 << 20
 MAX_CUBIN_BYTES = 32 << 20
 MAX_FULL_LOG_CHARS = 16 << 20
@@ -41,7 +41,7 @@ class _Request(CompileRequest):
 
     @classmethod
     def checked(cls, source: str, kernel_name: str, options: Sequence[str], arch: str) -> "_Request":
-        """The same policy checks as harness.compile.compile_kernel, made before any process starts."""
+        """The same policy checks as harness.worker_side.nvrtc.compile_kernel, made before any process starts."""
         return cls(**vars(check_request(source, kernel_name, options, arch)))
 
     def job(self) -> dict:

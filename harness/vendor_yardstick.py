@@ -1,8 +1,8 @@
 """The vendor baseline, parent side: what the task's `[vendor]` table asks of cuBLAS, and its result.
 
-The GPU side is harness/vendor.py. The parent turns the manifest into the exact cublasGemmEx
+The GPU side is harness/worker_side/cublas.py. The parent turns the manifest into the exact cublasGemmEx
 arguments (so the mapping is tested without a GPU), times the call with the same protocol as any
-candidate (harness/evaluate.py `Referee.time_vendor`: warm-ups, per-launch events, cold L2,
+candidate (harness/referee.py `Referee.time_vendor`: warm-ups, per-launch events, cold L2,
 rotated input sets, re-checked outputs), and reports it as a yardstick ("vs cuBLAS"). A cuBLAS
 that cannot be loaded is a note, never a failure of the run.
 """
@@ -20,33 +20,18 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from harness import expr
+from harness.settings import Unavailable
+from harness.worker_side.cublas_api import CUBLAS_GEMM_DEFAULT, CUBLAS_OP_N, CUDA_TYPES, GEMM_TYPES
+from sandbox.confine import cuda_paths, python_paths
 from harness.stats import geometric_mean
-from harness.verdict import TimingReport
+from harness.results import TimingReport
 
 if TYPE_CHECKING:
-    from harness.evaluate import Referee
-    from harness.task import Case, Task
+    from harness.referee import Referee
+    from harness.task_model import Case, Task
 
 log = logging.getLogger(__name__)
 
-# cudaDataType_t (library_types.h; the same values as cuda.bindings.runtime.cudaDataType).
-CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF = 0, 1, 2, 14
-# cublasComputeType_t, cublasOperation_t and cublasGemmAlgo_t (cublas_api.h).
-CUBLAS_COMPUTE_32F = 68  # float32 arithmetic: never TF32 (that is CUBLAS_COMPUTE_32F_FAST_TF32 = 77)
-CUBLAS_OP_N = 0
-CUBLAS_GEMM_DEFAULT = -1
-# cuBLAS takes int dimensions and leading dimensions.
-MAX_GEMM_DIM = 2**31 - 1
-
-_CUDA_TYPES = {"float32": CUDA_R_32F, "float16": CUDA_R_16F, "bfloat16": CUDA_R_16BF}
-# (dtype of A and B, dtype of C) -> compute type; alpha and beta are then host float32 values.
-GEMM_TYPES = {
-    ("float32", "float32"): CUBLAS_COMPUTE_32F,
-    ("bfloat16", "float32"): CUBLAS_COMPUTE_32F,
-    ("bfloat16", "bfloat16"): CUBLAS_COMPUTE_32F,
-    ("float16", "float32"): CUBLAS_COMPUTE_32F,
-    ("float16", "float16"): CUBLAS_COMPUTE_32F,
-}
 LIBRARY_NAMES = {"cublas": "cuBLAS"}
 # Where the nvidia-cublas wheels put the library, below a site-packages folder (as cuda.pathfinder searches).
 WHEEL_LIBRARY_FILES = ("nvidia/cu13/lib/libcublas.so.13", "nvidia/cublas/lib/libcublas.so.12")
@@ -68,9 +53,9 @@ def gemm_call(task: "Task", case: "Case") -> dict:
     ab_dtype, c_dtype = dtypes[vendor.a], dtypes[vendor.c]
     return {"library": vendor.library, "op": "gemm", "transa": CUBLAS_OP_N, "transb": CUBLAS_OP_N,
             "m": n, "n": m, "k": k,
-            "a_param": vendor.b, "a_type": _CUDA_TYPES[dtypes[vendor.b]], "lda": n,
-            "b_param": vendor.a, "b_type": _CUDA_TYPES[ab_dtype], "ldb": k,
-            "c_param": vendor.c, "c_type": _CUDA_TYPES[c_dtype], "ldc": n,
+            "a_param": vendor.b, "a_type": CUDA_TYPES[dtypes[vendor.b]], "lda": n,
+            "b_param": vendor.a, "b_type": CUDA_TYPES[ab_dtype], "ldb": k,
+            "c_param": vendor.c, "c_type": CUDA_TYPES[c_dtype], "ldc": n,
             "compute_type": GEMM_TYPES[(ab_dtype, c_dtype)], "algo": CUBLAS_GEMM_DEFAULT,
             "alpha": 1.0, "beta": 0.0}
 
@@ -96,8 +81,6 @@ class VendorReport(BaseModel):
 def time_vendor(referee: "Referee", cases: list["Case"]) -> VendorReport | None:
     """Time the task's vendor call on `cases`; None when the task declares none. Never raises for
     a library that is missing or fails: that is a note."""
-    from harness.evaluate import Unavailable
-
     vendor = referee.task.vendor
     if vendor is None:
         return None
@@ -154,8 +137,6 @@ def confinement_notes(granted: Iterable[str] | None = None, site_dirs: Iterable[
     worker's Landlock rules grant no read access (sandbox/confine.py grants the Python prefix and
     sys.path, which is where pip puts it)."""
     if granted is None:
-        from sandbox.confine import cuda_paths, python_paths
-
         granted = python_paths() + cuda_paths()
     granted = [os.path.realpath(g) for g in granted]
     found = cublas_wheel_libraries(site_dirs)

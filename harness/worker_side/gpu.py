@@ -12,8 +12,8 @@ import ml_dtypes
 import numpy as np
 from cuda.bindings import driver
 
-from harness.cuda_check import CudaError, check
-from harness.jobs import array_alignment, guarded_bytes
+from harness.worker_side.cuda_check import CudaError, check
+from harness.worker_side.buffers import array_alignment, guarded_bytes
 
 # Errors after which the context is unusable: the worker must exit and be replaced.
 STICKY_ERRORS = frozenset({

@@ -1,10 +1,10 @@
 """The compile worker: NVRTC on untrusted kernel sources, in a process the parent can confine and kill.
 
-Started by sandbox/compiler.py as `python -m sandbox.compile_worker JOBS_FD ANSWERS_FD [--confine]`
+Started by harness/compile_service.py as `python -m harness.worker_side.compile_worker_main JOBS_FD ANSWERS_FD [--confine]`
 (a trailing device ordinal, which sandbox.pool.Worker always appends, is ignored). A source can
 `#include` any file this process can read, and its compiler errors quote that file's lines back to the
 agent; a source can also keep NVRTC busy for minutes. So, asked to, the process confines itself before
-it reads its first job, and the parent owns the deadline. Messages use harness.wire (JSON + blobs).
+it reads its first job, and the parent owns the deadline. Messages use sandbox.wire (JSON + blobs).
 
 sandbox.pool.Worker asks with `--confine=JSON`, a spec built for GPU workers (device files, /etc,
 /proc). A compiler needs much less, and /etc would let `#include "/etc/passwd"` through, so the spec
@@ -18,10 +18,10 @@ import sys
 import traceback
 from pathlib import Path
 
-from harness import wire
+from sandbox import wire
 from sandbox import confine
 
-# harness.compile (NVRTC, pydantic) is imported only after confinement: Landlock restricts the
+# harness.worker_side.nvrtc (NVRTC, pydantic) is imported only after confinement: Landlock restricts the
 # thread that applies it and those it starts later, so no library may start a thread before it.
 
 # A source is at most 256 KiB and the options are few and short; anything larger is not a job.
@@ -34,7 +34,7 @@ _WARM_UP_SOURCE = 'extern "C" __global__ void referee_warm_up(float* x) { x[0] =
 def _warm_up() -> str:
     """Load NVRTC and compile the referee's own kernel, inside the sandbox: a worker that cannot
     compile it (a header or library the confinement hides) fails at start, not on a candidate."""
-    from harness.compile import compile_kernel, nvrtc_version
+    from harness.worker_side.nvrtc import compile_kernel, nvrtc_version
 
     compiled = compile_kernel(_WARM_UP_SOURCE, "referee_warm_up")
     if not compiled.ok:
@@ -66,7 +66,7 @@ def _start(answers, wanted: bool) -> bool:
 
 
 def _compile(header: dict) -> tuple[dict, list[bytes]]:
-    from harness.compile import CompileRefused, compile_kernel
+    from harness.worker_side.nvrtc import CompileRefused, compile_kernel
 
     try:
         result = compile_kernel(header["source"], header["kernel_name"], options=header["options"],

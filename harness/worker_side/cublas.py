@@ -8,9 +8,9 @@ sandbox/confine.py grants, and a toolkit install lives under /usr/local/cuda* or
 granted. `_load` confirms it (the file is opened for reading before it is dlopened), and any
 failure to load or to create a handle answers "unavailable", which the parent turns into a note.
 
-The arguments of every cublasGemmEx call are computed by the parent (harness/baselines.py
+The arguments of every cublasGemmEx call are computed by the parent (harness/vendor_yardstick.py
 `gemm_call`); this side only passes them on, with the job's device pointers, on the worker's
-stream, so the call is timed by harness/execute.py `time` exactly like a kernel launch.
+stream, so the call is timed by harness/worker_side/execute.py `time` exactly like a kernel launch.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import os
 import ml_dtypes
 import numpy as np
 
-from harness import execute, gpu, timed_loop
-from harness.baselines import CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUBLAS_OP_N, CUDA_R_16BF, CUDA_R_32F
-from harness.cuda_check import CudaError, check
+from harness.worker_side import execute, gpu, timed_loop
+from harness.worker_side.cublas_api import CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUBLAS_OP_N, CUDA_R_16BF, CUDA_R_32F
+from harness.worker_side.cuda_check import CudaError, check
 
 
 class CublasStatus(enum.IntEnum):

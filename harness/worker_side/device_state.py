@@ -4,7 +4,7 @@ Rule: a section is writable global data when its name is ".nv.global" or starts 
 ".nv.global." and its flags hold SHF_WRITE|SHF_ALLOC; its image is its file bytes
 (PROGBITS) or zeros (NOBITS). Each data symbol in it is one DeviceVariable.
 
-Evidence, NVRTC 13.0 sm_90 whole-program (harness.compile refuses -rdc):
+Evidence, NVRTC 13.0 sm_90 whole-program (harness.worker_side.nvrtc refuses -rdc):
 - zero-initialised `__device__` data (`static`, function-local `static`, `extern`,
   `__managed__` too) goes to ".nv.global", NOBITS, WA; initialised data (anonymous
   namespace, `__device__ const`, `-default-device` globals, a string literal behind a

@@ -1,7 +1,7 @@
 """What a GPU worker does with a job: buffers, poison, launches, events, read-back.
 
 Runs inside the worker process only. It judges nothing: it returns raw outputs, guard bands and
-input hashes, and the parent decides (harness/jobs.py, harness/evaluate.py).
+input hashes, and the parent decides (harness/jobs.py, harness/referee.py).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 import numpy as np
-from harness import fresh_inputs, gpu
-from harness.cuda_check import CudaError
-from harness.jobs import canary, digests_later, hashing_pool, pack_outputs, run_slots, same_bytes, sha256
-from harness.kernel_clock import KernelClock, busy_ms, launch_records, launch_spans_ms
-from harness.module_state import ModuleState, UnrestorableState
+from harness.worker_side import fresh_inputs, gpu
+from harness.worker_side.cuda_check import CudaError
+from harness.worker_side.buffers import canary, digests_later, hashing_pool, pack_outputs, run_slots, same_bytes, sha256
+from harness.worker_side.kernel_clock import KernelClock, busy_ms, launch_records, launch_spans_ms
+from harness.worker_side.module_state import ModuleState, UnrestorableState
 
 UTILITY_SOURCE = fresh_inputs.GENERATOR_SOURCE + r"""
 template <typename T>
@@ -129,7 +129,7 @@ class Utilities:
         self.queue_ns_per_launch = int(min(HOST_QUEUE_NS_PER_LAUNCH, measured)) if kept_up else HOST_QUEUE_NS_PER_LAUNCH
 
     def generate(self, spec: dict, ptr: int, elements: int, key: int, stream: int, changed: int = 0) -> None:
-        """Draw one input on the device (harness/fresh_inputs.py); with `changed`, count instead (into
+        """Draw one input on the device (harness/worker_side/fresh_inputs.py); with `changed`, count instead (into
         that counter) the elements that no longer hold their draw."""
         blocks = max(1, min((elements + 255) // 256, self.context.info.sm_count * 8))
         args = gpu.kernel_arguments(fresh_inputs.generator_arguments(spec, ptr, elements, key, stream, changed))
@@ -170,7 +170,7 @@ class Utilities:
         args = gpu.kernel_arguments([("ptr", a), ("ptr", b), ("uint64", words), ("uint64", nbytes), ("ptr", counter)])
         gpu.launch(self.differ_kernel, (blocks, 1, 1), (256, 1, 1), 0, self.context.stream, args)
 
-    # -- the kernel clock (harness/kernel_clock.py), where it is available ----------------------
+    # -- the kernel clock (harness/worker_side/kernel_clock.py), where it is available ----------------------
     def begin(self) -> None:
         """Forget the activity recorded so far: what follows belongs to one job."""
         if self.clock is not None:
@@ -272,7 +272,7 @@ class _Job:
         self.arrays = [p for p in self.params if p["kind"] != "scalar"]
         self.module = None
         self.state: ModuleState | None = None  # the module's writable globals, restored before every launch
-        self.launcher = launcher  # a library call (harness/vendor.py) instead of the CUBIN's kernel
+        self.launcher = launcher  # a library call (harness/worker_side/cublas.py) instead of the CUBIN's kernel
         self.resident = resident
         # Per set, per input: {"key": "NAME:SHA256" or None, "sent": whether its bytes come with the job}
         self.input_entries = header["inputs"]
@@ -520,7 +520,7 @@ def draw_run(context: gpu.Context, header: dict, blobs: list[bytes],
              utilities: Utilities) -> tuple[dict, list[bytes]]:
     """The reference's outputs for inputs drawn on the device: one launch per launch number in
     header["draws"]["launches"], each on the inputs that launch of a time job drew with the same key
-    (harness/fresh_inputs.py). The expected outputs of a timing's audited launches."""
+    (harness/worker_side/fresh_inputs.py). The expected outputs of a timing's audited launches."""
     utilities.begin()
     job = _Job(context, header, blobs[0], sets=1, resident=utilities.resident)
     try:

@@ -29,7 +29,7 @@ os.environ["CUDA_CACHE_DISABLE"] = "1"
 from cuda.bindings import nvrtc  # noqa: E402
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.cuda_check import check
+from harness.worker_side.cuda_check import check
 
 __all__ = [
     "MAX_SOURCE_BYTES", "CompileRefused", "ResourceUsage", "CompileResult",

@@ -1,14 +1,14 @@
 """The GPU worker: one process, one CUDA context, jobs read from a dedicated pipe.
 
 Started by sandbox/pool.py as
-`python -m sandbox.worker JOBS_FD ANSWERS_FD DEVICE [--confine=JSON] [--shm=JOBS_MEMFD,ANSWERS_MEMFD,BYTES]`:
-with --shm, large blobs travel through the two shared regions (harness/wire.py), and 'ready' says so.
+`python -m harness.worker_side.gpu_worker_main JOBS_FD ANSWERS_FD DEVICE [--confine=JSON] [--shm=JOBS_MEMFD,ANSWERS_MEMFD,BYTES]`:
+with --shm, large blobs travel through the two shared regions (sandbox/wire.py), and 'ready' says so.
 Its stdout is not the protocol (device printf writes there). It answers every job, and exits after a
 sticky CUDA error so the parent starts a clean one.
 
 With --confine (a sandbox.confine.Confinement as JSON) the worker confines itself before anything
 else: numpy and the CUDA driver start threads, and Landlock only restricts the thread that applies
-it, so harness.execute and harness.gpu are imported only afterwards.
+it, so harness.worker_side.execute and harness.worker_side.gpu are imported only afterwards.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import os
 import sys
 import traceback
 
-from harness import wire
-from harness.cuda_check import CudaError
+from sandbox import wire
+from harness.worker_side.cuda_check import CudaError
 from sandbox import confine
 
 MAX_JOB_BYTES = 1 << 36
@@ -27,9 +27,9 @@ EXIT_STARTUP = 4
 
 
 def _start(ordinal: int):
-    from harness import execute, gpu
-    from harness.compile import arch_for, compile_kernel
-    from harness.kernel_clock import KernelClock
+    from harness.worker_side import execute, gpu
+    from harness.worker_side.nvrtc import arch_for, compile_kernel
+    from harness.worker_side.kernel_clock import KernelClock
 
     clock = KernelClock()  # enabled before the context exists, so that it sees all of it
     context = gpu.Context(ordinal)
@@ -41,7 +41,7 @@ def _start(ordinal: int):
 
 
 def _answer(context, utilities, header: dict, blobs: list[bytes]):
-    from harness import execute, timed_loop
+    from harness.worker_side import execute, timed_loop
 
     op = header.get("op")
     if op == "run":
@@ -50,8 +50,8 @@ def _answer(context, utilities, header: dict, blobs: list[bytes]):
         return timed_loop.time(context, utilities, header, blobs)
     if op == "draw_run":
         return execute.draw_run(context, header, blobs, utilities)
-    if op in ("vendor_time", "peaks"):  # cuBLAS and the device peaks (harness/vendor.py)
-        from harness import vendor
+    if op in ("vendor_time", "peaks"):  # cuBLAS and the device peaks (harness/worker_side/cublas.py)
+        from harness.worker_side import cublas as vendor
 
         return vendor.answer(context, utilities, header, blobs)
     return {"status": "error", "error": "UNKNOWN_OP", "detail": f"unknown op {op!r}"}, []
@@ -59,7 +59,7 @@ def _answer(context, utilities, header: dict, blobs: list[bytes]):
 
 def _cuda_error_answer(exc: CudaError) -> dict:
     """Sticky errors end the worker; running out of device memory is nobody's verdict and says how much was left."""
-    from harness import gpu
+    from harness.worker_side import gpu
 
     if gpu.is_sticky(exc):
         return {"status": "fault", "error": exc.name, "detail": str(exc)}
@@ -81,8 +81,8 @@ def serve(jobs, answers, ordinal: int, confined: dict, regions=(None, None)) -> 
         name = exc.name if isinstance(exc, CudaError) else type(exc).__name__
         wire.send(answers, {"status": "startup_error", "error": name, "detail": str(exc)})
         return EXIT_STARTUP
-    from harness import execute, gpu  # already loaded by _start, after the confinement
-    from harness.compile import arch_for
+    from harness.worker_side import execute  # already loaded by _start, after the confinement
+    from harness.worker_side.nvrtc import arch_for
 
     arch = arch_for(*context.info.compute_capability)
     wire.send(answers, {"status": "ready", "device": context.info.as_dict(), "arch": arch,

@@ -3,7 +3,7 @@
 A `__device__` table or counter is the cheapest way for a kernel to carry something from one launch
 to the next: a memo of finished answers, a launch counter that skips work on some launches. Before
 every launch of a candidate (checks and timing alike, outside the timed window) the worker writes
-each writable global variable (harness/device_state.py lists them from the CUBIN) back to the bytes
+each writable global variable (harness/worker_side/device_state.py lists them from the CUBIN) back to the bytes
 it held right after the module was loaded. No `__device__` variable then tells a launch from another
 (memory outside them, the device heap for one, is not reset: docs/security.md).
 
@@ -14,8 +14,8 @@ copied from the device right after loading rather than taken from the file. Runs
 
 from __future__ import annotations
 
-from harness import gpu
-from harness.device_state import NotACubin, writable_sections
+from harness.worker_side import gpu
+from harness.worker_side.device_state import NotACubin, writable_sections
 
 # Beyond these a module's state is refused rather than restored: each variable is one copy per launch.
 MAX_VARIABLES = 256

@@ -1,0 +1,230 @@
+"""The referee: a task's inputs and expected outputs, and the correctness protocol, run from the trusted parent.
+
+Inputs are made here, expected outputs come from the reference kernel in its own worker, and every
+judgement (tolerance, races, guard bands, inputs, unwritten outputs) is made here from the raw bytes
+a worker returns. The timing protocol is harness/timing_protocol.py.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from harness import jobs
+from harness.compare import Agreement, agreement, compare_output
+from harness.judging import integrity_reasons, mismatch_detail, still_poisoned
+from harness.nvml import Nvml
+from harness.oracle import run_oracle
+from harness.peaks import DevicePeaks
+from harness.results import CaseCheck, CheckReport, Reason, ReasonCode, TimingReport
+from harness.settings import CompiledKernel, ReferenceFailed, TimingSettings, input_seed
+from harness.task_model import DTYPES, Case, Task
+from harness.task import make_inputs
+from harness.timing_protocol import TimingProtocol
+from harness.worker_calls import Refused, RunResult, call_worker, guard_bytes_of, launch_geometry, run_ahead
+from harness.worker_side import buffers
+from sandbox.pool import Worker, WorkerPool
+
+_STOPS_A_CHECK = (ReasonCode.CUDA_FAULT, ReasonCode.TIMEOUT, ReasonCode.WORKER_CRASHED, ReasonCode.OUT_OF_MEMORY)
+
+class Referee(TimingProtocol):
+    def __init__(self, task: Task, pool: WorkerPool, reference: CompiledKernel, settings: TimingSettings | None = None):
+        self.task = task
+        self.pool = pool
+        self.reference = reference
+        self.settings = settings or TimingSettings()
+        self.peaks: DevicePeaks | None = None  # measured (harness/peaks.py): each timing's roofline fraction
+        self.nvml: Nvml | None = None  # clocks, throttling and other processes read around each timing
+        # Inputs of a case's fixed seeds (its own and its rotation sets'), with their hashes: made once.
+        self._inputs: dict[tuple[str, int], tuple[dict[str, np.ndarray], dict[str, str]]] = {}
+        self._expected: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+        # sha256 of timed outputs found right, by (case, input seed, output): the same bytes again need
+        # neither a second trip from the worker nor a second comparison.
+        self._verified: dict[tuple[str, int, str], set[str]] = {}
+        self._poison_counts: dict[tuple[str, int], int] = {}  # elements of a right output equal to the poison
+        # Inputs of secret seeds being made in the background (prepare()), by (case, seed); one batch at a time.
+        self._preparing: dict[tuple[str, int], Future] = {}
+        self._preparing_lock = threading.Lock()
+        self._preparer: ThreadPoolExecutor | None = None
+        self._comparer: ThreadPoolExecutor | None = None  # audited outputs compared while the GPU goes on
+
+    # -- expected outputs --------------------------------------------------------------------
+    def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
+        key = (case.name, seed)
+        if key not in self._expected:
+            self._expected[key] = self._run_reference(case, seed)
+        return self._expected[key]
+
+    def preload(self, case: Case, seed: int, outputs: dict[str, np.ndarray]) -> None:
+        """Use outputs computed earlier (a resumed run's locked expected outputs)."""
+        self._expected[(case.name, seed)] = outputs
+        self._poison_counts.pop((case.name, seed), None)
+
+    def oracle_expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
+        """The independent float64 oracle's answer, rounded to each output's dtype."""
+        truth = run_oracle(self.task, case.dims, self.inputs(case, seed)[0])
+        return {p.name: truth[p.name].astype(DTYPES[p.dtype]) for p in self.task.output_params}
+
+    def inputs(self, case: Case, seed: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """A case's inputs for a seed, and their hashes. Those of the case's fixed seeds are kept; a
+        secret seed's are made afresh (and used once), or taken from prepare()."""
+        key = (case.name, seed)
+        if key in self._inputs:
+            return self._inputs[key]
+        with self._preparing_lock:
+            prepared = self._preparing.pop(key, None)
+        made = prepared.result() if prepared is not None else self._make_inputs(case, seed)
+        if seed in {input_seed(case, i) for i in range(self.settings.rotation_sets)}:
+            self._inputs[key] = made
+        return made
+
+    def prepare(self, cases: list[Case], seeds: dict[str, int]) -> None:
+        """Start making the inputs of `cases` for their `seeds` on a background thread, so that a later
+        check with those seeds finds them made (an attempt's secret seeds, while its visible cases are
+        checked). Inputs prepared earlier and not used are dropped: one attempt's at a time."""
+        with self._preparing_lock:
+            for future in self._preparing.values():
+                future.cancel()
+            if self._preparer is None:
+                self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inputs-ahead")
+            self._preparing = {(case.name, seeds[case.name]): self._preparer.submit(self._make_inputs, case,
+                                                                                    seeds[case.name])
+                               for case in cases if case.name in seeds}
+
+    def _make_inputs(self, case: Case, seed: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        inputs = make_inputs(self.task, case.dims, seed)
+        return inputs, dict(zip(inputs, buffers.digests(list(inputs.values()))))
+
+    def _run_reference(self, case: Case, seed: int, made=None) -> dict[str, np.ndarray]:
+        inputs, hashes = made or self.inputs(case, seed)
+        result = self._run(self.pool.reference, self.reference, case, inputs, hashes)
+        if result.failure is not None:
+            raise ReferenceFailed(f"reference kernel failed on case {case.name}: {result.failure.detail}")
+        problems = result.integrity.guard_violations + [f"modified input {n}" for n in result.integrity.modified_inputs]
+        if problems:
+            raise ReferenceFailed(f"reference kernel on case {case.name}: {'; '.join(problems)}")
+        first, second = result.runs
+        for spec in result.layout.outputs:
+            tol = self.task.tolerances[spec.name]
+            if agreement(first[spec.name], second[spec.name], tol.rtol, tol.atol) is Agreement.DIFFERS:
+                raise ReferenceFailed(f"reference kernel is not deterministic on case {case.name} ({spec.name})")
+        return first
+
+    # -- correctness ---------------------------------------------------------------------------
+    def check(self, kernel: CompiledKernel, cases: list[Case], seeds: dict[str, int] | None = None,
+              against_oracle: bool = False) -> CheckReport:
+        """Every case twice with different poison; stops early after a fault or a timeout. The next
+        case runs on the GPU while this one's outputs are compared (one case ahead, no more)."""
+        def produce(put, stopped):
+            for case in cases:
+                if stopped():
+                    return
+                seed = (seeds or {}).get(case.name, case.seed)
+                expected, result = self._expected_and_run(kernel, case, seed, against_oracle)
+                put((case, expected, result))
+                if result.failure is not None and result.failure.code in _STOPS_A_CHECK:
+                    return
+
+        results = []
+        for case, expected, result in run_ahead(produce):
+            results.append(self._judge_check(case, expected, result))
+            if any(r.code in _STOPS_A_CHECK for r in results[-1].reasons):
+                break
+        passed = len(results) == len(cases) and all(r.passed for r in results)
+        return CheckReport(passed=passed, cases=results)
+
+    def _expected_and_run(self, kernel: CompiledKernel, case: Case, seed: int, against_oracle: bool):
+        """The outputs to compare with and the candidate's raw run. A secret seed's reference run (in
+        the reference worker) and the candidate's (in its own) go at the same time."""
+        made = self.inputs(case, seed)
+        if against_oracle:
+            return self.oracle_expected(case, seed), self._run(self.pool.candidate, kernel, case, *made)
+        if seed == case.seed:
+            return self.expected(case, seed), self._run(self.pool.candidate, kernel, case, *made)
+        # A secret seed is used once: its outputs are not kept for the rest of the run.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference") as side:
+            reference = side.submit(self._run_reference, case, seed, made)
+            result = self._run(self.pool.candidate, kernel, case, *made)
+            return reference.result(), result
+
+    def _judge_check(self, case: Case, expected: dict[str, np.ndarray], result: "RunResult") -> CaseCheck:
+        if result.failure is not None:
+            return CaseCheck(case=case.name, role=case.role, passed=False, reasons=[result.failure])
+        reasons = integrity_reasons(result.integrity, case.name)
+        outputs, warnings, verdict = [], [], Agreement.IDENTICAL
+        for spec in result.layout.outputs:
+            tol = self.task.tolerances[spec.name]
+            first, second = result.runs[0][spec.name], result.runs[1][spec.name]
+            check = compare_output(spec.name, expected[spec.name], first, tol.rtol, tol.atol)
+            outputs.append(check)
+            if check.warning:
+                warnings.append(f"{spec.name}: {check.warning}")
+            if not check.passed:
+                reasons.append(Reason(code=ReasonCode.MISMATCH, case=case.name, detail=mismatch_detail(check)))
+            unwritten = still_poisoned(first, second)
+            if unwritten.any():
+                first_at = [int(i) for i in np.unravel_index(np.argmax(unwritten), first.shape)]
+                reasons.append(Reason(code=ReasonCode.UNWRITTEN_OUTPUT, case=case.name, detail=(
+                    f"{spec.name}: {int(unwritten.sum())} of {unwritten.size} elements were never written "
+                    f"(they still hold the poison; first at {first_at})")))
+            pair = agreement(*((first[~unwritten], second[~unwritten]) if unwritten.any() else (first, second)),
+                             tol.rtol, tol.atol)
+            if pair is Agreement.DIFFERS:
+                verdict = pair
+                reasons.append(Reason(code=ReasonCode.RACE, case=case.name, detail=(
+                    f"{spec.name}: two runs on the same inputs disagree beyond tolerance "
+                    "(a race or a read of uninitialized memory)")))
+            elif pair is Agreement.WITHIN_TOLERANCE and verdict is Agreement.IDENTICAL:
+                verdict = pair
+                warnings.append(f"{spec.name}: nondeterministic (runs differ within tolerance)")
+        return CaseCheck(case=case.name, role=case.role, passed=not reasons, outputs=outputs,
+                         agreement=verdict.value, reasons=reasons, warnings=warnings)
+
+    def _run(self, worker: Worker, kernel: CompiledKernel, case: Case, inputs: dict[str, np.ndarray],
+             hashes: dict[str, str] | None = None) -> "RunResult":
+        layout = jobs.Layout.for_case(self.task, case.dims)
+        geometry, failure = launch_geometry(kernel, case)
+        if failure is not None:
+            return RunResult(layout, failure=failure)
+        guard_seed = secrets.randbits(62)
+        out_bytes = sum(a.nbytes for a in layout.outputs) * len(buffers.POISON_BYTES)
+
+        def build(resident: frozenset[str]):
+            return jobs.run_job(kernel.cubin, kernel.symbol, layout, geometry, inputs, buffers.POISON_BYTES,
+                                guard_seed, hashes, resident)
+
+        answer, answer_blobs, failure = call_worker(worker, build, self.settings.run_deadline_s,
+                                                   out_bytes + guard_bytes_of(layout, 1), case.name)
+        if failure is not None:
+            return RunResult(layout, failure=failure)
+        n = len(layout.outputs)
+        outputs, guards = jobs.unpack_outputs(answer, answer_blobs, buffers.run_slots(len(buffers.POISON_BYTES), n), {})
+        runs = [jobs.read_arrays(outputs[i * n:(i + 1) * n], layout.outputs) for i in range(len(buffers.POISON_BYTES))]
+        integrity = jobs.check_integrity(answer, guards, layout, guard_seed, [inputs], [hashes])
+        return RunResult(layout, runs=runs, integrity=integrity)
+
+    # -- timing --------------------------------------------------------------------------------
+    def time(self, kernel: CompiledKernel, cases: list[Case]) -> TimingReport:
+        def kernel_job(case: Case, layout: jobs.Layout, input_sets: list, timing: dict):
+            geometry, failure = launch_geometry(kernel, case)
+            if failure is not None:
+                raise Refused(failure)
+            return jobs.time_job(kernel.cubin, kernel.symbol, layout, geometry, input_sets, **timing)
+
+        return self._time_cases(cases, kernel_job, self.pool.candidate)
+
+    def time_vendor(self, cases: list[Case], call_for: Callable[[Case], dict]) -> TimingReport:
+        """A vendor library call (harness/vendor_yardstick.py) timed and re-checked exactly like a kernel.
+
+        It runs in the reference worker: trusted code only, so the library's handle and workspace
+        never share a context with a candidate. Raises Unavailable where the library cannot load.
+        """
+        def vendor_job(case: Case, layout: jobs.Layout, input_sets: list, timing: dict):
+            return jobs.vendor_time_job(call_for(case), layout, input_sets, **timing)
+
+        return self._time_cases(cases, vendor_job, self.pool.reference)
+

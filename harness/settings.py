@@ -1,0 +1,68 @@
+"""The timing protocol's settings, the compiled kernel the referee runs, and the referee's errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel
+
+from harness.task_model import Case, LaunchSpec
+
+
+class TimingSettings(BaseModel):
+    warmups: int = 10
+    iterations: int = 100
+    rotation_sets: int = 4
+    cold_l2: bool = True
+    # Audited launches per job: max(min_checked_launches, checked_fraction x iterations). Each one costs a
+    # reference launch on its inputs and a full comparison of its outputs in the parent.
+    checked_fraction: float = 0.03
+    min_checked_launches: int = 3
+    run_deadline_s: float = 10.0
+    time_deadline_s: float = 45.0
+    # Noise-adaptive sampling: after the first `iterations` launches, more batches of `iterations`
+    # follow until the median's 95% interval is within +-noise_target of it, or max_iterations.
+    noise_target: float = 0.005
+    max_iterations: int = 400
+    # "kernel": each launch's own time on the GPU (CUPTI, harness/worker_side/kernel_clock.py), where the worker
+    # has it, else its event pair; "events": the event pairs alone.
+    clock: Literal["kernel", "events"] = "kernel"
+    # True: every warm-up and timed launch draws its inputs anew on the device from a secret key, and the
+    # checked launches are audited against the reference's output for their inputs (harness/worker_side/fresh_inputs.py).
+    # False: launches rotate the `rotation_sets` fixed input sets (the protocol before fresh inputs; the bench
+    # times both).
+    fresh_inputs: bool = True
+
+    @property
+    def checked_launches(self) -> int:
+        """How many timed launches have their output re-checked (audited, with fresh inputs)."""
+        return max(self.min_checked_launches, round(self.checked_fraction * self.iterations))
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """A compiled kernel ready to run: CUBIN, its symbol, and how to launch it."""
+
+    label: str
+    cubin: bytes
+    symbol: str
+    launch: LaunchSpec
+
+
+class ReferenceFailed(RuntimeError):
+    """The task's reference kernel failed: the task, not a candidate, is broken."""
+
+
+class Unavailable(RuntimeError):
+    """The worker cannot do this job: an optional library (cuBLAS) does not load there."""
+
+
+def input_seed(case: Case, set_index: int, base_seed: int | None = None) -> int:
+    """Set 0 uses the case's seed (or a fresh one); the rotation sets derive theirs from it."""
+    seed = case.seed if base_seed is None else base_seed
+    if set_index == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, 0x5EED, set_index]).generate_state(1, np.uint64)[0] >> 1)
+
