@@ -20,7 +20,9 @@ from typing import Sequence
 
 from pydantic import ValidationError
 
-from harness.worker_side.nvrtc import CompileCache, CompileRefused, CompileRequest, CompileResult, check_request, trim_log
+from harness.compile_cache import CompileCache
+from harness.worker_side.compile_policy import CompileRefused, CompileRequest, CompileResult, trim_log
+from harness.worker_side.nvrtc import check_request
 from sandbox.pool import JobTimeout, Worker, WorkerCrashed, WorkerError
 
 # Well under the MCP client's 60 s per tool call, which also has to cover a worker start.

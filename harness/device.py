@@ -29,7 +29,7 @@ def gpu_absent_reason() -> str | None:
 
 def probe_in_this_process() -> str | None:
     try:
-        from cuda.bindings import driver
+        from cuda.bindings import driver  # an absent or broken install is this probe's answer
     except ImportError as exc:  # pragma: no cover - a broken install
         return f"cuda-bindings is not importable: {exc}"
     try:

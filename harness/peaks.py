@@ -24,6 +24,7 @@ import json
 import logging
 import os
 from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
@@ -92,8 +93,6 @@ def fingerprint(device: dict, versions: dict[str, str | None]) -> dict:
 
 
 def software_versions() -> dict[str, str | None]:
-    from importlib.metadata import PackageNotFoundError, version
-
     found = {"nvidia-driver": driver_build()}
     for package in ("cuda-bindings", "nvidia-cublas"):
         try:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from harness import task_checks
 from harness.inputs import draw
+from harness.task_schema_errors import schema_error
 from harness.task_model import (_STRICT, WHOLE_FILE, Case, Cost, Generator, LaunchSpec, Param, Task, TaskError,
                                 Tolerance, Vendor)
 
@@ -85,7 +86,7 @@ def load_task(path: str | Path) -> Task:
     try:
         manifest = _Manifest.model_validate(data)
     except ValidationError as err:
-        raise task_checks.schema_error(file, err, _Manifest) from None
+        raise schema_error(file, err, _Manifest) from None
     task = Task(
         root=file.parent, name=manifest.name, description=manifest.description,
         kernel_name=manifest.kernel.name, signature=manifest.kernel.signature,

@@ -1,108 +1,25 @@
-"""The checks ``load_task`` runs on a manifest, each failure a :class:`TaskError` naming its field.
-
-:func:`schema_error` rewords a manifest that does not fit the schema (a pydantic
-``ValidationError``); :func:`check_task` finds what fits but makes no sense as a
-whole: a generator for no parameter, a shape of 0 in some case, a signature at odds
-with the params.
+"""The checks ``load_task`` runs on a manifest that fits the schema, each failure a :class:`TaskError`
+naming its field: :func:`check_task` finds what makes no sense as a whole (a generator for no
+parameter, a shape of 0 in some case, a signature at odds with the params). A manifest that does not
+fit the schema is reworded by harness/task_schema_errors.py.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from types import UnionType
-from typing import Annotated, Any, NoReturn, Union, get_args, get_origin
+from typing import Any, NoReturn
 
 import ml_dtypes
 import numpy as np
-from pydantic import BaseModel, ValidationError
-
 from harness import expr
 from harness.csig import C_TYPE_SPELLINGS, C_TYPES, CParam, dtype_of_ctype, is_identifier, parse_signature
 from harness.inputs import read_npy
-from harness.task_model import (DTYPES, INTEGER_DTYPES, WHOLE_FILE, Case, Generator, LaunchError, LaunchSpec,
+from harness.task_schema_errors import field_path
+from harness.task_model import (DTYPES, INTEGER_DTYPES, Case, Generator, LaunchError, LaunchSpec,
                                 Param, Task, TaskError, param_shape, scalar_value)
 from harness.worker_side.cublas_api import GEMM_TYPES, MAX_GEMM_DIM
-
-
-# ------------------------------------------------------------- schema errors
-
-_PLAIN_MESSAGES = {
-    "missing": "missing required key",
-    "model_type": "must be a table",
-    "dict_type": "must be a table",
-    "list_type": "must be an array",
-    "tuple_type": "must be an array",
-}
-
-
-def schema_error(file: Path, err: ValidationError, schema: type[BaseModel]) -> TaskError:
-    """The first of ``err``'s problems, validating ``file`` against ``schema``, in plain words."""
-    first = err.errors(include_url=False)[0]
-    kind, value = first["type"], first.get("input")
-    message = _PLAIN_MESSAGES.get(kind) or first["msg"].removeprefix("Value error, ")
-    if kind == "extra_forbidden":
-        message = _unknown_key_message(schema, first["loc"])
-    if kind not in ("missing", "extra_forbidden", "value_error"):
-        shown = repr(value)
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        message += f" (got {type(value).__name__} {shown})"
-    return TaskError(file, _field_path(first["loc"]) or WHOLE_FILE, message)
-
-
-def _unknown_key_message(schema: type[BaseModel], loc: tuple[int | str, ...]) -> str:
-    allowed = _keys_at(schema, loc[:-1])
-    if not allowed:
-        return "unknown key"
-    close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown key (allowed here: {', '.join(allowed)}){hint}"
-
-
-def _keys_at(schema: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
-    """The keys ``schema`` accepts in the table at ``loc``."""
-    node: Any = schema
-    for part in loc:
-        node = _unwrap(node)
-        if isinstance(node, type) and issubclass(node, BaseModel):
-            field = node.model_fields.get(str(part))
-            node = field.annotation if field else None
-        elif get_origin(node) in (list, tuple, dict):
-            args = [a for a in get_args(node) if a is not Ellipsis]
-            node = args[-1] if args else None
-        else:
-            return []
-    node = _unwrap(node)
-    return list(node.model_fields) if isinstance(node, type) and issubclass(node, BaseModel) else []
-
-
-def _unwrap(annotation: Any) -> Any:
-    """Strip Annotated[...] and the None of X | None."""
-    while True:
-        if get_origin(annotation) is Annotated:
-            annotation = get_args(annotation)[0]
-        elif get_origin(annotation) in (Union, UnionType):
-            members = [a for a in get_args(annotation) if a is not type(None)]
-            if len(members) != 1:
-                return annotation
-            annotation = members[0]
-        else:
-            return annotation
-
-
-def _field_path(loc: tuple[int | str, ...]) -> str:
-    """("params", 2, "shape", 0) -> "params[2].shape[0]"."""
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        else:
-            key = part if is_identifier(part) else f'"{part}"'
-            path += f".{key}" if path else key
-    return path
-
 
 
 # -------------------------------------------------------------------- checks
@@ -170,7 +87,7 @@ class _Checker:
                     self.fail(f"{table}[{i}].name", f"duplicate name {name!r}")
         for i, case in enumerate(task.cases):
             for dim in case.dims:
-                self.identifier(_field_path(("cases", i, "dims", dim)), dim)
+                self.identifier(field_path(("cases", i, "dims", dim)), dim)
 
     def check_params(self) -> None:
         for i, p in enumerate(self.task.params):
@@ -353,7 +270,7 @@ class _Checker:
                                                   f"dimension {name!r} (used by {where})")
             for name in case.dims:
                 if name not in used:
-                    self.fail(_field_path(("cases", i, "dims", name)),
+                    self.fail(field_path(("cases", i, "dims", name)),
                               f"unknown dimension {name!r}: no expression uses it "
                               f"(dims: {', '.join(used)})")
 

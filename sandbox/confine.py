@@ -291,7 +291,7 @@ def cuda_paths() -> tuple[str, ...]:
     """Folders the CUDA headers NVRTC includes and the CUDA libraries come from."""
     found = []
     try:
-        from cuda import pathfinder
+        from cuda import pathfinder  # optional: without the CUDA wheels there are no such folders
         for library in ("cudart", "cccl"):
             try:
                 found.append(pathfinder.find_nvidia_header_directory(library))

@@ -15,7 +15,7 @@ from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
-from harness.worker_side.nvrtc import MAX_SOURCE_BYTES, CompileRefused
+from harness.worker_side.compile_policy import MAX_SOURCE_BYTES, CompileRefused
 from server import attempt, probes
 from server.models import (AttemptAnswer, CheckAnswer, CompileAnswer, FinishAnswer, LaunchInput, TaskDescription,
                            TimeAnswer, Usage)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TextIO
 
 from harness.vendor_yardstick import VendorReport, time_vendor
-from harness.worker_side.nvrtc import CompileResult
+from harness.worker_side.compile_policy import CompileResult
 from harness.device import gpu_absent_reason
 from harness.referee import Referee
 from harness.settings import CompiledKernel, TimingSettings

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from harness.worker_side.nvrtc import CompileRefused
+from harness.worker_side.compile_policy import CompileRefused
 from harness.settings import TimingSettings
 from harness.task_model import LaunchSpec, TaskError
 from harness.task import load_task

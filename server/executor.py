@@ -15,7 +15,9 @@ from typing import Protocol
 import numpy as np
 
 from harness.vendor_yardstick import VendorReport, time_vendor
-from harness.worker_side.nvrtc import CompileCache, CompileResult, nvrtc_version
+from harness.compile_cache import CompileCache
+from harness.worker_side.compile_policy import CompileResult
+from harness.worker_side.nvrtc import nvrtc_version
 from harness.referee import Referee
 from harness.settings import CompiledKernel, TimingSettings
 from harness.nvml import Nvml, driver_build

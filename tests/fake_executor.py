@@ -21,7 +21,8 @@ import signal
 import numpy as np
 
 from harness.vendor_yardstick import VendorReport
-from harness.worker_side.nvrtc import CompileCache, compile_kernel
+from harness.compile_cache import CompileCache
+from harness.worker_side.nvrtc import compile_kernel
 from harness.settings import CompiledKernel
 from harness.stats import geometric_mean, summarize
 from harness.task_model import Case, Task

@@ -371,7 +371,7 @@ def test_a_failed_cublas_status_is_a_named_cuda_error(fake_cublas):
 
 def test_a_library_that_does_not_load_is_unavailable_once_and_for_all(monkeypatch):
     from harness.worker_side import cublas as vendor
-    from harness.worker_side.execute import JobFailed
+    from harness.worker_side.job import JobFailed
 
     attempts = []
 

@@ -8,17 +8,10 @@ import threading
 import pytest
 from cuda.bindings import driver, nvrtc
 
-from harness.worker_side.nvrtc import (
-    MAX_SOURCE_BYTES,
-    CompileCache,
-    CompileRefused,
-    arch_for,
-    check_options,
-    compile_kernel,
-    nvrtc_version,
-    parse_ptxas_report,
-    trim_log,
-)
+from harness.compile_cache import CompileCache
+from harness.worker_side.compile_policy import (MAX_SOURCE_BYTES, CompileRefused, arch_for, check_options,
+                                                parse_ptxas_report, trim_log)
+from harness.worker_side.nvrtc import compile_kernel, nvrtc_version
 from harness.worker_side.cuda_check import CudaError, check
 
 ELF_MAGIC = b"\x7fELF"

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.worker_side.nvrtc import MAX_SOURCE_BYTES, CompileRefused, compile_kernel
+from harness.worker_side.compile_policy import MAX_SOURCE_BYTES, CompileRefused
+from harness.worker_side.nvrtc import compile_kernel
 from harness.compile_service import CompileService
 from sandbox.confine import unavailable_reason
 

@@ -9,7 +9,7 @@ from harness import jobs
 from harness.worker_side.nvrtc import compile_kernel
 from harness.settings import TimingSettings
 from harness.timing_protocol import _undeclared_launches, _with_audits
-from harness.worker_side.execute import UTILITY_SOURCE
+from harness.worker_side.utility_kernels import UTILITY_SOURCE
 from harness.worker_side.kernel_clock import KIND_CONCURRENT_KERNEL, KIND_EXTERNAL_CORRELATION, Activity, launch_records
 from harness.task import load_task
 from harness.results import CaseTiming, Reason, ReasonCode
@@ -61,7 +61,7 @@ def test_each_launch_of_a_job_has_a_key_of_its_own_that_says_nothing_of_the_othe
 
 
 def test_a_job_draws_each_input_of_a_launch_with_that_launchs_key_and_the_input_as_its_stream():
-    from harness.worker_side.execute import _Job
+    from harness.worker_side.job import Job as WorkerJob
 
     calls = []
 
@@ -78,8 +78,8 @@ def test_a_job_draws_each_input_of_a_launch_with_that_launchs_key_and_the_input_
             return [({"nbytes": 400, "itemsize": 4}, "spec-a", Buffer(1000 + set_index), 0),
                     ({"nbytes": 80, "itemsize": 8}, "spec-b", Buffer(2000 + set_index), 1)]
 
-    _Job.draw(Job(), Utilities(), 2, 77, 13)
-    _Job.draw(Job(), Utilities(), 2, 77, 13, changed=5)
+    WorkerJob.draw(Job(), Utilities(), 2, 77, 13)
+    WorkerJob.draw(Job(), Utilities(), 2, 77, 13, changed=5)
     key = fresh_inputs.launch_key(77, 13)
     assert calls == [("spec-a", 1002, 100, key, 0, 0), ("spec-b", 2002, 10, key, 1, 0),
                      ("spec-a", 1002, 100, key, 0, 5), ("spec-b", 2002, 10, key, 1, 5)]
@@ -230,7 +230,7 @@ def test_a_timed_loop_that_cannot_start_frees_everything_it_made(monkeypatch):
         def begin(self):
             self.begun = True
 
-    monkeypatch.setattr(timed_loop, "_Job", Job)
+    monkeypatch.setattr(timed_loop, "Job", Job)
     monkeypatch.setattr(timed_loop.gpu, "Allocation", Made)
     monkeypatch.setattr(timed_loop.gpu, "EventPair", Pair)
     utilities = Utilities()

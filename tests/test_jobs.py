@@ -193,7 +193,7 @@ def test_same_bytes_finds_one_changed_byte_anywhere_in_any_chunk(where):
 def test_an_input_is_compared_with_the_bytes_it_must_hold_and_takes_their_hash_instead_of_being_hashed():
     from concurrent.futures import Future
 
-    from harness.worker_side.execute import _digest
+    from harness.worker_side.job import _digest
 
     bytes_ = np.frombuffer(os.urandom(1 << 20), np.uint8)
     # Where the bytes equal those it must hold, their digest is taken as given: the key's of a kept

@@ -147,7 +147,7 @@ class _Buffer:
 
 
 def test_resident_inputs_are_kept_least_recently_used_first_out_within_their_cap():
-    from harness.worker_side.execute import Resident
+    from harness.worker_side.resident import Resident
 
     store = Resident(cap_bytes=100)
     first, second, third = _Buffer(40), _Buffer(40), _Buffer(40)
@@ -188,7 +188,7 @@ def test_a_job_naming_an_input_the_worker_lost_goes_again_with_every_input():
 
 def test_an_allocation_out_of_memory_is_tried_again_once_the_kept_inputs_are_freed():
     from harness.worker_side.cuda_check import CudaError
-    from harness.worker_side.execute import Resident
+    from harness.worker_side.resident import Resident
 
     store, kept, calls = Resident(cap_bytes=100), _Buffer(40), []
     store.keep("a:1", kept, np.zeros(40, dtype=np.uint8))

@@ -18,8 +18,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from sandbox import wire
-from sandbox import confine
+from harness.worker_side.compile_policy import CompileRefused
+from sandbox import confine, wire
 
 # harness.worker_side.nvrtc (NVRTC, pydantic) is imported only after confinement: Landlock restricts the
 # thread that applies it and those it starts later, so no library may start a thread before it.
@@ -34,7 +34,7 @@ _WARM_UP_SOURCE = 'extern "C" __global__ void referee_warm_up(float* x) { x[0] =
 def _warm_up() -> str:
     """Load NVRTC and compile the referee's own kernel, inside the sandbox: a worker that cannot
     compile it (a header or library the confinement hides) fails at start, not on a candidate."""
-    from harness.worker_side.nvrtc import compile_kernel, nvrtc_version
+    from harness.worker_side.nvrtc import compile_kernel, nvrtc_version  # NVRTC: only once confined
 
     compiled = compile_kernel(_WARM_UP_SOURCE, "referee_warm_up")
     if not compiled.ok:
@@ -66,7 +66,7 @@ def _start(answers, wanted: bool) -> bool:
 
 
 def _compile(header: dict) -> tuple[dict, list[bytes]]:
-    from harness.worker_side.nvrtc import CompileRefused, compile_kernel
+    from harness.worker_side.nvrtc import compile_kernel  # NVRTC: only once confined
 
     try:
         result = compile_kernel(header["source"], header["kernel_name"], options=header["options"],

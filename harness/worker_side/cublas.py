@@ -21,8 +21,10 @@ import os
 
 import ml_dtypes
 import numpy as np
+from cuda import pathfinder
 
-from harness.worker_side import execute, gpu, timed_loop
+from harness.worker_side import gpu, timed_loop, utility_kernels
+from harness.worker_side.job import JobFailed
 from harness.worker_side.cublas_api import CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUBLAS_OP_N, CUDA_R_16BF, CUDA_R_32F
 from harness.worker_side.cuda_check import CudaError, check
 
@@ -86,8 +88,6 @@ class Cublas:
 
 
 def _library_path() -> str:
-    from cuda import pathfinder
-
     path = pathfinder.load_nvidia_dynamic_lib("cublas").abs_path
     if not path:
         raise OSError("cuda.pathfinder loaded cuBLAS but cannot say from where")
@@ -107,18 +107,18 @@ def cublas(context: gpu.Context) -> Cublas:
         except Exception as exc:  # noqa: BLE001 - DynamicLibNotFoundError, OSError, a cuBLAS status: all "unavailable"
             _state["failure"] = f"{type(exc).__name__}: {exc}"
     if _state["failure"] is not None:
-        raise execute.JobFailed("unavailable", "CUBLAS_UNAVAILABLE", f"cuBLAS could not be loaded: {_state['failure']}")
+        raise JobFailed("unavailable", "CUBLAS_UNAVAILABLE", f"cuBLAS could not be loaded: {_state['failure']}")
     return _state["cublas"]
 
 
-def answer(context: gpu.Context, utilities: execute.Utilities, header: dict, blobs: list[bytes]):
+def answer(context: gpu.Context, utilities: utility_kernels.Utilities, header: dict, blobs: list[bytes]):
     if header["op"] == "vendor_time":
         call = header["vendor"]
         if (call.get("library"), call.get("op")) != ("cublas", "gemm"):
-            raise execute.JobFailed("launch_error", "UNKNOWN_VENDOR_CALL", f"no vendor call {call.get('library')!r} "
+            raise JobFailed("launch_error", "UNKNOWN_VENDOR_CALL", f"no vendor call {call.get('library')!r} "
                                     f"{call.get('op')!r}")
         library = cublas(context)
-        return timed_loop.time(context, utilities, header, blobs, launcher=lambda pointers: library.gemm(call, pointers))
+        return timed_loop.time_job(context, utilities, header, blobs, launcher=lambda pointers: library.gemm(call, pointers))
     return measure_peaks(context, header), []
 
 
@@ -131,7 +131,7 @@ def measure_peaks(context: gpu.Context, header: dict) -> dict:
     notes, gemm, size = [], {}, header["gemm_size"]
     try:
         library = cublas(context)
-    except execute.JobFailed as failed:
+    except JobFailed as failed:
         notes.append(f"no compute peaks: {failed.detail}")
     else:
         for key, dtype, cuda_type in (("fp32", np.float32, CUDA_R_32F), ("tensor_bf16", ml_dtypes.bfloat16, CUDA_R_16BF)):

@@ -65,7 +65,7 @@ def _describe(status: Any) -> tuple[str, str]:
 
 def _nvrtc_description(status: Any) -> str | None:
     try:
-        from cuda.bindings import nvrtc
+        from cuda.bindings import nvrtc  # may be absent where only compiling: the code is then named as it is
 
         text = nvrtc.nvrtcGetErrorString(status)[1]
     except Exception:
@@ -77,7 +77,7 @@ def _driver_name(status: Any) -> str | None:
     # The driver library is loaded lazily and is absent on build-only
     # machines; the enum's own name is then the best we can say.
     try:
-        from cuda.bindings import driver
+        from cuda.bindings import driver  # may be absent where only compiling: the code is then named as it is
 
         err, text = driver.cuGetErrorName(status)
     except Exception:
@@ -87,7 +87,7 @@ def _driver_name(status: Any) -> str | None:
 
 def _driver_description(status: Any) -> str | None:
     try:
-        from cuda.bindings import driver
+        from cuda.bindings import driver  # may be absent where only compiling: the code is then named as it is
 
         err, text = driver.cuGetErrorString(status)
     except Exception:

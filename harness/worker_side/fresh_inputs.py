@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import hashlib
 
+import ml_dtypes
+import numpy as np
+
 # Element types the generator writes, by task dtype name.
 DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5,
                "int32": 6, "uint32": 7, "int64": 8}
@@ -174,8 +177,6 @@ def draw_on_host(spec: dict, elements: int, key: int, stream: int):
     """The array referee_generate draws (as raw little-endian words of the dtype's size): equal bit for
     bit to the device's for uniform and integers; for normal, log and cos may differ in the last bit
     between the device and the host's libm, which moves a float32 by one ulp on rare elements."""
-    import numpy as np
-
     i = np.arange(elements, dtype=np.uint64)
     r = _philox([i & 0xFFFFFFFF, i >> np.uint64(32), np.full_like(i, stream & 0xFFFFFFFF),
                  np.full_like(i, stream >> 32)], (key & 0xFFFFFFFF, key >> 32))
@@ -197,8 +198,6 @@ def draw_on_host(spec: dict, elements: int, key: int, stream: int):
 
 
 def _float_words(v, code: int):
-    import ml_dtypes
-    import numpy as np
 
     if code == 1:
         return v.astype("<f8")

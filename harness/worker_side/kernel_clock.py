@@ -29,6 +29,8 @@ import os
 import threading
 from dataclasses import dataclass
 
+from cuda import pathfinder
+
 # CUpti_ActivityKind values (cupti_activity.h)
 KIND_MEMCPY, KIND_MEMSET, KIND_KERNEL, KIND_DRIVER, KIND_RUNTIME = 1, 2, 3, 4, 5
 KIND_CONCURRENT_KERNEL, KIND_EXTERNAL_CORRELATION = 10, 39
@@ -220,8 +222,6 @@ def _kernel_activity(kind: int, base: int, start: int, end: int) -> Activity:
 
 
 def _library_path() -> str:
-    from cuda import pathfinder
-
     path = pathfinder.load_nvidia_dynamic_lib("cupti").abs_path
     if not path:
         raise OSError("cuda.pathfinder loaded CUPTI but cannot say from where")

@@ -4,7 +4,7 @@ Runs inside the worker process only; it judges nothing (harness/referee.py does,
 
 Every launch, warm-ups included, is readied outside its timed window: with fresh inputs (header
 "fresh"), its device-drawn inputs are drawn for that launch (harness/worker_side/fresh_inputs.py); the module's
-writable globals are put back to their initial image and its outputs poisoned (execute._Job.poison);
+writable globals are put back to their initial image and its outputs poisoned (execute.Job.poison);
 with a cold L2, the L2 is flushed. After it, still outside the window, its outputs are scanned for
 poison left unwritten, its drawn inputs are checked against their draw, and the outputs of the
 audited launches (a secret subset the parent chose) are copied to snapshots read back at the end.
@@ -20,11 +20,12 @@ from time import perf_counter
 import numpy as np
 
 from harness.worker_side import gpu
-from harness.worker_side.execute import Launcher, Utilities, _Job
+from harness.worker_side.job import Job, Launcher
+from harness.worker_side.utility_kernels import Utilities
 from harness.worker_side.buffers import audit_slots, digests_later, pack_outputs, time_slots
 
 
-def time(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[bytes],
+def time_job(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[bytes],
          launcher: Launcher | None = None) -> tuple[dict, list[bytes]]:
     """Run a time job. With a `launcher` (a vendor library call, harness/worker_side/cublas.py) the blobs hold only
     the inputs and each launch is that call, under exactly the same protocol."""
@@ -54,7 +55,7 @@ class TimedLoop:
         self._mark = perf_counter()
         self.counters = self.snapshots = self.queued = None
         self.pairs: list[gpu.EventPair] = []
-        self.job = _Job(context, header, cubin, sets=self.sets, launcher=launcher, resident=utilities.resident)
+        self.job = Job(context, header, cubin, sets=self.sets, launcher=launcher, resident=utilities.resident)
         self.n_out = len(self.job.outputs(0))
         self.output_bytes = sum(p["nbytes"] for p in self.job.arrays if p["kind"] == "output")
         try:

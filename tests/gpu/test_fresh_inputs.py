@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from harness.worker_side import execute, fresh_inputs, gpu
-from harness.worker_side.nvrtc import arch_for, compile_kernel
+from harness.worker_side.compile_policy import arch_for
+from harness.worker_side.nvrtc import compile_kernel
 from harness.referee import Referee
 from harness.settings import TimingSettings
 from harness.task_model import Case
@@ -24,10 +25,10 @@ DRAWS = [("uniform", "float32", dict(low=-1.0, high=1.0)), ("uniform", "float64"
 @pytest.fixture(scope="module")
 def device():
     context = gpu.Context(0)
-    compiled = compile_kernel(execute.UTILITY_SOURCE, "referee_empty",
+    compiled = compile_kernel(utility_kernels.UTILITY_SOURCE, "referee_empty",
                               arch=arch_for(*context.info.compute_capability))
     assert compiled.ok, compiled.log
-    return context, execute.Utilities(context, compiled.cubin)
+    return context, utility_kernels.Utilities(context, compiled.cubin)
 
 
 def draw(device, spec: dict, itemsize: int, key: int, stream: int) -> tuple[gpu.Allocation, np.ndarray]:
