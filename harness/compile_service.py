@@ -24,6 +24,7 @@ from harness.compile_cache import CompileCache
 from harness.worker_side.compile_policy import CompileRefused, CompileRequest, CompileResult, trim_log
 from harness.worker_side.nvrtc import check_request
 from sandbox.pool import JobTimeout, Worker, WorkerCrashed, WorkerError
+from sandbox.answers import Status
 
 # Well under the MCP client's 60 s per tool call, which also has to cover a worker start.
 DEFAULT_DEADLINE_S = 30.0
@@ -152,11 +153,11 @@ def _short(detail: object) -> str:
 def _result_from(request: _Request, answer: dict, blobs: list[bytes]) -> CompileResult:
     """The worker's answer as a CompileResult, after checking it field by field against the request."""
     status = answer.get("status")
-    if status == "refused":
+    if status == Status.REFUSED:
         raise CompileRefused(_short(answer.get("detail")))
-    if status == "error":
+    if status == Status.ERROR:
         raise _Malformed(f"{answer.get('error')}: {_short(answer.get('detail'))}")
-    if status != "ok":
+    if status != Status.OK:
         raise _Malformed(f"unknown status {str(status)[:40]!r}")
     if len(blobs) != 1:
         raise _Malformed(f"{len(blobs)} blobs instead of one CUBIN")

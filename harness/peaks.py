@@ -30,6 +30,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from harness.nvml import driver_build
+from sandbox.answers import Status
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def peaks_job(l2_bytes: int) -> dict:
 
 def peaks_from_answer(answer: dict) -> DevicePeaks:
     """The worker's answer to a peaks job, read strictly: per-run timings in, best rates out."""
-    if answer.get("status") != "ok":
+    if answer.get("status") != Status.OK:
         raise PeaksUnavailable(f"{answer.get('error')}: {answer.get('detail')}")
     copies = answer.get("copies")  # [{"bytes": N, "ms": [t, ...]}, ...]
     if not isinstance(copies, list) or not copies:

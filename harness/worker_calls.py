@@ -15,11 +15,12 @@ from harness.results import Reason, ReasonCode
 from harness.settings import CompiledKernel, Unavailable
 from harness.task_model import Case
 from harness.worker_side import buffers
+from sandbox.answers import Status
 from sandbox.pool import JobTimeout, Worker, WorkerCrashed
 
 # Answer statuses that are the candidate's failure, with the reason each one is.
-_FAILURES = {"fault": ReasonCode.CUDA_FAULT, "launch_error": ReasonCode.LAUNCH_ERROR,
-             "out_of_memory": ReasonCode.OUT_OF_MEMORY}
+_FAILURES = {Status.FAULT: ReasonCode.CUDA_FAULT, Status.LAUNCH_ERROR: ReasonCode.LAUNCH_ERROR,
+             Status.OUT_OF_MEMORY: ReasonCode.OUT_OF_MEMORY}
 
 
 def call_worker(worker: Worker, build: Callable[[frozenset[str]], tuple[dict, list]], deadline_s: float,
@@ -30,7 +31,7 @@ def call_worker(worker: Worker, build: Callable[[frozenset[str]], tuple[dict, li
     header, blobs = build(worker.resident_inputs)
     try:
         answer, answer_blobs = worker.call(header, blobs, deadline_s, max_bytes + (1 << 20))
-        if answer.get("status") == "resident_missing":
+        if answer.get("status") == Status.RESIDENT_MISSING:
             worker.resident_inputs = frozenset()
             header, blobs = build(worker.resident_inputs)
             answer, answer_blobs = worker.call(header, blobs, deadline_s, max_bytes + (1 << 20))
@@ -47,12 +48,12 @@ def call_worker(worker: Worker, build: Callable[[frozenset[str]], tuple[dict, li
 
 def read_answer(answer: dict, answer_blobs: list, case: str):
     status = answer.get("status")
-    if status == "ok":
+    if status == Status.OK:
         return answer, answer_blobs, None
     detail = f"{answer.get('error')}: {answer.get('detail')}"
     if status in _FAILURES:
         return None, None, Reason(code=_FAILURES[status], case=case, detail=detail)
-    if status == "unavailable":
+    if status == Status.UNAVAILABLE:
         raise Unavailable(detail)
     raise RuntimeError(f"worker error on case {case}: {detail}")
 

@@ -23,6 +23,7 @@ from typing import Sequence
 from sandbox import wire
 from sandbox.confine import gpu_worker_confinement
 from sandbox.environment import worker_environment
+from sandbox.answers import Status
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class Worker:
             hello, _ = self._receive(time.monotonic() + self.startup_timeout_s, 1 << 20)
         except JobTimeout:
             raise WorkerError(f"{self.name} worker did not start within {self.startup_timeout_s:.0f} s") from None
-        if hello.get("status") != "ready":
+        if hello.get("status") != Status.READY:
             self.stop()
             raise WorkerError(f"{self.name} worker could not start: {hello.get('error')}: {hello.get('detail')}")
         self._check_confined(hello)
@@ -216,7 +217,7 @@ class Worker:
             answer, answer_blobs = self._receive(time.monotonic() + deadline_s, max_answer_bytes)
         finally:
             self.in_flight = False
-        if answer.get("status") == "fault":
+        if answer.get("status") == Status.FAULT:
             self._reap_after_fault()
         return answer, answer_blobs
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from harness.worker_side.compile_policy import CompileRefused
 from sandbox import confine, wire
+from sandbox.answers import Status
 
 # harness.worker_side.nvrtc (NVRTC, pydantic) is imported only after confinement: Landlock restricts the
 # thread that applies it and those it starts later, so no library may start a thread before it.
@@ -57,10 +58,10 @@ def _start(answers, wanted: bool) -> bool:
         confined, notes = _confine(wanted)
         version = _warm_up()
     except Exception as exc:  # noqa: BLE001 - any startup failure is reported, then the process exits
-        wire.send(answers, {"status": "startup_error", "error": type(exc).__name__, "detail": str(exc)})
+        wire.send(answers, {"status": Status.STARTUP_ERROR, "error": type(exc).__name__, "detail": str(exc)})
         return False
     # sandbox.pool.Worker logs "confinement_notes" and names the worker's device in its log.
-    wire.send(answers, {"status": "ready", "confined": confined, "notes": notes, "confinement_notes": notes,
+    wire.send(answers, {"status": Status.READY, "confined": confined, "notes": notes, "confinement_notes": notes,
                         "pid": os.getpid(), "nvrtc_version": version, "device": {"name": f"NVRTC {version}"}})
     return True
 
@@ -72,15 +73,15 @@ def _compile(header: dict) -> tuple[dict, list[bytes]]:
         result = compile_kernel(header["source"], header["kernel_name"], options=header["options"],
                                 arch=header["arch"])
     except CompileRefused as exc:
-        return {"status": "refused", "detail": str(exc)}, []
+        return {"status": Status.REFUSED, "detail": str(exc)}, []
     # model_dump leaves the CUBIN out (the field is excluded); it travels as the one blob.
-    return {"status": "ok", "result": result.model_dump(mode="json")}, [result.cubin]
+    return {"status": Status.OK, "result": result.model_dump(mode="json")}, [result.cubin]
 
 
 def _answer(header: dict) -> tuple[dict, list[bytes]]:
     if header.get("op") == "compile":
         return _compile(header)
-    return {"status": "error", "error": "UNKNOWN_OP", "detail": f"unknown op {header.get('op')!r}"}, []
+    return {"status": Status.ERROR, "error": "UNKNOWN_OP", "detail": f"unknown op {header.get('op')!r}"}, []
 
 
 def serve(jobs, answers, wanted_confinement: bool) -> int:
@@ -96,7 +97,7 @@ def serve(jobs, answers, wanted_confinement: bool) -> int:
         try:
             answer, blobs = _answer(header)
         except Exception as exc:  # noqa: BLE001 - a worker bug is reported to the parent, not hidden
-            answer, blobs = {"status": "error", "error": type(exc).__name__,
+            answer, blobs = {"status": Status.ERROR, "error": type(exc).__name__,
                              "detail": traceback.format_exc(limit=5)}, []
         wire.send(answers, answer, blobs)
 

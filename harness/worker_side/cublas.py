@@ -27,6 +27,7 @@ from harness.worker_side import gpu, timed_loop, utility_kernels
 from harness.worker_side.job import JobFailed
 from harness.worker_side.cublas_api import CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUBLAS_OP_N, CUDA_R_16BF, CUDA_R_32F
 from harness.worker_side.cuda_check import CudaError, check
+from sandbox.answers import Status
 
 
 class CublasStatus(enum.IntEnum):
@@ -100,14 +101,14 @@ _state: dict = {"cublas": None, "failure": None}
 
 
 def cublas(context: gpu.Context) -> Cublas:
-    """The worker's cuBLAS, or JobFailed("unavailable") saying why it cannot be had."""
+    """The worker's cuBLAS, or JobFailed(Status.UNAVAILABLE) saying why it cannot be had."""
     if _state["cublas"] is None and _state["failure"] is None:
         try:
             _state["cublas"] = Cublas(context.stream)
         except Exception as exc:  # noqa: BLE001 - DynamicLibNotFoundError, OSError, a cuBLAS status: all "unavailable"
             _state["failure"] = f"{type(exc).__name__}: {exc}"
     if _state["failure"] is not None:
-        raise JobFailed("unavailable", "CUBLAS_UNAVAILABLE", f"cuBLAS could not be loaded: {_state['failure']}")
+        raise JobFailed(Status.UNAVAILABLE, "CUBLAS_UNAVAILABLE", f"cuBLAS could not be loaded: {_state['failure']}")
     return _state["cublas"]
 
 
@@ -115,7 +116,7 @@ def answer(context: gpu.Context, utilities: utility_kernels.Utilities, header: d
     if header["op"] == "vendor_time":
         call = header["vendor"]
         if (call.get("library"), call.get("op")) != ("cublas", "gemm"):
-            raise JobFailed("launch_error", "UNKNOWN_VENDOR_CALL", f"no vendor call {call.get('library')!r} "
+            raise JobFailed(Status.LAUNCH_ERROR, "UNKNOWN_VENDOR_CALL", f"no vendor call {call.get('library')!r} "
                                     f"{call.get('op')!r}")
         library = cublas(context)
         return timed_loop.time_job(context, utilities, header, blobs, launcher=lambda pointers: library.gemm(call, pointers))
@@ -141,7 +142,7 @@ def measure_peaks(context: gpu.Context, header: dict) -> dict:
                 if gpu.is_sticky(exc):
                     raise
                 notes.append(f"no {key} peak: {exc}")
-    return {"status": "ok", "copies": copies, "gemm_size": size, "gemm": gemm, "notes": notes}
+    return {"status": Status.OK, "copies": copies, "gemm_size": size, "gemm": gemm, "notes": notes}
 
 
 def _timed_ms(context: gpu.Context, repeats: int, work, warmups: int = 3) -> list[float]:

@@ -13,6 +13,7 @@ from harness.worker_side.buffers import digests_later, pack_outputs, run_slots
 from harness.worker_side.job import Job
 from harness.worker_side.resident import Staging
 from harness.worker_side.utility_kernels import Utilities
+from sandbox.answers import Status
 
 
 def run_job(context: gpu.Context, header: dict, blobs: list[bytes],
@@ -37,7 +38,7 @@ def run_job(context: gpu.Context, header: dict, blobs: list[bytes],
                                     output_hashes())
         gpu_busy_ms = utilities.finish([])[1] if utilities is not None else None
         resident = utilities.resident.keys() if utilities is not None else []
-        return {"status": "ok", "input_sha256": hashes, "gpu_busy_ms": gpu_busy_ms, "resident_inputs": resident,
+        return {"status": Status.OK, "input_sha256": hashes, "gpu_busy_ms": gpu_busy_ms, "resident_inputs": resident,
                 **fields}, sent + guards
     finally:
         job.close()
@@ -64,7 +65,7 @@ def draw_run_job(context: gpu.Context, header: dict, blobs: list[bytes],
         job.keep_inputs(hashes)
         fields, sent = pack_outputs(outputs, [f"{launch}/{j}" for launch in header["draws"]["launches"]
                                               for j in range(len(job.outputs(0)))], {}, output_hashes())
-        return {"status": "ok", "input_sha256": hashes, "gpu_busy_ms": utilities.finish([])[1],
+        return {"status": Status.OK, "input_sha256": hashes, "gpu_busy_ms": utilities.finish([])[1],
                 "resident_inputs": utilities.resident.keys(), **fields}, sent + guards
     finally:
         job.close()

@@ -20,6 +20,7 @@ from harness.worker_side.kernel_clock import KernelClock
 from harness.worker_side.nvrtc import compile_kernel
 from harness.worker_side.resident import ResidentMissing
 from sandbox import wire
+from sandbox.answers import Status
 
 MAX_JOB_BYTES = 1 << 36
 EXIT_STICKY = 3
@@ -46,16 +47,16 @@ def _answer(context, utilities, header: dict, blobs: list[bytes]):
         return execute.draw_run_job(context, header, blobs, utilities)
     if op in ("vendor_time", "peaks"):  # cuBLAS and the device peaks (harness/worker_side/cublas.py)
         return cublas.answer(context, utilities, header, blobs)
-    return {"status": "error", "error": "UNKNOWN_OP", "detail": f"unknown op {op!r}"}, []
+    return {"status": Status.ERROR, "error": "UNKNOWN_OP", "detail": f"unknown op {op!r}"}, []
 
 
 def _cuda_error_answer(exc: CudaError) -> dict:
     """Sticky errors end the worker; running out of device memory is nobody's verdict and says how much was left."""
     if gpu.is_sticky(exc):
-        return {"status": "fault", "error": exc.name, "detail": str(exc)}
+        return {"status": Status.FAULT, "error": exc.name, "detail": str(exc)}
     if gpu.is_out_of_memory(exc):
-        return {"status": "out_of_memory", "error": exc.name, "detail": f"{exc} ({gpu.memory_note()})"}
-    return {"status": "launch_error", "error": exc.name, "detail": str(exc)}
+        return {"status": Status.OUT_OF_MEMORY, "error": exc.name, "detail": f"{exc} ({gpu.memory_note()})"}
+    return {"status": Status.LAUNCH_ERROR, "error": exc.name, "detail": str(exc)}
 
 
 def _context_healthy() -> bool:
@@ -67,10 +68,10 @@ def serve(jobs, answers, ordinal: int, confined: dict, regions=(None, None)) -> 
         context, utilities = _start(ordinal)
     except Exception as exc:  # noqa: BLE001 - any startup failure is reported, then we exit
         name = exc.name if isinstance(exc, CudaError) else type(exc).__name__
-        wire.send(answers, {"status": "startup_error", "error": name, "detail": str(exc)})
+        wire.send(answers, {"status": Status.STARTUP_ERROR, "error": name, "detail": str(exc)})
         return EXIT_STARTUP
     arch = arch_for(*context.info.compute_capability)
-    wire.send(answers, {"status": "ready", "device": context.info.as_dict(), "arch": arch,
+    wire.send(answers, {"status": Status.READY, "device": context.info.as_dict(), "arch": arch,
                         "event_overhead_ms": utilities.event_overhead_ms, "pid": os.getpid(),
                         "kernel_clock": {"available": utilities.clock is not None, "note": utilities.clock_note,
                                          "cupti_version": utilities.clock.version if utilities.clock else None,
@@ -89,18 +90,18 @@ def serve(jobs, answers, ordinal: int, confined: dict, regions=(None, None)) -> 
         except JobFailed as failed:
             answer, out = {"status": failed.status, "error": failed.error, "detail": failed.detail}, []
         except ResidentMissing as missing:
-            answer, out = {"status": "resident_missing", "error": "RESIDENT_MISSING",
+            answer, out = {"status": Status.RESIDENT_MISSING, "error": "RESIDENT_MISSING",
                            "detail": f"input {missing} is no longer held; send it"}, []
         except CudaError as exc:
             answer, out = _cuda_error_answer(exc), []
         except Exception as exc:  # noqa: BLE001 - a worker bug is reported to the parent, not hidden
-            answer, out = {"status": "error", "error": type(exc).__name__,
+            answer, out = {"status": Status.ERROR, "error": type(exc).__name__,
                            "detail": traceback.format_exc(limit=5)}, []
-        if answer["status"] != "ok" and answer["status"] != "fault" and not _context_healthy():
-            answer["status"] = "fault"
-        if answer["status"] != "ok":
+        if answer["status"] != Status.OK and answer["status"] != Status.FAULT and not _context_healthy():
+            answer["status"] = Status.FAULT
+        if answer["status"] != Status.OK:
             utilities.resident.clear()  # after a failed job, nothing kept is vouched for
         wire.send(answers, answer, out, regions[1])
         del blobs, out  # views into the jobs region end with the job
-        if answer["status"] == "fault":
+        if answer["status"] == Status.FAULT:
             return EXIT_STICKY

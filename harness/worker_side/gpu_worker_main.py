@@ -17,6 +17,7 @@ import os
 import sys
 
 from sandbox import confine, wire
+from sandbox.answers import Status
 
 EXIT_STARTUP = 4
 
@@ -49,7 +50,7 @@ def main(argv: list[str]) -> int:
         try:
             confined = confine_from_argv(argv)
         except (confine.ConfinementError, ValueError, TypeError, OSError) as exc:
-            wire.send(answers, {"status": "startup_error", "error": "ConfinementError",
+            wire.send(answers, {"status": Status.STARTUP_ERROR, "error": "ConfinementError",
                                 "detail": f"the worker could not be confined: {exc}"})
             return EXIT_STARTUP
         from harness.worker_side import gpu_worker  # loads CUDA and starts threads: only once confined

@@ -14,6 +14,7 @@ from harness.worker_side.buffers import canary, hashing_pool, same_bytes, sha256
 from harness.worker_side.module_state import ModuleState, UnrestorableState
 from harness.worker_side.resident import Resident, ResidentMissing
 from harness.worker_side.utility_kernels import Utilities
+from sandbox.answers import Status
 
 # Queues one launch on the context's stream, given each array parameter's device pointer by name.
 Launcher = Callable[[dict[str, int]], None]
@@ -93,12 +94,12 @@ class Job:
         except CudaError as exc:
             if gpu.is_out_of_memory(exc):
                 raise  # the worker reports it as out of memory, with what is left
-            raise JobFailed("launch_error", exc.name, f"the CUBIN did not load: {exc}") from None
+            raise JobFailed(Status.LAUNCH_ERROR, exc.name, f"the CUBIN did not load: {exc}") from None
         self.function = self._function(header["kernel"])
         try:
             self.state = ModuleState(self.module, cubin, self.context.stream)
         except UnrestorableState as exc:
-            raise JobFailed("launch_error", "UNRESTORABLE_STATE", str(exc)) from None
+            raise JobFailed(Status.LAUNCH_ERROR, "UNRESTORABLE_STATE", str(exc)) from None
         self.grid, self.block = tuple(header["launch"]["grid"]), tuple(header["launch"]["block"])
         self.shared_bytes = int(header["launch"]["shared_bytes"])
         self._prepare_shared()
@@ -107,11 +108,11 @@ class Job:
         try:
             function = self.module.function(name)
         except CudaError as exc:
-            raise JobFailed("launch_error", exc.name, f"kernel '{name}' is not in the module") from None
+            raise JobFailed(Status.LAUNCH_ERROR, exc.name, f"kernel '{name}' is not in the module") from None
         sizes = gpu.parameter_sizes(function)
         wanted = [8 if p["kind"] != "scalar" else _scalar_size(p["dtype"]) for p in self.params]
         if sizes is not None and sizes != wanted:
-            raise JobFailed("launch_error", "SIGNATURE_MISMATCH",
+            raise JobFailed(Status.LAUNCH_ERROR, "SIGNATURE_MISMATCH",
                             f"kernel '{name}' takes parameters of {sizes} bytes; the task declares {wanted}")
         return function
 
@@ -120,7 +121,7 @@ class Job:
             gpu.allow_dynamic_shared(self.function, self.shared_bytes)
         except (CudaError, OverflowError, ValueError) as exc:
             limit = self.context.info.max_shared_per_block_optin
-            raise JobFailed("launch_error", getattr(exc, "name", type(exc).__name__),
+            raise JobFailed(Status.LAUNCH_ERROR, getattr(exc, "name", type(exc).__name__),
                             f"{self.shared_bytes} bytes of dynamic shared memory refused (device limit {limit})") from None
 
     def sent_inputs(self, set_index: int) -> int:

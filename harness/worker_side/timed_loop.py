@@ -23,6 +23,7 @@ from harness.worker_side import gpu
 from harness.worker_side.job import Job, Launcher
 from harness.worker_side.utility_kernels import Utilities
 from harness.worker_side.buffers import audit_slots, digests_later, pack_outputs, time_slots
+from sandbox.answers import Status
 
 
 def time_job(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[bytes],
@@ -179,7 +180,7 @@ class TimedLoop:
         self.phase("evidence")
         fields, sent = pack_outputs(blobs, slots, self.header.get("known_outputs") or {}, output_hashes())
         self.phase("hash_outputs")
-        answer = {"status": "ok", "samples_ms": samples_ms, "kernel_samples_ms": kernel_ms,
+        answer = {"status": Status.OK, "samples_ms": samples_ms, "kernel_samples_ms": kernel_ms,
                   "clock_note": None if self.clocked else utilities.clock_note or "events asked for",
                   "gpu_busy_ms": gpu_busy_ms, "unwritten": [int(u) for u in unwritten],
                   "changed_inputs": [int(c) for c in changed] if self.fresh_key is not None else None,
