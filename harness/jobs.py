@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from harness.task_model import DTYPES, LaunchGeometry, Task
+from harness.worker_side.messages import DrawRunJob, RunJob, TimeJob
 from harness.worker_side.buffers import GUARD_BYTES, TIMING_POISON, canary, digests, sha256
 
 
@@ -124,23 +125,24 @@ def _inputs_field(layout: Layout, input_sets: list[dict[str, np.ndarray]], hashe
     return entries, blobs
 
 
-def run_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
-            inputs: dict[str, np.ndarray], poisons: tuple[int, ...], guard_seed: int,
-            hashes: dict[str, str] | None = None, resident: frozenset[str] = frozenset()) -> tuple[dict, list]:
+def make_run_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
+                 inputs: dict[str, np.ndarray], poisons: tuple[int, ...], guard_seed: int,
+                 hashes: dict[str, str] | None = None, resident: frozenset[str] = frozenset()) -> tuple[RunJob, list]:
     """`hashes`: the inputs' sha256, by which the worker keeps them; `resident`: the keys it holds."""
     entries, blobs = _inputs_field(layout, [inputs], [hashes], resident)
-    header = {"op": "run", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
+    header: RunJob = {"op": "run", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
               "poisons": list(poisons), "guard_seed": guard_seed, "guard_bytes": GUARD_BYTES, "inputs": entries}
     return header, [cubin] + blobs
 
 
-def draw_run_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
-                 fixed_inputs: dict[str, np.ndarray], fresh: "FreshDraws", launches: list[int], guard_seed: int,
-                 hashes: dict[str, str] | None = None, resident: frozenset[str] = frozenset()) -> tuple[dict, list]:
+def make_draw_run_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
+                      fixed_inputs: dict[str, np.ndarray], fresh: "FreshDraws", launches: list[int], guard_seed: int,
+                      hashes: dict[str, str] | None = None,
+                      resident: frozenset[str] = frozenset()) -> tuple[DrawRunJob, list]:
     """One launch per launch number, each on the inputs that launch of a time job with the same `fresh`
     draws (the expected outputs of its audited launches). `fixed_inputs`: the inputs that are not drawn."""
     entries, blobs = _inputs_field(layout, [fixed_inputs], [hashes], resident, fresh.draws)
-    header = {"op": "draw_run", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
+    header: DrawRunJob = {"op": "draw_run", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
               "poisons": [TIMING_POISON], "guard_seed": guard_seed, "guard_bytes": GUARD_BYTES, "inputs": entries,
               "draws": {"key": fresh.key, "launches": list(launches)}}
     return header, [cubin] + blobs
@@ -154,17 +156,17 @@ class FreshDraws:
     draws: dict[str, dict]
 
 
-def time_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
-             input_sets: list[dict[str, np.ndarray]], *, warmups: int, iterations: int, cold_l2: bool,
-             checked_launches: list[int], guard_seed: int,
-             known_outputs: dict[str, list[str]] | None = None, clock: str = "kernel",
-             hashes: list[dict | None] | None = None, resident: frozenset[str] = frozenset(),
-             fresh: FreshDraws | None = None) -> tuple[dict, list]:
+def make_time_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
+                  input_sets: list[dict[str, np.ndarray]], *, warmups: int, iterations: int, cold_l2: bool,
+                  checked_launches: list[int], guard_seed: int,
+                  known_outputs: dict[str, list[str]] | None = None, clock: str = "kernel",
+                  hashes: list[dict | None] | None = None, resident: frozenset[str] = frozenset(),
+                  fresh: FreshDraws | None = None) -> tuple[TimeJob, list]:
     """`known_outputs`: by slot ("SET/OUTPUT"), the sha256 of outputs already found right, not to be sent again.
     `clock`: "kernel" times each launch on the kernel clock too, where the worker has it; "events" does not.
     `fresh`: every launch draws its drawn inputs anew (harness/worker_side/fresh_inputs.py); `input_sets` then hold only
     the inputs that are not drawn, the same in every set, and `checked_launches` are the audited launches."""
-    header = {"op": "time", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
+    header: TimeJob = {"op": "time", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
               "sets": len(input_sets), "warmups": warmups, "iterations": iterations, "cold_l2": cold_l2,
               "poison": TIMING_POISON, "checked_launches": sorted(checked_launches),
               "guard_seed": guard_seed, "guard_bytes": GUARD_BYTES, "known_outputs": known_outputs or {},
@@ -173,11 +175,12 @@ def time_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry
     return header, [cubin] + blobs
 
 
-def vendor_time_job(call: dict, layout: Layout, input_sets: list[dict[str, np.ndarray]], **timing) -> tuple[dict, list]:
+def make_vendor_time_job(call: dict, layout: Layout, input_sets: list[dict[str, np.ndarray]],
+                         **timing) -> tuple[TimeJob, list]:
     """A time job whose launch is a vendor library call (harness/worker_side/cublas.py) instead of a kernel:
     the same header without the kernel and its geometry, the same blobs without the CUBIN."""
-    header, blobs = time_job(b"", "", layout, LaunchGeometry(grid=(1, 1, 1), block=(1, 1, 1), shared_bytes=0),
-                             input_sets, **timing)
+    header, blobs = make_time_job(b"", "", layout, LaunchGeometry(grid=(1, 1, 1), block=(1, 1, 1), shared_bytes=0),
+                                  input_sets, **timing)
     for key in ("kernel", "launch"):
         del header[key]
     return {**header, "op": "vendor_time", "vendor": call}, blobs[1:]

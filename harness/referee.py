@@ -194,7 +194,7 @@ class Referee(TimingProtocol):
         out_bytes = sum(a.nbytes for a in layout.outputs) * len(buffers.POISON_BYTES)
 
         def build(resident: frozenset[str]):
-            return jobs.run_job(kernel.cubin, kernel.symbol, layout, geometry, inputs, buffers.POISON_BYTES,
+            return jobs.make_run_job(kernel.cubin, kernel.symbol, layout, geometry, inputs, buffers.POISON_BYTES,
                                 guard_seed, hashes, resident)
 
         answer, answer_blobs, failure = call_worker(worker, build, self.settings.run_deadline_s,
@@ -213,7 +213,7 @@ class Referee(TimingProtocol):
             geometry, failure = launch_geometry(kernel, case)
             if failure is not None:
                 raise Refused(failure)
-            return jobs.time_job(kernel.cubin, kernel.symbol, layout, geometry, input_sets, **timing)
+            return jobs.make_time_job(kernel.cubin, kernel.symbol, layout, geometry, input_sets, **timing)
 
         return self._time_cases(cases, kernel_job, self.pool.candidate)
 
@@ -224,7 +224,7 @@ class Referee(TimingProtocol):
         never share a context with a candidate. Raises Unavailable where the library cannot load.
         """
         def vendor_job(case: Case, layout: jobs.Layout, input_sets: list, timing: dict):
-            return jobs.vendor_time_job(call_for(case), layout, input_sets, **timing)
+            return jobs.make_vendor_time_job(call_for(case), layout, input_sets, **timing)
 
         return self._time_cases(cases, vendor_job, self.pool.reference)
 

@@ -105,7 +105,7 @@ class TimingProtocol:
         guard_seed = secrets.randbits(62)
 
         def build(resident: frozenset[str]):
-            return jobs.draw_run_job(self.reference.cubin, self.reference.symbol, layout, geometry,
+            return jobs.make_draw_run_job(self.reference.cubin, self.reference.symbol, layout, geometry,
                                      timed.input_sets[0], fresh, launches, guard_seed, timed.sent_hashes[0], resident)
 
         out_bytes = sum(a.nbytes for a in layout.outputs) * len(launches)

@@ -103,13 +103,13 @@ def test_a_fresh_time_job_draws_every_generated_input_and_sends_none():
     layout = jobs.Layout.for_case(task, case.dims)
     draws = {"a": fresh_inputs.draw_spec("uniform", "float32", -1, 1),
              "b": fresh_inputs.draw_spec("normal", "float32", mean=0, std=1)}
-    header, blobs = jobs.time_job(b"cubin", "matmul_f32", layout, task.launch.resolve(case), [{}] * 4,
+    header, blobs = jobs.make_time_job(b"cubin", "matmul_f32", layout, task.launch.resolve(case), [{}] * 4,
                                   warmups=10, iterations=100, cold_l2=True, checked_launches=[5, 9, 70],
                                   guard_seed=1, fresh=jobs.FreshDraws(key=123, draws=draws))
     assert blobs == [b"cubin"] and header["fresh"] == {"key": 123}
     assert all(entry == {"key": None, "sent": False, "drawn": draws[name]}
                for entries in header["inputs"] for entry, name in zip(entries, ("a", "b")))
-    reference, ref_blobs = jobs.draw_run_job(b"ref", "matmul_f32", layout, task.launch.resolve(case), {},
+    reference, ref_blobs = jobs.make_draw_run_job(b"ref", "matmul_f32", layout, task.launch.resolve(case), {},
                                              jobs.FreshDraws(key=123, draws=draws), [15, 19, 80], guard_seed=2)
     assert reference["draws"] == {"key": 123, "launches": [15, 19, 80]} and ref_blobs == [b"ref"]
     assert buffers.audit_slots([9, 5], 1) == ["5/0", "9/0"]

@@ -96,7 +96,7 @@ def test_outputs_are_read_with_the_parents_dtype(layout):
 def test_jobs_refuse_inputs_that_do_not_match_the_layout(task, layout):
     geometry = task.launch.resolve(task.cases[0])
     with pytest.raises(ValueError, match="input a: expected float32"):
-        jobs.run_job(b"cubin", "matmul_f32", layout, geometry,
+        jobs.make_run_job(b"cubin", "matmul_f32", layout, geometry,
                      {"a": np.ones((3, 5), np.float64), "b": np.ones((5, 4), np.float32)}, (0xFF,), 1)
 
 
@@ -153,7 +153,7 @@ def test_digests_of_large_blobs_match_hashlib_on_any_number_of_threads():
 def test_inputs_the_worker_holds_are_named_and_not_sent():
     import numpy as np
 
-    from harness.jobs import ArraySpec, Layout, resident_key, time_job
+    from harness.jobs import ArraySpec, Layout, make_time_job, resident_key
     from harness.task_model import LaunchGeometry
 
     layout = Layout((("array", ArraySpec("a", "input", "float32", (4,))), ("array", ArraySpec("b", "input", "float32", (4,))),
@@ -162,13 +162,13 @@ def test_inputs_the_worker_holds_are_named_and_not_sent():
     hashes = [{n: buffers.sha256(a) for n, a in inputs.items()} for inputs in sets]
     geometry = LaunchGeometry(grid=(1, 1, 1), block=(4, 1, 1), shared_bytes=0)
     timing = dict(warmups=1, iterations=2, cold_l2=True, checked_launches=[0], guard_seed=5, hashes=hashes)
-    header, blobs = time_job(b"cubin", "k", layout, geometry, sets, **timing)
+    header, blobs = make_time_job(b"cubin", "k", layout, geometry, sets, **timing)
     assert len(blobs) == 1 + 4 and all(e["sent"] for row in header["inputs"] for e in row)
     held = frozenset({resident_key("a", hashes[0]["a"]), resident_key("b", hashes[1]["b"]), "a:stale"})
-    header, blobs = time_job(b"cubin", "k", layout, geometry, sets, **timing, resident=held)
+    header, blobs = make_time_job(b"cubin", "k", layout, geometry, sets, **timing, resident=held)
     assert [[e["sent"] for e in row] for row in header["inputs"]] == [[False, True], [True, False]]
     assert [bytes(b) for b in blobs[1:]] == [sets[0]["b"].tobytes(), sets[1]["a"].tobytes()]
-    header, blobs = time_job(b"cubin", "k", layout, geometry, sets, **{**timing, "hashes": None}, resident=held)
+    header, blobs = make_time_job(b"cubin", "k", layout, geometry, sets, **{**timing, "hashes": None}, resident=held)
     assert len(blobs) == 5 and all(e == {"key": None, "sent": True} for row in header["inputs"] for e in row)
 
 

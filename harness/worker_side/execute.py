@@ -11,12 +11,13 @@ import numpy as np
 from harness.worker_side import gpu
 from harness.worker_side.buffers import digests_later, pack_outputs, run_slots
 from harness.worker_side.job import Job
+from harness.worker_side.messages import DrawRunJob, RunJob
 from harness.worker_side.resident import Staging
 from harness.worker_side.utility_kernels import Utilities
 from sandbox.answers import Status
 
 
-def run_job(context: gpu.Context, header: dict, blobs: list[bytes],
+def run_job(context: gpu.Context, header: RunJob, blobs: list[bytes],
         utilities: Utilities | None = None) -> tuple[dict, list[bytes]]:
     """One launch per poison on the same inputs; the outputs of each, then the evidence."""
     if utilities is not None:
@@ -44,7 +45,7 @@ def run_job(context: gpu.Context, header: dict, blobs: list[bytes],
         job.close()
 
 
-def draw_run_job(context: gpu.Context, header: dict, blobs: list[bytes],
+def draw_run_job(context: gpu.Context, header: DrawRunJob, blobs: list[bytes],
              utilities: Utilities) -> tuple[dict, list[bytes]]:
     """The reference's outputs for inputs drawn on the device: one launch per launch number in
     header["draws"]["launches"], each on the inputs that launch of a time job drew with the same key

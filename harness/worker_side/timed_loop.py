@@ -21,12 +21,13 @@ import numpy as np
 
 from harness.worker_side import gpu
 from harness.worker_side.job import Job, Launcher
+from harness.worker_side.messages import TimeAnswer, TimeJob
 from harness.worker_side.utility_kernels import Utilities
 from harness.worker_side.buffers import audit_slots, digests_later, pack_outputs, time_slots
 from sandbox.answers import Status
 
 
-def time_job(context: gpu.Context, utilities: Utilities, header: dict, blobs: list[bytes],
+def time_job(context: gpu.Context, utilities: Utilities, header: TimeJob, blobs: list[bytes],
          launcher: Launcher | None = None) -> tuple[dict, list[bytes]]:
     """Run a time job. With a `launcher` (a vendor library call, harness/worker_side/cublas.py) the blobs hold only
     the inputs and each launch is that call, under exactly the same protocol."""
@@ -163,7 +164,7 @@ class TimedLoop:
         return offsets
 
     # -- the answer ----------------------------------------------------------------------------
-    def answer(self) -> tuple[dict, list[bytes]]:
+    def answer(self) -> tuple[TimeAnswer, list[bytes]]:
         utilities, iterations = self.utilities, self.iterations
         samples_ms = [pair.elapsed_ms() for pair in self.pairs]
         tags = list(range(1, iterations + 1)) if self.clocked else []
@@ -180,7 +181,7 @@ class TimedLoop:
         self.phase("evidence")
         fields, sent = pack_outputs(blobs, slots, self.header.get("known_outputs") or {}, output_hashes())
         self.phase("hash_outputs")
-        answer = {"status": Status.OK, "samples_ms": samples_ms, "kernel_samples_ms": kernel_ms,
+        answer: TimeAnswer = {"status": Status.OK, "samples_ms": samples_ms, "kernel_samples_ms": kernel_ms,
                   "clock_note": None if self.clocked else utilities.clock_note or "events asked for",
                   "gpu_busy_ms": gpu_busy_ms, "unwritten": [int(u) for u in unwritten],
                   "changed_inputs": [int(c) for c in changed] if self.fresh_key is not None else None,
