@@ -43,7 +43,8 @@ from harness.settings import CompiledKernel, TimingSettings  # noqa: E402
 from harness.stats import speedup, summarize  # noqa: E402
 from harness.task_model import Case  # noqa: E402
 from harness.task import load_task  # noqa: E402
-from server.attempt import record_attempt, time_side_by_side  # noqa: E402
+from harness.side_by_side import time_side_by_side  # noqa: E402
+from server.attempt import record_attempt  # noqa: E402
 from server.executor import GpuExecutor  # noqa: E402
 from server.run import Run, RunSettings  # noqa: E402
 from sandbox.pool import Worker  # noqa: E402
@@ -240,7 +241,7 @@ class Bench:
         def trial(first: tuple[str, CompiledKernel], second: tuple[str, CompiledKernel]) -> tuple[float, bool, bool]:
             """(median of B / median of A, B slower beyond noise, B faster beyond noise)."""
             timed = time_side_by_side(executor.time, dict([first, second]), [DISCRIMINATION_CASE], rounds)
-            a, b = (summarize(timed["samples"][label][DISCRIMINATION_CASE.name]) for label in ("A", "B"))
+            a, b = (summarize(timed.samples[label][DISCRIMINATION_CASE.name]) for label in ("A", "B"))
             return b.median_ms / a.median_ms, speedup(b, a).beyond_noise, speedup(a, b).beyond_noise
 
         slow, same = [], []

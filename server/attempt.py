@@ -11,14 +11,12 @@ import logging
 import os
 import secrets
 import time
-from typing import Any, Callable
 
 from harness.vendor_yardstick import vendor_summary
-from harness.settings import CompiledKernel
 from harness.peaks import roofline_fraction
+from harness.side_by_side import SideBySide, TimingFailed, time_side_by_side
 from harness.stats import Speedup, geomean_speedup, geometric_mean, speedup, summarize
-from harness.task_model import Case
-from harness.results import Reason, ReasonCode, TimingReport
+from harness.results import Reason, ReasonCode
 from server import suspicion
 from server.audit import write_bytes_atomic
 from server.models import AttemptAnswer, CaseLatency, FinishAnswer
@@ -165,41 +163,7 @@ def _evaluate(run: Run, number: int, candidate: Candidate, references: dict, *, 
     return entry, clock.seconds
 
 
-class TimingFailed(Exception):
-    """One of the kernels timed side by side failed its own timing."""
-
-    def __init__(self, label: str, reasons: list[Reason]):
-        super().__init__(f"the {label} failed its own timing: {reasons}")
-        self.label, self.reasons = label, reasons
-
-
-def time_side_by_side(time: Callable[[CompiledKernel, list[Case]], TimingReport], kernels: dict[str, CompiledKernel],
-                      cases: list[Case], rounds: int) -> dict:
-    """The interleaved protocol: each kernel in turn (in `kernels`' order), `rounds` times, samples merged per
-    case. {"samples": {label: {case: [ms]}}, "cases": {label: {case: its last CaseTiming}}}; raises
-    TimingFailed for the first kernel whose timing fails. record_attempt and replay both time this way."""
-    samples: dict[str, dict[str, list[float]]] = {label: {c.name: [] for c in cases} for label in kernels}
-    extra: dict[str, Any] = {}
-    clocks: set[str] = set()
-    events: dict[str, dict[str, list[float]]] = {}
-    audited: dict[str, dict[str, int]] = {label: {c.name: 0 for c in cases} for label in kernels}
-    for _ in range(rounds):
-        for label, k in kernels.items():
-            report = time(k, cases)
-            if not report.passed:
-                raise TimingFailed(label, report.reasons)
-            for case in report.cases:
-                samples[label][case.case] += case.samples_ms
-                events.setdefault(label, {}).setdefault(case.case, []).extend(case.event_samples_ms or [])
-                extra.setdefault(label, {})[case.case] = case
-                audited[label][case.case] += case.audited_launches
-                clocks.add(case.clock)
-    if len(clocks) > 1:  # samples of two clocks are not comparable
-        raise RuntimeError(f"the timings side by side read different clocks: {sorted(clocks)}")
-    return {"samples": samples, "event_samples": events, "cases": extra, "audited": audited}
-
-
-def _interleaved(run: Run, kernel, references: dict, clock) -> tuple[dict, list[Reason]]:
+def _interleaved(run: Run, kernel, references: dict, clock) -> tuple[SideBySide | None, list[Reason]]:
     """Samples of the candidate and each reference attempt, in alternating blocks, merged per case."""
     kernels = {"candidate": kernel}
     for label, entry in references.items():
@@ -210,28 +174,27 @@ def _interleaved(run: Run, kernel, references: dict, clock) -> tuple[dict, list[
         return time_side_by_side(timed, kernels, list(run.task.performance_cases), run.settings.timing_rounds), []
     except TimingFailed as failed:
         if failed.label == "candidate":
-            return {}, failed.reasons
+            return None, failed.reasons
         raise RuntimeError(str(failed)) from None
 
 
-def _fill_timing(run: Run, entry: dict, timing: dict) -> None:
+def _fill_timing(run: Run, entry: dict, timing: SideBySide) -> None:
     """Statistics of the merged samples; speedups against the best and the baseline measured beside it."""
-    stats = {label: {case: summarize(values) for case, values in per_case.items()}
-             for label, per_case in timing["samples"].items()}
+    stats = timing.stats()
     cases = [c.name for c in run.task.performance_cases]
     mine, baseline = stats["candidate"], stats.get("baseline")
     best = stats.get("best", baseline)
     entry["score_ms"] = geometric_mean([mine[c].median_ms for c in cases])
     entry["timing"] = {}
     for name in cases:
-        measured = timing["cases"]["candidate"][name]
-        row = {"stats": _dump(mine[name]), "samples_ms": timing["samples"]["candidate"][name],
+        measured = timing.cases["candidate"][name]
+        row = {"stats": _dump(mine[name]), "samples_ms": timing.samples["candidate"][name],
                "achieved_gbps": measured.achieved_gbps, "achieved_tflops": measured.achieved_tflops,
                "roofline_ms": measured.roofline_ms,
                "roofline_fraction": roofline_fraction(measured.roofline_ms, mine[name].median_ms),
-               "clock": measured.clock, "event_median_ms": _median(timing.get("event_samples", {}).get("candidate", {}).get(name)),
+               "clock": measured.clock, "event_median_ms": _median(timing.event_samples.get("candidate", {}).get(name)),
                # fresh: every timed launch drew new inputs from a secret key; audited: launches compared in full
-               "inputs": measured.inputs, "audited_launches": timing.get("audited", {}).get("candidate", {}).get(name)}
+               "inputs": measured.inputs, "audited_launches": timing.audited.get("candidate", {}).get(name)}
         if baseline is not None:
             row.update(baseline_stats=_dump(baseline[name]), best_stats=_dump(best[name]),
                        speedup_vs_baseline=_dump(speedup(baseline[name], mine[name])),

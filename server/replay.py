@@ -27,13 +27,13 @@ import numpy as np
 
 from harness.device import gpu_absent_reason
 from harness.settings import CompiledKernel, TimingSettings, input_seed
-from harness.stats import geomean_speedup, speedup, summarize
+from harness.side_by_side import TimingFailed, time_side_by_side
+from harness.stats import geomean_speedup, speedup
 from harness.task_model import Case, LaunchSpec, Task, TaskError
 from harness.task import load_task
 from harness.results import CheckReport
 from server import lock as locking
 from server import suspicion
-from server.attempt import TimingFailed, time_side_by_side
 from server.audit import verify_run, write_json_atomic
 from server.decision import (CheckResult, Decision, RepeatResult, decide, environment_differences,
                              other_environment_differences)
@@ -291,14 +291,13 @@ def _repeat(executor: Executor, record: RunRecord, kernel: CompiledKernel, basel
     except TimingFailed as failed:
         why = "; ".join(f"{r.code.value} [{r.case}]: {r.detail}" for r in failed.reasons)
         return RepeatResult(repeat=number, reasons=[f"the {failed.label} failed its timing: {why}"]), {}
-    stats = {label: {case: summarize(values) for case, values in per_case.items()}
-             for label, per_case in timed["samples"].items()}
+    stats = timed.stats()
     pairs = {c.name: (stats["baseline"][c.name], stats["candidate"][c.name]) for c in cases}
     result = RepeatResult(repeat=number, speedup=geomean_speedup(list(pairs.values())),
                           cases={name: speedup(*pair) for name, pair in pairs.items()})
     return result, {"stats": {label: {case: s.model_dump(mode="json") for case, s in per_case.items()}
                               for label, per_case in stats.items()},
-                    "samples_ms": timed["samples"]}
+                    "samples_ms": timed.samples}
 
 
 def _physical_limit(record: RunRecord, environment: dict, timed: tuple[RepeatResult, dict]) -> list[CheckResult]:
