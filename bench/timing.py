@@ -46,7 +46,8 @@ from harness.task import load_task  # noqa: E402
 from harness.side_by_side import time_side_by_side  # noqa: E402
 from server.attempt import record_attempt  # noqa: E402
 from server.executor import GpuExecutor  # noqa: E402
-from server.run import Run, RunSettings  # noqa: E402
+from server.lifecycle import new_run  # noqa: E402
+from server.run import RunSettings  # noqa: E402
 from sandbox.pool import Worker  # noqa: E402
 
 CASES = ROOT / "cases"
@@ -289,7 +290,7 @@ class Bench:
         run_executor.time = time_and_count
         calls = {name: _wall_clocked(run_executor, name) for name in ("check", "time", "time_vendor", "compile")}
         with tempfile.TemporaryDirectory() as results:
-            run = Run.create(CASES / "matmul_f32", Path(results), RunSettings(), run_executor)
+            run = new_run(CASES / "matmul_f32", Path(results), RunSettings(), run_executor)
             busy["s"] = 0.0  # the baseline was timed in Run.create: only record_attempt's share counts
             for clock in calls.values():
                 clock.calls, clock.seconds = 0, 0.0

@@ -8,7 +8,6 @@ rejected ("interrupted").
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import time
 
@@ -18,35 +17,17 @@ from harness.side_by_side import SideBySide, TimingFailed, time_side_by_side
 from harness.stats import Speedup, geomean_speedup, geometric_mean, speedup, summarize
 from harness.results import Reason, ReasonCode
 from server import suspicion
-from server.audit import write_bytes_atomic
 from server.models import AttemptAnswer, CaseLatency, FinishAnswer
-from server.report import write_report_safely
+from server.holdout import holdout_verdict
 from server.run import Candidate, Progress, Refusal, Run, now_iso
 from server.summary import attempt_entry, best_attempt, set_best, write_history, write_summary
 
 log = logging.getLogger(__name__)
 
 
-def _claim_slot(run: Run, number: int, candidate: Candidate) -> None:
-    """Write and log attempts/NNN.cu. If that fails (a full disk), nothing is claimed and the error is raised."""
-    path = run.dir / "attempts" / f"{number:03d}.cu"
-    claim = path.with_suffix(".claim")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    os.close(fd)
-    try:
-        run.audit.record_file(path.relative_to(run.dir), write_bytes_atomic(path, candidate.source.encode()))
-        run.logged_attempts.add(number)
-    except BaseException:
-        path.unlink(missing_ok=True)  # not logged, so not claimed: a leftover would count without a record
-        raise
-    finally:
-        claim.unlink()  # a leftover claim would refuse this slot number forever
-
-
 def record_baseline(run: Run, progress: Progress | None) -> None:
-    baseline = run._register(run.task.source("initial"), (), run.task.own_launch("initial"))
-    _claim_slot(run, 0, baseline)
+    baseline = run.register_candidate(run.task.source("initial"), (), run.task.own_launch("initial"))
+    run.claim_slot(0, baseline.source)
     run.audit.append("attempt_started", {"attempt": 0, "candidate": baseline.id})
     entry, gpu_seconds = _evaluate(run, 0, baseline, {"baseline": None}, fresh=False, progress=progress)
     if entry["verdict"] == "rejected":
@@ -54,8 +35,8 @@ def record_baseline(run: Run, progress: Progress | None) -> None:
                            + "; ".join(r["detail"] for r in entry["reasons"])[:2000])
     entry["verdict"] = "baseline"
     gpu_seconds += _record_vendor(run, entry, progress)
-    run.history.append(entry)
-    run.gpu_seconds_total += gpu_seconds
+    run.add_entry(entry)
+    run.add_gpu_seconds(gpu_seconds)
     run.audit.append("baseline_done", {"gpu_seconds": round(gpu_seconds, 6), "score_ms": entry["score_ms"]})
     set_best(run, 0)
     write_history(run)
@@ -73,7 +54,7 @@ def _record_vendor(run: Run, entry: dict, progress: Progress | None) -> float:
         log.warning("%s", note)
     baseline_ms = {name: t["stats"]["median_ms"] for name, t in (entry.get("timing") or {}).items()}
     entry["vendor"] = report.model_dump(mode="json")
-    run.summary["vendor"] = vendor_summary(report, baseline_ms)
+    run.update_summary({"vendor": vendor_summary(report, baseline_ms)})
     return report.gpu_seconds
 
 
@@ -84,12 +65,12 @@ def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict |
         raise Refusal("the attempt budget is spent; the run is finished. Read referee://summary.json.")
     best = best_attempt(run)
     number = max(run.claimed_attempts()) + 1
-    _claim_slot(run, number, candidate)
+    run.claim_slot(number, candidate.source)
     try:
         # From the claim until history.json holds the attempt, a failure records it as rejected (interrupted).
         run.audit.append("attempt_started", {"attempt": number, "candidate": candidate.id, "rationale": rationale,
                                              "usage": usage})
-        run.probes_in_window, run.gpu_seconds_in_window = 0, 0.0
+        run.open_attempt_window()
         references = ({"best": best, "baseline": run.history[0]} if best["attempt"] != 0
                       else {"baseline": run.history[0]})
         entry, gpu_seconds = _evaluate(run, number, candidate, references, fresh=True, progress=progress)
@@ -97,8 +78,8 @@ def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict |
         if entry["verdict"] != "rejected":
             faster = Speedup.model_validate(entry["speedup_vs_best"])
             entry["verdict"] = "valid-faster" if faster.beyond_noise else "valid-not-faster"
-        run.history.append(entry)
-        run.gpu_seconds_total += gpu_seconds
+        run.add_entry(entry)
+        run.add_gpu_seconds(gpu_seconds)
         run.audit.append("attempt_done", {"attempt": number, "verdict": entry["verdict"],
                                           "gpu_seconds": round(gpu_seconds, 6)})
         if entry["verdict"] == "valid-faster":
@@ -258,8 +239,7 @@ class _GpuClock:
 def _interrupted(run: Run, number: int, best_before: int, exc: Exception) -> None:
     """The slot stays counted: forget what the failed attempt changed and record it as rejected now (best effort:
     if that fails too, as on a disk that is still full, the next resume records it)."""
-    run.history = [e for e in run.history if e["attempt"] != number]
-    run.summary["best_attempt"] = best_before
+    run.forget_attempt(number, best_before)
     try:
         settle_interrupted(run, f"failed inside the referee ({type(exc).__name__}: {exc})"[:1000])
     except Exception:  # noqa: BLE001 - the original error is the one to report
@@ -281,9 +261,8 @@ def settle_interrupted(run: Run, why: str = "the server stopped during this atte
                  "reasons": [Reason(code=ReasonCode.WORKER_CRASHED, detail=(
                      f"interrupted: {why}; the attempt stays counted")
                  ).model_dump(mode="json")]}
-        run.history.append(entry)
+        run.add_entry(entry)
         run.audit.append("attempt_interrupted", {"attempt": number})
-    run.history.sort(key=lambda e: e["attempt"])
     if len(run.history) != len(recorded):
         write_history(run)
         if run.attempts_used >= run.settings.max_attempts and not run.finished:
@@ -293,13 +272,11 @@ def settle_interrupted(run: Run, why: str = "the server stopped during this atte
 
 
 def finish(run: Run, reason: str, progress: Progress | None) -> FinishAnswer:
-    """End the run: the best must pass the holdout cases, or the next valid attempt that does."""
-    from server.holdout import holdout_verdict
-
+    """End the run: the best must pass the holdout cases, or the next valid attempt that does. Its report is
+    written by the caller once the call has answered (server/app.py)."""
     holdout, disqualified, final = holdout_verdict(run, progress)
     set_best(run, final)
     write_history(run)  # it may hold an attempt whose record a full disk kept from history.json
     run.audit.append("finished", {"reason": reason, "best_attempt": final, "disqualified": disqualified})
     write_summary(run, status="finished", stop_reason=reason, holdout=holdout, disqualified=disqualified)
-    write_report_safely(run.dir)  # derived files, not in the audit log: `kernel-referee report` rewrites them
     return FinishAnswer(stop_reason=reason, best_attempt=final, disqualified=disqualified, holdout=holdout)

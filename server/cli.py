@@ -133,7 +133,7 @@ def _cost(args) -> int:
 
 def _report(args) -> int:
     from server.cost import CostInputs
-    from server.report import write_report
+    from server.report_files import write_report
 
     given = {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name in COST_OPTIONS}
     if any(v is not None for v in given.values()) and not all(v is not None for v in given.values()):

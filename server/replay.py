@@ -333,7 +333,7 @@ def _document(record: RunRecord, repeats: int, chain_head: str | None, checks: l
                         "other_differences": [d.model_dump(mode="json")
                                               for d in other_environment_differences(env_run, env_now)]},
         # Informational: the referee's own source files that differ from those the run was locked with.
-        "referee_changes": locking.harness_changes(record.lock) if "harness" in record.lock else [],
+        "referee_changes": locking.referee_changes(record.lock) if locking.locked_source(record.lock) else [],
     }
 
 
@@ -406,7 +406,7 @@ def print_report(document: dict, out: TextIO) -> None:
                                                           for d in others), file=out)
     if document["referee_changes"]:
         print(f"note: {len(document['referee_changes'])} referee source file(s) differ from those that made the "
-              "run (lock.json `harness`)", file=out)
+              "run (lock.json `referee_source`)", file=out)
     print(document["decision"], file=out)
     for reason in document["reasons"]:
         print(f"  {reason}", file=out)
