@@ -33,7 +33,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.worker_side import gpu  # noqa: E402
+from harness.worker_side import execute, gpu  # noqa: E402
+from harness.worker_side.buffers import GUARD_BYTES  # noqa: E402
+from harness.worker_side.kernel_clock import KernelClock  # noqa: E402
 from harness.worker_side.nvrtc import arch_for, compile_kernel  # noqa: E402
 from harness.settings import input_seed  # noqa: E402
 from harness.jobs import Layout  # noqa: E402
@@ -109,8 +111,6 @@ def prepare_all(plan: list[dict], sets: int = SETS) -> tuple[gpu.Context, list[P
 
 def utility_cubin(arch: str) -> bytes:
     """The referee's own kernels (flush, hold, empty, scan), compiled as a worker compiles them."""
-    from harness.worker_side import execute
-
     compiled = compile_kernel(execute.UTILITY_SOURCE, "referee_empty", arch=arch)
     if not compiled.ok:
         raise RuntimeError(f"the referee's own kernels did not compile:\n{compiled.log}")
@@ -119,8 +119,6 @@ def utility_cubin(arch: str) -> bytes:
 
 def utilities(context: gpu.Context, clock=None):
     """The referee's own kernels in this process, with its flush buffer."""
-    from harness.worker_side import execute
-
     return execute.Utilities(context, utility_cubin(arch_for(*context.info.compute_capability)), clock)
 
 
@@ -143,9 +141,9 @@ def under_ncu(plan: list[dict]) -> None:
 
 def with_triton(plan: list[dict], out: Path) -> None:
     context, kernels = prepare_all(plan)  # first: the device's primary context, which torch then adopts
-    import torch
-    import triton
-    import triton.testing
+    import torch  # torch and triton load only for the Triton comparison
+    import triton  # as above
+    import triton.testing  # as above
 
     torch.cuda.init()
     medians = {}
@@ -206,8 +204,6 @@ CLOCK_STEPS = {"one set": (1, False, False, False), "one set, poisoned": (1, Tru
 def by_clock(plan: list[dict], out: Path, tracing: str = "serial") -> None:
     """Kernel-clock medians of each kernel after the read flush, one step of the referee's loop added
     at a time, with the median of each input set; and an empty kernel's."""
-    from harness.worker_side.buffers import GUARD_BYTES
-    from harness.worker_side.kernel_clock import KernelClock
 
     clock = KernelClock(tracing=tracing)  # before the context, as in the worker
     if not clock.available:

@@ -17,6 +17,7 @@ from server.audit import sha256_file, verify_run
 from server.executor import GpuExecutor
 from server.lifecycle import new_run, resume_run
 from server.run import RunError, RunSettings, TaskDoesNotFit
+from server.settings import sandbox_refusal
 
 log = logging.getLogger(__name__)
 EXIT_NO_GPU = 3
@@ -28,9 +29,7 @@ def serve(args) -> int:
         print(f"kernel-referee serve needs an NVIDIA GPU: {absent}. `kernel-referee check TASK` compiles "
               "kernels without one.", file=sys.stderr)
         return EXIT_NO_GPU
-    from server.cli import sandbox_refusal
-
-    refusal = sandbox_refusal(args)
+    refusal = sandbox_refusal(not args.no_sandbox)
     if refusal:
         print(f"kernel-referee: {refusal}", file=sys.stderr)
         return 2
