@@ -34,7 +34,8 @@ from harness.task import load_task
 from harness.results import CheckReport
 from server import lock as locking
 from server import suspicion
-from server.audit import verify_run, write_json_atomic
+from server.audit import write_json_atomic
+from server.verify import verify_run
 from server.decision import (CheckResult, Decision, RepeatResult, decide, environment_differences,
                              other_environment_differences)
 from server.executor import Executor, GpuExecutor

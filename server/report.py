@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from server.audit import verify_run
+from server.verify import verify_run
 from server.cost import CostInputs, CostSheet, cost_sheet
 from server.lock import locked_source
 

@@ -13,7 +13,8 @@ from harness.settings import TimingSettings
 from harness.task import load_task
 from server import transport
 from server.app import build_server
-from server.audit import sha256_file, verify_run
+from server.audit import sha256_file
+from server.verify import verify_run
 from server.executor import GpuExecutor
 from server.lifecycle import new_run, resume_run
 from server.run import RunError, RunSettings, TaskDoesNotFit

@@ -18,7 +18,7 @@ from typing import Callable
 import pytest
 
 from server import audit
-from server.audit import verify_run
+from server.verify import verify_run
 from server.lifecycle import resume_run
 from server.run import Run
 from tests.server_support import client, events, executor, kernel, new_run, ok, read_json

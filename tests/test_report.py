@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from server import heatmap as heatmap_module
-from server.audit import verify_run
+from server.verify import verify_run
 from server.cli import main
 from server.cost import CostInputs, cost_sheet, run_hours
 from server.report import load_report

@@ -12,7 +12,7 @@ from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from harness.device import gpu_absent_reason
-from server.audit import verify_run
+from server.verify import verify_run
 from server.cli import main
 from server.lifecycle import resume_run
 from server.run import RunError

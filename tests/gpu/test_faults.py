@@ -15,7 +15,7 @@ import pytest
 from harness.settings import TimingSettings
 from harness.task import load_task
 from server.attempt import record_attempt
-from server.audit import verify_run
+from server.verify import verify_run
 from server.executor import GpuExecutor
 from server.lifecycle import new_run
 from server.run import Run, RunSettings, TaskDoesNotFit

@@ -10,7 +10,7 @@ import pytest
 from harness.settings import TimingSettings
 from harness.task import load_task
 from server.attempt import finish, record_attempt
-from server.audit import verify_run
+from server.verify import verify_run
 from server.cli import main
 from server.executor import GpuExecutor
 from server.lifecycle import new_run
