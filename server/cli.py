@@ -45,22 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--json", type=Path, help="also write the full results as JSON here")
     check.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
 
-    serve = commands.add_parser("serve", help="start (or resume) a run and serve it to an agent over MCP")
-    source = serve.add_mutually_exclusive_group(required=True)
-    source.add_argument("--task", type=Path, help="task folder: start a new run")
-    source.add_argument("--run", type=Path, help="run folder: resume it (budget and history continue)")
-    serve.add_argument("--results", type=Path, default=RefereeSettings().results, help="where new runs go (default ./results)")
-    serve.add_argument("--new-run", action="store_true",
-                       help="start a new run even if an unfinished run of this task exists (by default it is resumed)")
-    serve.add_argument("--max-attempts", type=int, default=RunSettings().max_attempts)
-    serve.add_argument("--probes-per-window", type=int, default=RunSettings().probes_per_window,
-                       help="probes allowed between two attempts")
-    serve.add_argument("--warmups", type=int, default=TimingSettings().warmups)
-    serve.add_argument("--iterations", type=int, default=TimingSettings().iterations)
-    serve.add_argument("--transport", choices=["stdio", "http"], default=RefereeSettings().transport)
-    serve.add_argument("--host", default=RefereeSettings().host, help="HTTP only; loopback by default")
-    serve.add_argument("--port", type=int, default=RefereeSettings().port, help="HTTP only")
-    serve.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
+    _serve_parser(commands)
 
     demo = commands.add_parser("demo", help="a scripted agent plays a whole run of matmul_f32 against the real "
                                "server over stdio and prints a table (without a GPU: compiles its kernels)")
@@ -93,6 +78,25 @@ def _parser() -> argparse.ArgumentParser:
         report.add_argument(f"--{name}", type=float, help="cost sheet input (give all six for the full sheet)")
     return parser
 
+
+
+def _serve_parser(commands) -> None:
+    serve = commands.add_parser("serve", help="start (or resume) a run and serve it to an agent over MCP")
+    source = serve.add_mutually_exclusive_group(required=True)
+    source.add_argument("--task", type=Path, help="task folder: start a new run")
+    source.add_argument("--run", type=Path, help="run folder: resume it (budget and history continue)")
+    serve.add_argument("--results", type=Path, default=RefereeSettings().results, help="where new runs go (default ./results)")
+    serve.add_argument("--new-run", action="store_true",
+                       help="start a new run even if an unfinished run of this task exists (by default it is resumed)")
+    serve.add_argument("--max-attempts", type=int, default=RunSettings().max_attempts)
+    serve.add_argument("--probes-per-window", type=int, default=RunSettings().probes_per_window,
+                       help="probes allowed between two attempts")
+    serve.add_argument("--warmups", type=int, default=TimingSettings().warmups)
+    serve.add_argument("--iterations", type=int, default=TimingSettings().iterations)
+    serve.add_argument("--transport", choices=["stdio", "http"], default=RefereeSettings().transport)
+    serve.add_argument("--host", default=RefereeSettings().host, help="HTTP only; loopback by default")
+    serve.add_argument("--port", type=int, default=RefereeSettings().port, help="HTTP only")
+    serve.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
 
 def _launch(text: str | None) -> LaunchSpec | None:
     if text is None:
