@@ -103,7 +103,7 @@ def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict |
 def _evaluate(run: Run, number: int, candidate: Candidate, references: dict, *, fresh: bool,
               progress: Progress | None) -> tuple[dict, float]:
     """Compile, check (visible and, for attempts, fresh secret inputs), then time side by side."""
-    clock = _GpuClock()
+    clock = GpuWaitStopwatch()
     entry = attempt_entry(run, number, candidate)
     visible = list(run.task.visible_cases)
     seeds = {case.name: secrets.randbits(31) for case in visible} if fresh else {}
@@ -222,7 +222,7 @@ def _say(progress: Progress | None, done: float, total: float, message: str) -> 
         progress(done, total, message)
 
 
-class _GpuClock:
+class GpuWaitStopwatch:
     """Wall time spent waiting on the GPU side: the run's GPU time."""
 
     def __init__(self):
