@@ -6,9 +6,11 @@ import errno
 import logging
 import os
 import re
-from typing import Annotated, Any, Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, AsyncIterator, Callable
 
 import anyio
+import anyio.abc
 import anyio.from_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
@@ -19,6 +21,7 @@ from harness.worker_side.compile_policy import MAX_SOURCE_BYTES, CompileRefused
 from server import attempt, probes
 from server.models import (AttemptAnswer, CheckAnswer, CompileAnswer, FinishAnswer, LaunchInput, TaskDescription,
                            TimeAnswer, Usage)
+from server.report_files import write_report_files
 from server.run import Refusal, Run
 
 log = logging.getLogger(__name__)
@@ -45,38 +48,23 @@ _STORAGE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO,
 
 
 def build_server(run: Run, **server_options: Any) -> MCPServer:
-    server = MCPServer(name="kernel-referee", instructions=INSTRUCTIONS, **server_options)
-    gate = anyio.Lock()  # one call at a time: the run, its workers and its budget are not shared
-
-    async def call(ctx: Context | None, tool: str, arguments: dict, work: Callable, *, needs_budget=True):
-        async with gate:
-            report = _progress_bridge(ctx)
-
-            def in_thread():
-                with run._mutex:
-                    run.guard(tool, arguments, needs_budget=needs_budget)
-                    return work(report)
-
-            try:
-                return await anyio.to_thread.run_sync(in_thread, abandon_on_cancel=True)
-            except anyio.get_cancelled_exc_class():
-                run.executor.abort()  # the abandoned thread sees its worker die and ends quickly
-                raise
-            except (Refusal, CompileRefused) as exc:
-                raise ToolError(str(exc)) from None
-            except OSError as exc:
-                if exc.errno not in _STORAGE_ERRORS:
-                    raise
-                log.error("%s: the run folder could not be written", tool, exc_info=True)
-                raise ToolError(f"the referee could not write its results folder ({os.strerror(exc.errno)}); "
-                                "this call did not complete. An attempt whose slot was claimed stays counted "
-                                "(describe_task shows the budget, referee://history.json the verdict); the operator "
-                                "must free space before the run can go on.") from None
+    reports = _FinishedReports(run)
+    server = MCPServer(name="kernel-referee", instructions=INSTRUCTIONS, lifespan=reports.lifespan, **server_options)
+    call = _gate(run, reports)
 
     def candidate(candidate_id, source, options=None, launch=None):
         return run.candidate(candidate_id, source, options,
                              launch.model_dump(mode="json", exclude_defaults=True) if launch else None)
 
+    _probe_tools(server, run, call, candidate)
+    _attempt_tools(server, run, call, candidate)
+    _resources(server, run)
+    _prompt(server)
+    return server
+
+
+
+def _probe_tools(server: MCPServer, run: Run, call: Callable, candidate: Callable) -> None:
     @server.tool(annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
     async def describe_task() -> TaskDescription:
         """The task: signature, parameters, visible cases, tolerances, default launch, the device, the baseline's
@@ -118,6 +106,8 @@ def build_server(run: Run, **server_options: Any) -> MCPServer:
                           lambda report: probes.time_candidate(run, lambda: candidate(candidate_id, source, None, launch),
                                                                cases, report))
 
+
+def _attempt_tools(server: MCPServer, run: Run, call: Callable, candidate: Callable) -> None:
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
                                              open_world_hint=False))
     async def record_attempt(ctx: Context, rationale: Annotated[str, Field(min_length=1, max_length=4000)],
@@ -139,9 +129,70 @@ def build_server(run: Run, **server_options: Any) -> MCPServer:
         return await call(ctx, "finish", {"reason": reason},
                           lambda report: attempt.finish(run, f"agent finished: {reason}", report))
 
-    _resources(server, run)
-    _prompt(server)
-    return server
+class _FinishedReports:
+    """A run that finished during a call gets its report (HTML, heatmaps) written after the call answered, in
+    the background of the server's lifespan; the lifespan's end waits for it."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.group: anyio.abc.TaskGroup | None = None
+
+    @asynccontextmanager
+    async def lifespan(self, _server: MCPServer) -> AsyncIterator[dict]:
+        async with anyio.create_task_group() as group:
+            self.group = group
+            try:
+                yield {}
+            finally:
+                self.group = None
+
+    async def after(self, was_finished: bool) -> None:
+        if was_finished or not self.run.finished:
+            return
+        if self.group is None:  # no lifespan around this call: write it now
+            await anyio.to_thread.run_sync(self._write)
+        else:
+            self.group.start_soon(anyio.to_thread.run_sync, self._write)
+
+    def _write(self) -> None:
+        with self.run.exclusive():  # the folder's files stay as they are while they are read
+            write_report_files(self.run.dir)
+
+
+def _gate(run: Run, reports: _FinishedReports) -> Callable:
+    """Every tool's call: one at a time (the run, its workers and its budget are not shared), in a thread,
+    guarded by the run, with its refusals and storage failures turned into tool errors."""
+    gate = anyio.Lock()
+
+    async def call(ctx: Context | None, tool: str, arguments: dict, work: Callable, *, needs_budget=True):
+        async with gate:
+            report = _progress_bridge(ctx)
+            was_finished = run.finished
+
+            def in_thread():
+                with run.exclusive():
+                    run.guard(tool, arguments, needs_budget=needs_budget)
+                    return work(report)
+
+            try:
+                return await anyio.to_thread.run_sync(in_thread, abandon_on_cancel=True)
+            except anyio.get_cancelled_exc_class():
+                run.executor.abort()  # the abandoned thread sees its worker die and ends quickly
+                raise
+            except (Refusal, CompileRefused) as exc:
+                raise ToolError(str(exc)) from None
+            except OSError as exc:
+                if exc.errno not in _STORAGE_ERRORS:
+                    raise
+                log.error("%s: the run folder could not be written", tool, exc_info=True)
+                raise ToolError(f"the referee could not write its results folder ({os.strerror(exc.errno)}); "
+                                "this call did not complete. An attempt whose slot was claimed stays counted "
+                                "(describe_task shows the budget, referee://history.json the verdict); the operator "
+                                "must free space before the run can go on.") from None
+            finally:
+                await reports.after(was_finished)
+
+    return call
 
 
 def _resources(server: MCPServer, run: Run) -> None:

@@ -8,47 +8,26 @@ rejected ("interrupted").
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import time
-from typing import Any, Callable
 
 from harness.vendor_yardstick import vendor_summary
-from harness.settings import CompiledKernel
 from harness.peaks import roofline_fraction
+from harness.side_by_side import SideBySide, TimingFailed, time_side_by_side
 from harness.stats import Speedup, geomean_speedup, geometric_mean, speedup, summarize
-from harness.task_model import Case
-from harness.results import Reason, ReasonCode, TimingReport
+from harness.results import Reason, ReasonCode
 from server import suspicion
-from server.audit import write_bytes_atomic
 from server.models import AttemptAnswer, CaseLatency, FinishAnswer
-from server.report import write_report_safely
+from server.holdout import holdout_verdict
 from server.run import Candidate, Progress, Refusal, Run, now_iso
 from server.summary import attempt_entry, best_attempt, set_best, write_history, write_summary
 
 log = logging.getLogger(__name__)
 
 
-def _claim_slot(run: Run, number: int, candidate: Candidate) -> None:
-    """Write and log attempts/NNN.cu. If that fails (a full disk), nothing is claimed and the error is raised."""
-    path = run.dir / "attempts" / f"{number:03d}.cu"
-    claim = path.with_suffix(".claim")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    os.close(fd)
-    try:
-        run.audit.record_file(path.relative_to(run.dir), write_bytes_atomic(path, candidate.source.encode()))
-        run.logged_attempts.add(number)
-    except BaseException:
-        path.unlink(missing_ok=True)  # not logged, so not claimed: a leftover would count without a record
-        raise
-    finally:
-        claim.unlink()  # a leftover claim would refuse this slot number forever
-
-
 def record_baseline(run: Run, progress: Progress | None) -> None:
-    baseline = run._register(run.task.source("initial"), (), run.task.own_launch("initial"))
-    _claim_slot(run, 0, baseline)
+    baseline = run.register_candidate(run.task.source("initial"), (), run.task.own_launch("initial"))
+    run.claim_slot(0, baseline.source)
     run.audit.append("attempt_started", {"attempt": 0, "candidate": baseline.id})
     entry, gpu_seconds = _evaluate(run, 0, baseline, {"baseline": None}, fresh=False, progress=progress)
     if entry["verdict"] == "rejected":
@@ -56,8 +35,8 @@ def record_baseline(run: Run, progress: Progress | None) -> None:
                            + "; ".join(r["detail"] for r in entry["reasons"])[:2000])
     entry["verdict"] = "baseline"
     gpu_seconds += _record_vendor(run, entry, progress)
-    run.history.append(entry)
-    run.gpu_seconds_total += gpu_seconds
+    run.add_entry(entry)
+    run.add_gpu_seconds(gpu_seconds)
     run.audit.append("baseline_done", {"gpu_seconds": round(gpu_seconds, 6), "score_ms": entry["score_ms"]})
     set_best(run, 0)
     write_history(run)
@@ -75,7 +54,7 @@ def _record_vendor(run: Run, entry: dict, progress: Progress | None) -> float:
         log.warning("%s", note)
     baseline_ms = {name: t["stats"]["median_ms"] for name, t in (entry.get("timing") or {}).items()}
     entry["vendor"] = report.model_dump(mode="json")
-    run.summary["vendor"] = vendor_summary(report, baseline_ms)
+    run.update_summary({"vendor": vendor_summary(report, baseline_ms)})
     return report.gpu_seconds
 
 
@@ -86,12 +65,12 @@ def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict |
         raise Refusal("the attempt budget is spent; the run is finished. Read referee://summary.json.")
     best = best_attempt(run)
     number = max(run.claimed_attempts()) + 1
-    _claim_slot(run, number, candidate)
+    run.claim_slot(number, candidate.source)
     try:
         # From the claim until history.json holds the attempt, a failure records it as rejected (interrupted).
         run.audit.append("attempt_started", {"attempt": number, "candidate": candidate.id, "rationale": rationale,
                                              "usage": usage})
-        run.probes_in_window, run.gpu_seconds_in_window = 0, 0.0
+        run.open_attempt_window()
         references = ({"best": best, "baseline": run.history[0]} if best["attempt"] != 0
                       else {"baseline": run.history[0]})
         entry, gpu_seconds = _evaluate(run, number, candidate, references, fresh=True, progress=progress)
@@ -99,8 +78,8 @@ def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict |
         if entry["verdict"] != "rejected":
             faster = Speedup.model_validate(entry["speedup_vs_best"])
             entry["verdict"] = "valid-faster" if faster.beyond_noise else "valid-not-faster"
-        run.history.append(entry)
-        run.gpu_seconds_total += gpu_seconds
+        run.add_entry(entry)
+        run.add_gpu_seconds(gpu_seconds)
         run.audit.append("attempt_done", {"attempt": number, "verdict": entry["verdict"],
                                           "gpu_seconds": round(gpu_seconds, 6)})
         if entry["verdict"] == "valid-faster":
@@ -124,7 +103,7 @@ def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict |
 def _evaluate(run: Run, number: int, candidate: Candidate, references: dict, *, fresh: bool,
               progress: Progress | None) -> tuple[dict, float]:
     """Compile, check (visible and, for attempts, fresh secret inputs), then time side by side."""
-    clock = _GpuClock()
+    clock = GpuWaitStopwatch()
     entry = attempt_entry(run, number, candidate)
     visible = list(run.task.visible_cases)
     seeds = {case.name: secrets.randbits(31) for case in visible} if fresh else {}
@@ -165,41 +144,7 @@ def _evaluate(run: Run, number: int, candidate: Candidate, references: dict, *, 
     return entry, clock.seconds
 
 
-class TimingFailed(Exception):
-    """One of the kernels timed side by side failed its own timing."""
-
-    def __init__(self, label: str, reasons: list[Reason]):
-        super().__init__(f"the {label} failed its own timing: {reasons}")
-        self.label, self.reasons = label, reasons
-
-
-def time_side_by_side(time: Callable[[CompiledKernel, list[Case]], TimingReport], kernels: dict[str, CompiledKernel],
-                      cases: list[Case], rounds: int) -> dict:
-    """The interleaved protocol: each kernel in turn (in `kernels`' order), `rounds` times, samples merged per
-    case. {"samples": {label: {case: [ms]}}, "cases": {label: {case: its last CaseTiming}}}; raises
-    TimingFailed for the first kernel whose timing fails. record_attempt and replay both time this way."""
-    samples: dict[str, dict[str, list[float]]] = {label: {c.name: [] for c in cases} for label in kernels}
-    extra: dict[str, Any] = {}
-    clocks: set[str] = set()
-    events: dict[str, dict[str, list[float]]] = {}
-    audited: dict[str, dict[str, int]] = {label: {c.name: 0 for c in cases} for label in kernels}
-    for _ in range(rounds):
-        for label, k in kernels.items():
-            report = time(k, cases)
-            if not report.passed:
-                raise TimingFailed(label, report.reasons)
-            for case in report.cases:
-                samples[label][case.case] += case.samples_ms
-                events.setdefault(label, {}).setdefault(case.case, []).extend(case.event_samples_ms or [])
-                extra.setdefault(label, {})[case.case] = case
-                audited[label][case.case] += case.audited_launches
-                clocks.add(case.clock)
-    if len(clocks) > 1:  # samples of two clocks are not comparable
-        raise RuntimeError(f"the timings side by side read different clocks: {sorted(clocks)}")
-    return {"samples": samples, "event_samples": events, "cases": extra, "audited": audited}
-
-
-def _interleaved(run: Run, kernel, references: dict, clock) -> tuple[dict, list[Reason]]:
+def _interleaved(run: Run, kernel, references: dict, clock) -> tuple[SideBySide | None, list[Reason]]:
     """Samples of the candidate and each reference attempt, in alternating blocks, merged per case."""
     kernels = {"candidate": kernel}
     for label, entry in references.items():
@@ -210,28 +155,27 @@ def _interleaved(run: Run, kernel, references: dict, clock) -> tuple[dict, list[
         return time_side_by_side(timed, kernels, list(run.task.performance_cases), run.settings.timing_rounds), []
     except TimingFailed as failed:
         if failed.label == "candidate":
-            return {}, failed.reasons
+            return None, failed.reasons
         raise RuntimeError(str(failed)) from None
 
 
-def _fill_timing(run: Run, entry: dict, timing: dict) -> None:
+def _fill_timing(run: Run, entry: dict, timing: SideBySide) -> None:
     """Statistics of the merged samples; speedups against the best and the baseline measured beside it."""
-    stats = {label: {case: summarize(values) for case, values in per_case.items()}
-             for label, per_case in timing["samples"].items()}
+    stats = timing.stats()
     cases = [c.name for c in run.task.performance_cases]
     mine, baseline = stats["candidate"], stats.get("baseline")
     best = stats.get("best", baseline)
     entry["score_ms"] = geometric_mean([mine[c].median_ms for c in cases])
     entry["timing"] = {}
     for name in cases:
-        measured = timing["cases"]["candidate"][name]
-        row = {"stats": _dump(mine[name]), "samples_ms": timing["samples"]["candidate"][name],
+        measured = timing.cases["candidate"][name]
+        row = {"stats": _dump(mine[name]), "samples_ms": timing.samples["candidate"][name],
                "achieved_gbps": measured.achieved_gbps, "achieved_tflops": measured.achieved_tflops,
                "roofline_ms": measured.roofline_ms,
                "roofline_fraction": roofline_fraction(measured.roofline_ms, mine[name].median_ms),
-               "clock": measured.clock, "event_median_ms": _median(timing.get("event_samples", {}).get("candidate", {}).get(name)),
+               "clock": measured.clock, "event_median_ms": _median(timing.event_samples.get("candidate", {}).get(name)),
                # fresh: every timed launch drew new inputs from a secret key; audited: launches compared in full
-               "inputs": measured.inputs, "audited_launches": timing.get("audited", {}).get("candidate", {}).get(name)}
+               "inputs": measured.inputs, "audited_launches": timing.audited.get("candidate", {}).get(name)}
         if baseline is not None:
             row.update(baseline_stats=_dump(baseline[name]), best_stats=_dump(best[name]),
                        speedup_vs_baseline=_dump(speedup(baseline[name], mine[name])),
@@ -278,7 +222,7 @@ def _say(progress: Progress | None, done: float, total: float, message: str) -> 
         progress(done, total, message)
 
 
-class _GpuClock:
+class GpuWaitStopwatch:
     """Wall time spent waiting on the GPU side: the run's GPU time."""
 
     def __init__(self):
@@ -295,8 +239,7 @@ class _GpuClock:
 def _interrupted(run: Run, number: int, best_before: int, exc: Exception) -> None:
     """The slot stays counted: forget what the failed attempt changed and record it as rejected now (best effort:
     if that fails too, as on a disk that is still full, the next resume records it)."""
-    run.history = [e for e in run.history if e["attempt"] != number]
-    run.summary["best_attempt"] = best_before
+    run.forget_attempt(number, best_before)
     try:
         settle_interrupted(run, f"failed inside the referee ({type(exc).__name__}: {exc})"[:1000])
     except Exception:  # noqa: BLE001 - the original error is the one to report
@@ -318,9 +261,8 @@ def settle_interrupted(run: Run, why: str = "the server stopped during this atte
                  "reasons": [Reason(code=ReasonCode.WORKER_CRASHED, detail=(
                      f"interrupted: {why}; the attempt stays counted")
                  ).model_dump(mode="json")]}
-        run.history.append(entry)
+        run.add_entry(entry)
         run.audit.append("attempt_interrupted", {"attempt": number})
-    run.history.sort(key=lambda e: e["attempt"])
     if len(run.history) != len(recorded):
         write_history(run)
         if run.attempts_used >= run.settings.max_attempts and not run.finished:
@@ -330,13 +272,11 @@ def settle_interrupted(run: Run, why: str = "the server stopped during this atte
 
 
 def finish(run: Run, reason: str, progress: Progress | None) -> FinishAnswer:
-    """End the run: the best must pass the holdout cases, or the next valid attempt that does."""
-    from server.holdout import holdout_verdict
-
+    """End the run: the best must pass the holdout cases, or the next valid attempt that does. Its report is
+    written by the caller once the call has answered (server/app.py)."""
     holdout, disqualified, final = holdout_verdict(run, progress)
     set_best(run, final)
     write_history(run)  # it may hold an attempt whose record a full disk kept from history.json
     run.audit.append("finished", {"reason": reason, "best_attempt": final, "disqualified": disqualified})
     write_summary(run, status="finished", stop_reason=reason, holdout=holdout, disqualified=disqualified)
-    write_report_safely(run.dir)  # derived files, not in the audit log: `kernel-referee report` rewrites them
     return FinishAnswer(stop_reason=reason, best_attempt=final, disqualified=disqualified, holdout=holdout)

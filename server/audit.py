@@ -2,7 +2,7 @@
 
 `events.jsonl` holds one canonical JSON record per line; each record carries the hash of the one
 before it, so editing, removing or reordering a record breaks the chain at that line. Files the
-run writes are recorded with their sha256, and `verify_run` checks them, `lock.json` and
+run writes are recorded with their sha256; server/verify.py checks them, `lock.json` and
 `summary.json` against the log.
 """
 
@@ -19,8 +19,6 @@ import threading
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
-
-from pydantic import BaseModel
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +59,7 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _is_sha256(text: object) -> bool:
+def is_sha256(text: object) -> bool:
     return isinstance(text, str) and len(text) == 64 and set(text) <= _HEX
 
 
@@ -119,7 +117,7 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
-def _record_hash(record: dict) -> str:
+def record_hash(record: dict) -> str:
     return hashlib.sha256(canonical_json({k: v for k, v in record.items() if k != "hash"})).hexdigest()
 
 
@@ -138,6 +136,15 @@ def _split_tail(f, size: int) -> tuple[bytes | None, bytes]:
     if last == -1:
         return None, buf
     return buf[buf.rfind(b"\n", 0, last) + 1:last], buf[last + 1:]
+
+
+def inside_run(run_dir: Path, relative: str) -> Path | None:
+    """run_dir/relative, or None when `relative` would leave the run folder."""
+    pure = PurePosixPath(relative)
+    if not relative or pure.is_absolute() or ".." in pure.parts:
+        return None
+    return run_dir / pure
+
 
 
 class AuditLog:
@@ -172,7 +179,7 @@ class AuditLog:
             seq, head = last["seq"], last["hash"]
         except (ValueError, TypeError, KeyError) as e:
             raise AuditError(f"{self.path.name}: the last record is unreadable ({e})") from e
-        if not isinstance(seq, int) or isinstance(seq, bool) or not _is_sha256(head):
+        if not isinstance(seq, int) or isinstance(seq, bool) or not is_sha256(head):
             raise AuditError(f"{self.path.name}: the last record has no valid seq and hash")
         self._seq, self._head = seq, head
         return torn
@@ -200,7 +207,7 @@ class AuditLog:
             # A normalized copy: what is returned is exactly what reading the line back gives.
             record = {"seq": self._seq + 1, "time": _now(), "kind": kind,
                       "data": json.loads(canonical_json(json_safe(data))), "prev": self._head}
-            record["hash"] = _record_hash(record)
+            record["hash"] = record_hash(record)
             self._write_line(canonical_json(record) + b"\n")
             self._seq, self._head = record["seq"], record["hash"]
             return record
@@ -223,12 +230,12 @@ class AuditLog:
 
     def record_file(self, path: Path, sha256: str, *, kind: str = "file_written") -> dict:
         """Record that the run wrote `path` (absolute, or relative to the run folder) with this hash."""
-        if not _is_sha256(sha256):
+        if not is_sha256(sha256):
             raise ValueError(f"not a sha256 hex digest: {sha256!r}")
         path = Path(path)
         if path.is_absolute():
             path = path.resolve().relative_to(self.run_dir.resolve())
-        if _inside(self.run_dir, path.as_posix()) is None:
+        if inside_run(self.run_dir, path.as_posix()) is None:
             raise ValueError(f"{path} is not inside the run folder")
         return self.append(kind, {"path": path.as_posix(), "sha256": sha256})
 
@@ -252,179 +259,3 @@ class AuditLog:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-# -- verification -----------------------------------------------------------------------------
-
-class VerifyReport(BaseModel):
-    ok: bool
-    records: int
-    head: str | None
-    problems: list[str]
-    first_broken_line: int | None
-
-
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _parse_line(raw: bytes) -> tuple[dict | None, str | None]:
-    """The record on one line, or why there is none."""
-    try:
-        record = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-    except ValueError:
-        return None, "not JSON"
-    if not isinstance(record, dict) or set(record) != RECORD_FIELDS:
-        return None, "not an audit record (wrong fields)"
-    types_ok = (isinstance(record["seq"], int) and not isinstance(record["seq"], bool)
-                and isinstance(record["time"], str) and isinstance(record["kind"], str)
-                and isinstance(record["data"], dict) and _is_sha256(record["prev"])
-                and _is_sha256(record["hash"]))
-    return (record, None) if types_ok else (None, "not an audit record (wrong field types)")
-
-
-def _link_problem(n: int, record: dict, raw: bytes, before: dict | None) -> str | None:
-    """What is wrong with line n's own contents or its link to line n-1 (None: line n-1 is unreadable)."""
-    if _record_hash(record) != record["hash"]:
-        return "hash does not match its contents (record edited)"
-    # Catches edits that parse to the same value, e.g. 1e+20 rewritten as 1e020.
-    if canonical_json(record) != raw:
-        return "not in canonical form (record edited)"
-    if n == 1:
-        if record["prev"] != GENESIS or record["seq"] != 0:
-            return "does not start the chain (records removed before it)"
-        return None
-    if before is None:
-        return None
-    if record["prev"] != before["hash"]:
-        return f"prev does not match line {n - 1}'s hash (record removed or reordered)"
-    if record["seq"] != before["seq"] + 1:
-        return f"seq is {record['seq']}, expected {before['seq'] + 1} (record removed or reordered)"
-    return None
-
-
-def _read_chain(path: Path) -> tuple[VerifyReport, list[tuple[int, dict]]]:
-    """The chain's report and every record that parsed, with its 1-based line number."""
-    name = path.name
-    if not path.exists():
-        return VerifyReport(ok=False, records=0, head=None, problems=[f"{name}: missing"],
-                            first_broken_line=None), []
-    raw = path.read_bytes()
-    if not raw:
-        return VerifyReport(ok=False, records=0, head=None, problems=[f"{name}: empty"],
-                            first_broken_line=None), []
-    lines = raw.split(b"\n")
-    torn = lines.pop()
-    problems: list[tuple[int, str]] = []
-    parsed: list[tuple[int, dict]] = []
-    before: dict | None = None
-    for n, line in enumerate(lines, start=1):
-        record, why = _parse_line(line)
-        if record is not None:
-            why = _link_problem(n, record, line, before)
-            parsed.append((n, record))
-        if why:
-            problems.append((n, why))
-        before = record
-    if torn:
-        problems.append((len(lines) + 1, "torn (no trailing newline; reopening the log repairs it)"))
-    head = parsed[-1][1]["hash"] if parsed and parsed[-1][0] == len(lines) else None
-    return VerifyReport(ok=not problems, records=len(parsed), head=head,
-                        problems=[f"{name} line {n}: {why}" for n, why in problems],
-                        first_broken_line=problems[0][0] if problems else None), parsed
-
-
-def verify_chain(path: Path, *, expected_head: str | None = None) -> VerifyReport:
-    """Recompute every hash and link of the log at `path`.
-
-    A log cut cleanly at a line boundary is a valid shorter chain; pass `expected_head` (a head
-    kept elsewhere) to catch that too.
-    """
-    report, _ = _read_chain(Path(path))
-    if expected_head is not None and report.head != expected_head:
-        report.problems.append(f"{Path(path).name}: head is {report.head}, expected {expected_head} "
-                               "(records removed from the end)")
-        report.ok = False
-    return report
-
-
-def _inside(run_dir: Path, relative: str) -> Path | None:
-    """run_dir/relative, or None when `relative` would leave the run folder."""
-    pure = PurePosixPath(relative)
-    if not relative or pure.is_absolute() or ".." in pure.parts:
-        return None
-    return run_dir / pure
-
-
-def _file_state(run_dir: Path, relative: str, sha256: str) -> str | None:
-    """None when run_dir/relative holds exactly `sha256`, else "outside", "missing" or "differs"."""
-    target = _inside(run_dir, relative)
-    if target is None:
-        return "outside"
-    if not target.is_file():
-        return "missing"
-    return None if sha256_file(target) == sha256 else "differs"
-
-
-def _recorded_files(run_dir: Path, parsed: list[tuple[int, dict]]) -> list[str]:
-    last: dict[str, tuple[int, str]] = {}
-    for n, record in parsed:
-        data = record["data"]
-        if isinstance(data.get("path"), str) and isinstance(data.get("sha256"), str):
-            last[data["path"]] = (n, data["sha256"])
-    says = {"outside": "path leaves the run folder", "missing": "missing",
-            "differs": "sha256 differs from the last recorded write"}
-    problems = []
-    for relative, (n, sha256) in last.items():
-        state = _file_state(run_dir, relative, sha256)
-        if state:
-            problems.append(f"{relative}: {says[state]} ({LOG_NAME} line {n})")
-    return problems
-
-
-def _read_json(path: Path) -> tuple[Any, str | None]:
-    try:
-        return json.loads(path.read_bytes()), None
-    except (OSError, ValueError) as e:
-        return None, f"{path.name}: unreadable ({e})"
-
-
-def _lock_problems(run_dir: Path) -> list[str]:
-    path = run_dir / "lock.json"
-    if not path.exists():
-        return []
-    lock, why = _read_json(path)
-    if why:
-        return [why]
-    files = lock.get("files") if isinstance(lock, dict) else None
-    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
-        return ["lock.json: no 'files' mapping of path to sha256"]
-    says = {"outside": "path leaves the run folder (lock.json)", "missing": "missing (listed in lock.json)",
-            "differs": "differs from lock.json"}
-    states = ((relative, _file_state(run_dir, relative, sha256)) for relative, sha256 in files.items())
-    return [f"{relative}: {says[state]}" for relative, state in states if state]
-
-
-def _summary_problems(run_dir: Path, hashes: set[str]) -> list[str]:
-    path = run_dir / "summary.json"
-    if not path.exists():
-        return []
-    summary, why = _read_json(path)
-    if why:
-        return [why]
-    if not isinstance(summary, dict) or "chain_head" not in summary:
-        return []
-    if summary["chain_head"] not in hashes:
-        return [f"summary.json: chain_head {summary['chain_head']} is not a record of {LOG_NAME}"]
-    return []
-
-
-def verify_run(run_dir: Path) -> VerifyReport:
-    """The chain, then every recorded file, lock.json's files and summary.json's chain_head."""
-    run_dir = Path(run_dir)
-    report, parsed = _read_chain(run_dir / LOG_NAME)
-    problems = list(report.problems)
-    problems += _recorded_files(run_dir, parsed)
-    problems += _lock_problems(run_dir)
-    problems += _summary_problems(run_dir, {record["hash"] for _, record in parsed})
-    return report.model_copy(update={"ok": not problems, "problems": problems})

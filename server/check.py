@@ -5,23 +5,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Callable, TextIO
 
-from harness.vendor_yardstick import VendorReport, time_vendor
+from harness.vendor_yardstick import VendorReport
 from harness.worker_side.compile_policy import CompileResult
 from harness.device import gpu_absent_reason
-from harness.referee import Referee
 from harness.settings import CompiledKernel, TimingSettings
 from harness.footprint import shortfalls
 from harness.oracle import run_oracle
-from harness.peaks import DevicePeaks, device_peaks
+from harness.peaks import DevicePeaks
 from harness.stats import geometric_mean
 from harness.compare import compare_output
 from harness.task_model import LaunchSpec, Task
 from harness.task import make_inputs
 from harness.results import CaseTiming, CheckReport, TimingReport
 from harness.compile_service import CompileService
-from harness.gpu_workers import gpu_worker_pool
+from server.executor import GpuExecutor
 
 DEFAULT_ARCH = "sm_90"
 EXIT_OK, EXIT_FAILED, EXIT_NO_GPU = 0, 1, 3
@@ -64,60 +63,54 @@ def run_check(task: Task, targets: list[Target], settings: TimingSettings, out: 
 def _run(task: Task, targets: list[Target], settings: TimingSettings, out: TextIO, confine: bool,
          yardsticks: dict) -> tuple[int, dict | None]:
     absent = gpu_absent_reason()
-    pool = gpu_worker_pool(confine=confine) if absent is None else None
+    if absent is not None:
+        with CompileService(confine=confine) as compiler:  # a --kernel file is untrusted: a confined compile
+            _compiled(targets, lambda source: compiler.compile(source, task.kernel_name, arch=DEFAULT_ARCH), out)
+        print(f"\nNo GPU: {absent}.\nCompiled {len(targets)} kernel(s) for {DEFAULT_ARCH} above; "
+              "running, checking and timing need an NVIDIA GPU.", file=out)
+        return EXIT_NO_GPU, None
+    executor = GpuExecutor(task, settings, confine=confine)
     try:
-        arch = pool.candidate.ensure_started()["arch"] if pool else DEFAULT_ARCH
-        if pool:
-            _print_device(pool.candidate.hello, out)
-        reference, compiled = _compile_all(task, targets, arch, confine)
-        for target, result in zip(targets, compiled):
-            target.compiled = result
-            _print_compile(target, out)
-        if absent is not None:
-            print(f"\nNo GPU: {absent}.\nCompiled {len(targets)} kernel(s) for {arch} above; "
-                  "running, checking and timing need an NVIDIA GPU.", file=out)
-            return EXIT_NO_GPU, None
+        hello = executor.hello()
+        _print_device(hello, out)
+        _compiled(targets, lambda source: executor.compile(source, ()), out)
+        reference = executor.compile(task.source("reference"), ())
         if not reference.ok:
             print(f"\nThe task's reference does not compile:\n{reference.log}", file=out)
-            return EXIT_FAILED, pool.candidate.hello
-        problems = shortfalls(task, settings, pool.candidate.hello["device"])
+            return EXIT_FAILED, hello
+        problems = shortfalls(task, settings, hello["device"])
         if problems:
             print("\nThe task does not fit on this GPU:\n  " + "\n  ".join(problems), file=out)
-            return EXIT_FAILED, pool.candidate.hello
-        referee = Referee(task, pool, CompiledKernel("reference", reference.cubin, reference.lowered_name,
-                                              task.own_launch("reference")), settings)
-        referee.peaks, notes = device_peaks(pool.reference, pool.candidate.hello["device"])
-        yardsticks["peaks"] = referee.peaks.model_dump(mode="json") if referee.peaks else None
-        print_peaks(referee.peaks, notes, out)
-        _print_oracle(task, referee, out)
+            return EXIT_FAILED, hello
+        facts = executor.start()
+        yardsticks["peaks"] = facts["peaks"]
+        print_peaks(executor.referee.peaks, facts["peaks_notes"], out)
+        _print_oracle(task, executor, out)
         for target in targets:
-            _check_and_time(task, referee, target, out)
-        vendor = time_vendor(referee, list(task.performance_cases))
+            _check_and_time(task, executor, target, out)
+        vendor = executor.time_vendor(list(task.performance_cases))
         yardsticks["vendor"] = vendor.model_dump(mode="json") if vendor else None
         print_vendor(vendor, targets, out)
-        hello = pool.candidate.hello
     finally:
-        if pool:
-            pool.close()
+        executor.close()
     return (EXIT_OK if all(t.passed for t in targets) else EXIT_FAILED), hello
 
 
-def _compile_all(task: Task, targets: list[Target], arch: str, confine: bool) -> tuple[CompileResult, list[CompileResult]]:
-    """The reference's and the targets' compiles, in a confined compile worker: a --kernel file is untrusted."""
-    with CompileService(confine=confine) as compiler:
-        reference = compiler.compile(task.source("reference"), task.kernel_name, arch=arch)
-        return reference, [compiler.compile(t.source, task.kernel_name, arch=arch) for t in targets]
+def _compiled(targets: list[Target], compile_source: Callable[[str], CompileResult], out: TextIO) -> None:
+    for target in targets:
+        target.compiled = compile_source(target.source)
+        _print_compile(target, out)
 
 
-def _check_and_time(task: Task, referee: Referee, target: Target, out: TextIO) -> None:
+def _check_and_time(task: Task, executor: GpuExecutor, target: Target, out: TextIO) -> None:
     print(f"\n== {target.label}", file=out)
     if not target.compiled.ok:
         print("   does not compile", file=out)
         return
     kernel = CompiledKernel(target.label, target.compiled.cubin, target.compiled.lowered_name, target.launch)
-    target.check = referee.check(kernel, list(task.visible_cases) + list(task.holdout_cases))
+    target.check = executor.check(kernel, list(task.visible_cases) + list(task.holdout_cases))
     if target.check.passed:
-        target.timing = referee.time(kernel, list(task.performance_cases))
+        target.timing = executor.time(kernel, list(task.performance_cases))
     _print_table(target, out)
 
 
@@ -142,12 +135,12 @@ def _print_compile(target: Target, out: TextIO) -> None:
     print(f"{target.label}: compiled for {c.arch} in {c.compile_ms:.0f} ms: {report}", file=out)
 
 
-def _print_oracle(task: Task, referee: Referee, out: TextIO) -> None:
+def _print_oracle(task: Task, executor: GpuExecutor, out: TextIO) -> None:
     if task.oracle_file is None:
         return
     worst = []
     for case in list(task.visible_cases) + list(task.holdout_cases):
-        expected = referee.expected(case, case.seed)
+        expected = executor.expected(case, case.seed)
         truth = run_oracle(task, case.dims, make_inputs(task, case.dims, case.seed))
         for name, array in truth.items():
             tol = task.tolerances[name]

@@ -14,22 +14,17 @@ from harness.worker_side.compile_policy import CompileRefused
 from harness.settings import TimingSettings
 from harness.task_model import LaunchSpec, TaskError
 from harness.task import load_task
-
+from server.check import run_check, targets_for
+from server.cost import CostInputs, cost_sheet, render, run_hours
+from server.demo import run_demo
+from server.replay import replay
+from server.report_files import write_report
+from server.run import RunSettings
+from server.serve import serve, verify
+from server.settings import RefereeSettings, sandbox_refusal
 
 NO_SANDBOX_HELP = ("run compile and GPU workers without Landlock, network namespace and rlimits "
                    "(recorded in lock.json; needed where the kernel lacks Landlock)")
-
-
-def sandbox_refusal(args) -> str | None:
-    """Workers are confined unless --no-sandbox; where Landlock is missing, say so and stop."""
-    if args.no_sandbox:
-        return None
-    from sandbox.confine import unavailable_reason
-
-    reason = unavailable_reason()
-    return None if reason is None else (
-        f"workers cannot be confined: {reason}. Run on a kernel with Landlock (Linux >= 6.7 for TCP rules), "
-        "or pass --no-sandbox to run them unconfined (recorded in the run's lock.json).")
 
 
 COST_OPTIONS = ("engineer-hours", "hourly-rate", "model-cost", "gpu-hour-cost", "invocations-per-month",
@@ -50,25 +45,11 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--json", type=Path, help="also write the full results as JSON here")
     check.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
 
-    serve = commands.add_parser("serve", help="start (or resume) a run and serve it to an agent over MCP")
-    source = serve.add_mutually_exclusive_group(required=True)
-    source.add_argument("--task", type=Path, help="task folder: start a new run")
-    source.add_argument("--run", type=Path, help="run folder: resume it (budget and history continue)")
-    serve.add_argument("--results", type=Path, default=Path("results"), help="where new runs go (default ./results)")
-    serve.add_argument("--new-run", action="store_true",
-                       help="start a new run even if an unfinished run of this task exists (by default it is resumed)")
-    serve.add_argument("--max-attempts", type=int, default=7)
-    serve.add_argument("--probes-per-window", type=int, default=20, help="probes allowed between two attempts")
-    serve.add_argument("--warmups", type=int, default=TimingSettings().warmups)
-    serve.add_argument("--iterations", type=int, default=TimingSettings().iterations)
-    serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
-    serve.add_argument("--host", default="127.0.0.1", help="HTTP only; loopback by default")
-    serve.add_argument("--port", type=int, default=8765, help="HTTP only")
-    serve.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
+    _serve_parser(commands)
 
     demo = commands.add_parser("demo", help="a scripted agent plays a whole run of matmul_f32 against the real "
                                "server over stdio and prints a table (without a GPU: compiles its kernels)")
-    demo.add_argument("--results", type=Path, default=Path("results"), help="where the run goes (default ./results)")
+    demo.add_argument("--results", type=Path, default=RefereeSettings().results, help="where the run goes (default ./results)")
     demo.add_argument("--task", type=Path, help="a task folder whose kernel has matmul_f32's signature, e.g. one "
                       "with other shapes (default: cases/matmul_f32)")
     demo.add_argument("--warmups", type=int, help="passed to serve (default: its own)")
@@ -98,6 +79,25 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+
+def _serve_parser(commands) -> None:
+    serve = commands.add_parser("serve", help="start (or resume) a run and serve it to an agent over MCP")
+    source = serve.add_mutually_exclusive_group(required=True)
+    source.add_argument("--task", type=Path, help="task folder: start a new run")
+    source.add_argument("--run", type=Path, help="run folder: resume it (budget and history continue)")
+    serve.add_argument("--results", type=Path, default=RefereeSettings().results, help="where new runs go (default ./results)")
+    serve.add_argument("--new-run", action="store_true",
+                       help="start a new run even if an unfinished run of this task exists (by default it is resumed)")
+    serve.add_argument("--max-attempts", type=int, default=RunSettings().max_attempts)
+    serve.add_argument("--probes-per-window", type=int, default=RunSettings().probes_per_window,
+                       help="probes allowed between two attempts")
+    serve.add_argument("--warmups", type=int, default=TimingSettings().warmups)
+    serve.add_argument("--iterations", type=int, default=TimingSettings().iterations)
+    serve.add_argument("--transport", choices=["stdio", "http"], default=RefereeSettings().transport)
+    serve.add_argument("--host", default=RefereeSettings().host, help="HTTP only; loopback by default")
+    serve.add_argument("--port", type=int, default=RefereeSettings().port, help="HTTP only")
+    serve.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
+
 def _launch(text: str | None) -> LaunchSpec | None:
     if text is None:
         return None
@@ -108,12 +108,10 @@ def _launch(text: str | None) -> LaunchSpec | None:
 
 
 def _check(args) -> int:
-    from server.check import run_check, targets_for
-
     task = load_task(args.task)
     settings = TimingSettings(warmups=args.warmups, iterations=args.iterations, cold_l2=not args.no_cold_l2)
     targets = targets_for(task, args.kernel, _launch(args.launch))
-    refusal = sandbox_refusal(args)
+    refusal = sandbox_refusal(not args.no_sandbox)
     if refusal:
         print(f"kernel-referee: {refusal}", file=sys.stderr)
         return 2
@@ -121,8 +119,6 @@ def _check(args) -> int:
 
 
 def _cost(args) -> int:
-    from server.cost import CostInputs, cost_sheet, render, run_hours
-
     inputs = CostInputs(engineer_hours=args.engineer_hours, hourly_rate=args.hourly_rate, model_cost=args.model_cost,
                         gpu_hour_cost=args.gpu_hour_cost, invocations_per_month=args.invocations_per_month,
                         ms_saved_end_to_end=args.ms_saved_end_to_end)
@@ -132,9 +128,6 @@ def _cost(args) -> int:
 
 
 def _report(args) -> int:
-    from server.cost import CostInputs
-    from server.report import write_report
-
     given = {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name in COST_OPTIONS}
     if any(v is not None for v in given.values()) and not all(v is not None for v in given.values()):
         missing = ", ".join(f"--{k.replace('_', '-')}" for k, v in given.items() if v is None)
@@ -153,24 +146,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check":
             return _check(args)
         if args.command == "serve":
-            from server.serve import serve
-
             return serve(args)
         if args.command == "demo":
-            from server.demo import run_demo
-
             return run_demo(args, sys.stdout)
         if args.command == "verify":
-            from server.serve import verify
-
             return verify(args, sys.stdout)
         if args.command == "cost":
             return _cost(args)
         if args.command == "replay":
-            from server.replay import replay
-
             return replay(args.run, sys.stdout, repeats=args.repeats, attempt=args.attempt,
-                          confine=not args.no_sandbox, sandbox_refusal=lambda: sandbox_refusal(args))
+                          confine=not args.no_sandbox, sandbox_refusal=lambda: sandbox_refusal(not args.no_sandbox))
         if args.command == "report":
             return _report(args)
     except (TaskError, CompileRefused, OSError, ValidationError, KeyError, ValueError) as exc:

@@ -21,7 +21,12 @@ from typing import Callable, TextIO
 
 from mcp import Client, StdioServerParameters
 
+from harness.device import gpu_absent_reason
+from harness.task import load_task
+from harness.task_model import TaskError
+from harness.worker_side.nvrtc import compile_kernel
 from server.demo_table import attempt_line, compile_line, ms_text, render_table
+from server.settings import sandbox_refusal
 
 KERNELS = Path(__file__).with_name("demo_kernels")
 KERNEL_NAME = "matmul_f32"
@@ -198,9 +203,6 @@ def task_folder() -> Path | None:
 
 def _unsuited(task_dir: Path) -> str | None:
     """Why the demo's candidates cannot play this task (they are matmul_f32 kernels), or None."""
-    from harness.task_model import TaskError
-    from harness.task import load_task
-
     try:
         task = load_task(task_dir)
     except (TaskError, OSError) as exc:
@@ -214,8 +216,6 @@ def _unsuited(task_dir: Path) -> str | None:
 
 def compile_only(plan: tuple[Step, ...], arch: str, out: TextIO) -> None:
     """The no-GPU path: NVRTC compiles every candidate (the demo's own, trusted files: no worker needed)."""
-    from harness.worker_side.nvrtc import compile_kernel
-
     for number, step in enumerate(plan, 1):
         result = compile_kernel(step.source, KERNEL_NAME, options=step.options, arch=arch)
         options = f" {' '.join(step.options)}" if step.options else ""
@@ -241,10 +241,7 @@ def _innermost(exc: BaseException) -> BaseException:
 
 
 def run_demo(args, out: TextIO) -> int:
-    from anyio import run as anyio_run
-
-    from harness.device import gpu_absent_reason
-    from server.cli import sandbox_refusal
+    from anyio import run as anyio_run  # anyio loads only for a demo that plays
 
     task_dir = getattr(args, "task", None) or task_folder()
     if task_dir is None:
@@ -262,7 +259,7 @@ def run_demo(args, out: TextIO) -> int:
         print(f"\nNo GPU: {absent}.\nRunning, checking and timing them (and serving the run) need an NVIDIA GPU; "
               "on a GPU machine this command plays the whole run.", file=out)
         return EXIT_NO_GPU
-    refusal = sandbox_refusal(args)
+    refusal = sandbox_refusal(not args.no_sandbox)
     if refusal:
         print(f"kernel-referee: {refusal}", file=sys.stderr)
         return EXIT_BAD

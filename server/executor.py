@@ -65,15 +65,21 @@ class GpuExecutor:
         self.compiler = CompileService(cache=self.cache, confine=confine, deadline_s=compile_deadline_s)
         self.pool = gpu_worker_pool(confine=confine)
         self.referee: Referee | None = None
+        self.arch: str | None = None  # the candidate worker's, known once it started
         self.facts: dict | None = None
         self._lock = threading.Lock()
         self.peaks_cache_dir: Path | None = None  # None: harness.peaks.cache_dir() ($KERNEL_REFEREE_CACHE_DIR, XDG)
 
+    def hello(self) -> dict:
+        """The candidate worker's greeting (its device and arch); starts it."""
+        hello = self.pool.candidate.ensure_started()
+        self.arch = hello["arch"]
+        return hello
+
     def start(self) -> dict:
         if self.facts is not None:
             return self.facts
-        hello = self.pool.candidate.ensure_started()
-        self.arch = hello["arch"]
+        hello = self.hello()
         reference = self.compile(self.task.source("reference"), ())
         if not reference.ok:
             raise ExecutorError(f"the task's reference does not compile:\n{reference.log}")
@@ -83,7 +89,7 @@ class GpuExecutor:
         device = hello["device"]
         driver = device["driver_version"]
         self.facts = {
-            "gpu": device["name"], "compute_capability": device["compute_capability"], "arch": self.arch,
+            "gpu": device["name"], "compute_capability": device["compute_capability"], "arch": hello["arch"],
             "sm_count": device["sm_count"], "l2_bytes": device["l2_bytes"],
             "total_memory_bytes": device["total_memory_bytes"], "sm_clock_khz": device["sm_clock_khz"],
             "memory_clock_khz": device["memory_clock_khz"], "memory_bus_bits": device["memory_bus_bits"],
@@ -105,7 +111,8 @@ class GpuExecutor:
         return {"peaks": peaks.model_dump(mode="json") if peaks else None, "peaks_notes": notes}
 
     def compile(self, source: str, options: tuple[str, ...]) -> CompileResult:
-        return self.compiler.compile(source, self.task.kernel_name, options, self.arch)
+        arch = self.arch or self.hello()["arch"]
+        return self.compiler.compile(source, self.task.kernel_name, options, arch)
 
     def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
         return self.referee.expected(case, seed)

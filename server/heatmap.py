@@ -146,10 +146,10 @@ def _svg_legend(x: float, y: float) -> str:
 
 def heatmap_png(heatmap: Heatmap) -> bytes:
     """The same heatmap drawn with matplotlib (Agg), as PNG bytes."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.colors import LinearSegmentedColormap, LogNorm
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Rectangle
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib loads only when a PNG is drawn
+    from matplotlib.colors import LinearSegmentedColormap, LogNorm  # matplotlib loads only when a PNG is drawn
+    from matplotlib.figure import Figure  # matplotlib loads only when a PNG is drawn
+    from matplotlib.patches import Rectangle  # matplotlib loads only when a PNG is drawn
 
     rows, columns = max(1, len(heatmap.cases)), max(1, len(heatmap.columns))
     figure = Figure(figsize=(2.6 + 0.95 * columns, 1.9 + 0.45 * rows), dpi=110, layout="constrained")
@@ -182,6 +182,6 @@ def heatmap_png(heatmap: Heatmap) -> bytes:
 
 
 def _mappable(cmap, norm):
-    from matplotlib.cm import ScalarMappable
+    from matplotlib.cm import ScalarMappable  # matplotlib loads only when a PNG is drawn
 
     return ScalarMappable(norm=norm, cmap=cmap)

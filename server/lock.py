@@ -1,4 +1,4 @@
-"""What a run is locked to: the task copy, the expected outputs, the harness source, the environment.
+"""What a run is locked to: the task copy, the expected outputs, the referee's source, the environment.
 
 lock.json is written once when a run starts. Before every tool call the task copy and the expected
 outputs are hashed again; any difference is tampering and the call is refused.
@@ -7,6 +7,7 @@ outputs are hashed again; any difference is tampering and the call is refused.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import harness
@@ -28,7 +29,7 @@ def hash_files(root: Path, folders: tuple[str, ...]) -> dict[str, str]:
     return hashes
 
 
-def harness_source() -> dict[str, str]:
+def referee_source() -> dict[str, str]:
     """sha256 of every Python module of the referee itself, keyed by package-relative path."""
     hashes = {}
     for package in _LOCKED_PACKAGES:
@@ -45,9 +46,19 @@ def digest(hashes: dict[str, str]) -> str:
 
 def make_lock(run_dir: Path, environment: dict) -> dict:
     files = hash_files(run_dir, ("task", "expected"))
-    source = harness_source()
-    return {"files": files, "files_sha256": digest(files), "harness": source, "harness_sha256": digest(source),
-            "environment": environment}
+    source = referee_source()
+    return {"files": files, "files_sha256": digest(files), "referee_source": source,
+            "referee_source_sha256": digest(source), "environment": environment}
+
+
+def read_lock(run_dir: Path) -> dict:
+    return json.loads((run_dir / "lock.json").read_text())
+
+
+def locked_source(lock: dict) -> dict[str, str] | None:
+    """The referee's source hashes a lock holds; runs locked before the key was renamed call it "harness"."""
+    source = lock.get("referee_source", lock.get("harness"))
+    return source if isinstance(source, dict) else None
 
 
 def tampered_files(run_dir: Path, lock: dict) -> list[str]:
@@ -60,9 +71,9 @@ def tampered_files(run_dir: Path, lock: dict) -> list[str]:
     return changed + missing + added
 
 
-def harness_changes(lock: dict) -> list[str]:
-    now = harness_source()
-    locked = lock["harness"]
+def referee_changes(lock: dict) -> list[str]:
+    now = referee_source()
+    locked = locked_source(lock) or {}
     return sorted({name for name in set(now) | set(locked) if now.get(name) != locked.get(name)})
 
 

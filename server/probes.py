@@ -6,6 +6,7 @@ import time
 from typing import Callable
 
 from harness.vendor_yardstick import describe_view
+from harness.side_by_side import SideBySide, TimingFailed, time_side_by_side
 from harness.stats import geometric_mean, geomean_speedup, speedup
 from harness.results import CheckReport
 from server.models import (CaseLatency, CaseStatus, CheckAnswer, CompileAnswer, Resources, TaskCase,
@@ -90,12 +91,15 @@ def time_candidate(run: Run, make_candidate: Callable[[], Candidate], case_names
                           "validate or run_cases show the mismatches.")
         if progress:
             progress(1, 3, "timing beside the best and the baseline")
-        measured = {label: run.executor.time(k, cases) for label, k in _side_by_side(run, kernel).items()}
+        # One round: a probe is a quick look; an attempt times settings.timing_rounds rounds the same way.
+        measured = time_side_by_side(run.executor.time, _side_by_side(run, kernel), cases, rounds=1)
+    except TimingFailed as failed:
+        if failed.label != "candidate":
+            raise RuntimeError(str(failed)) from None
+        details = "; ".join(f"{r.code.value}: {r.detail}" for r in failed.reasons[:3])
+        raise Refusal(f"timing rejected candidate {candidate.id}: {details}") from None
     finally:
         run.probe_done("time_kernel", time.perf_counter() - started, {"candidate": candidate.id})
-    if not measured["candidate"].passed:
-        details = "; ".join(f"{r.code.value}: {r.detail}" for r in measured["candidate"].reasons[:3])
-        raise Refusal(f"timing rejected candidate {candidate.id}: {details}")
     return _time_answer(run, candidate, measured)
 
 
@@ -107,17 +111,18 @@ def _side_by_side(run: Run, kernel) -> dict:
     return kernels
 
 
-def _time_answer(run: Run, candidate: Candidate, measured: dict) -> TimeAnswer:
-    stats = {label: {c.case: c.stats for c in report.cases} for label, report in measured.items()}
+def _time_answer(run: Run, candidate: Candidate, measured: SideBySide) -> TimeAnswer:
+    stats = measured.stats()
     best = stats.get("best", stats["baseline"])
     rows = []
-    for case in measured["candidate"].cases:
-        rows.append(CaseLatency(case=case.case, stats=case.stats, achieved_gbps=case.achieved_gbps,
+    for case in measured.cases["candidate"].values():
+        mine = stats["candidate"][case.case]
+        rows.append(CaseLatency(case=case.case, stats=mine, achieved_gbps=case.achieved_gbps,
                                 achieved_tflops=case.achieved_tflops, roofline_ms=case.roofline_ms,
                                 roofline_fraction=case.roofline_fraction,
                                 baseline_median_ms=stats["baseline"][case.case].median_ms,
-                                speedup_vs_baseline=speedup(stats["baseline"][case.case], case.stats),
-                                speedup_vs_best=speedup(best[case.case], case.stats),
+                                speedup_vs_baseline=speedup(stats["baseline"][case.case], mine),
+                                speedup_vs_best=speedup(best[case.case], mine),
                                 inputs=case.inputs, audited_launches=case.audited_launches))
     names = [r.case for r in rows]
     return TimeAnswer(

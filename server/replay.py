@@ -12,14 +12,10 @@ events.jsonl could break the chain of a server still holding the run (docs/decis
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import re
 import secrets
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
@@ -27,117 +23,24 @@ import numpy as np
 
 from harness.device import gpu_absent_reason
 from harness.settings import CompiledKernel, TimingSettings, input_seed
-from harness.stats import geomean_speedup, speedup, summarize
-from harness.task_model import Case, LaunchSpec, Task, TaskError
-from harness.task import load_task
+from harness.side_by_side import TimingFailed, time_side_by_side
+from harness.stats import geomean_speedup, speedup
+from harness.task_model import Case, LaunchSpec, Task
 from harness.results import CheckReport
 from server import lock as locking
 from server import suspicion
-from server.attempt import TimingFailed, time_side_by_side
-from server.audit import verify_run, write_json_atomic
+from server.audit import write_json_atomic
+from server.verify import verify_run
 from server.decision import (CheckResult, Decision, RepeatResult, decide, environment_differences,
                              other_environment_differences)
 from server.executor import Executor, GpuExecutor
-from server.run import RunSettings, expected_path, now_iso
+from server.replay_record import RunFolderError, RunRecord, Subject, load_record
+from server.run import expected_path, now_iso
 
 log = logging.getLogger(__name__)
 EXIT_GO, EXIT_NO_GO, EXIT_BAD_RUN, EXIT_NO_GPU = 0, 1, 2, 3
 MakeExecutor = Callable[[Task, TimingSettings], Executor]
 Say = Callable[[str], None]
-_REQUEST = re.compile(r"best-case-([0-9]+)\.json")
-_ATTEMPT_FILE = re.compile(r"attempts/[0-9]{3}\.cu")
-
-
-class RunFolderError(Exception):
-    """The run folder cannot be replayed: incomplete, inconsistent, or no such attempt."""
-
-
-@dataclass(frozen=True)
-class Subject:
-    """A kernel of the run as history.json recorded it."""
-
-    attempt: int
-    source_file: str
-    source: str
-    options: tuple[str, ...]
-    launch: LaunchSpec
-
-    def describe(self) -> dict:
-        return {"attempt": self.attempt, "source_file": self.source_file,
-                "source_sha256": hashlib.sha256(self.source.encode()).hexdigest(), "options": list(self.options),
-                "launch": self.launch.model_dump(mode="json")}
-
-
-@dataclass
-class RunRecord:
-    """What a replay reads from a verified run folder."""
-
-    dir: Path
-    task: Task
-    settings: RunSettings
-    lock: dict
-    summary: dict
-    kernel: Subject                 # what is replayed: the best, or the attempt asked for
-    baseline: Subject
-    is_best: bool
-    requests: list[tuple[str, dict]] = field(default_factory=list)  # (best-case-N.json, its request), the best only
-
-
-def _json(path: Path):
-    return json.loads(path.read_bytes())
-
-
-def load_record(run_dir: Path, attempt: int | None = None) -> RunRecord:
-    for name in ("run.json", "lock.json", "history.json", "summary.json"):
-        if not (run_dir / name).is_file():
-            raise RunFolderError(f"it has no {name} (a run that stopped before its baseline was recorded)")
-    try:
-        task = load_task(run_dir / "task")
-    except TaskError as exc:
-        raise RunFolderError(f"its task copy does not load: {exc}") from None
-    history = {e["attempt"]: e for e in _json(run_dir / "history.json")["attempts"]}
-    summary = _json(run_dir / "summary.json")
-    number = summary.get("best_attempt", 0) if attempt is None else attempt
-    record = RunRecord(dir=run_dir, task=task, settings=RunSettings.of_run(run_dir), lock=_json(run_dir / "lock.json"),
-                       summary=summary, kernel=_subject(run_dir, history, number),
-                       baseline=_subject(run_dir, history, 0), is_best=attempt is None)
-    if attempt is None:
-        record.requests = _requests(run_dir, task, record.kernel)
-    return record
-
-
-def _subject(run_dir: Path, history: dict[int, dict], number: int) -> Subject:
-    entry = history.get(number)
-    if entry is None:
-        raise RunFolderError(f"history.json has no attempt {number} (it has {sorted(history)})")
-    if entry.get("candidate") is None or not _ATTEMPT_FILE.fullmatch(str(entry.get("source_file"))):
-        raise RunFolderError(f"attempt {number} was interrupted: history.json records no kernel for it")
-    source = (run_dir / entry["source_file"]).read_bytes().decode()
-    if hashlib.sha256(source.encode()).hexdigest() != entry["source_sha256"]:
-        raise RunFolderError(f"{entry['source_file']} is not the source history.json records for attempt {number}")
-    return Subject(number, entry["source_file"], source, tuple(entry["options"]),
-                   LaunchSpec.model_validate(entry["launch"]))
-
-
-def _requests(run_dir: Path, task: Task, best: Subject) -> list[tuple[str, dict]]:
-    """The best's replay requests, each checked against the best attempt and the task's case it names."""
-    paths = sorted((p for p in run_dir.glob("best-case-*.json") if _REQUEST.fullmatch(p.name)),
-                   key=lambda p: int(_REQUEST.fullmatch(p.name)[1]))
-    if not paths:
-        raise RunFolderError("it has no best-case-N.json replay requests")
-    if (run_dir / "best.cu").read_bytes().decode() != best.source:
-        raise RunFolderError(f"best.cu is not the source of the best attempt ({best.attempt})")
-    requests = []
-    for path in paths:
-        request = _json(path)
-        case = task.case(request.get("case"))
-        recorded = (request.get("attempt"), tuple(request.get("options", ())), request.get("role"),
-                    request.get("dims"), request.get("seed"))
-        if recorded != (best.attempt, best.options, case.role, case.dims, case.seed):
-            raise RunFolderError(f"{path.name} does not match the best attempt ({best.attempt}) and the task's "
-                                 f"case {case.name}")
-        requests.append((path.name, request))
-    return requests
 
 
 # -- the replay -------------------------------------------------------------------------------
@@ -291,14 +194,13 @@ def _repeat(executor: Executor, record: RunRecord, kernel: CompiledKernel, basel
     except TimingFailed as failed:
         why = "; ".join(f"{r.code.value} [{r.case}]: {r.detail}" for r in failed.reasons)
         return RepeatResult(repeat=number, reasons=[f"the {failed.label} failed its timing: {why}"]), {}
-    stats = {label: {case: summarize(values) for case, values in per_case.items()}
-             for label, per_case in timed["samples"].items()}
+    stats = timed.stats()
     pairs = {c.name: (stats["baseline"][c.name], stats["candidate"][c.name]) for c in cases}
     result = RepeatResult(repeat=number, speedup=geomean_speedup(list(pairs.values())),
                           cases={name: speedup(*pair) for name, pair in pairs.items()})
     return result, {"stats": {label: {case: s.model_dump(mode="json") for case, s in per_case.items()}
                               for label, per_case in stats.items()},
-                    "samples_ms": timed["samples"]}
+                    "samples_ms": timed.samples}
 
 
 def _physical_limit(record: RunRecord, environment: dict, timed: tuple[RepeatResult, dict]) -> list[CheckResult]:
@@ -334,7 +236,7 @@ def _document(record: RunRecord, repeats: int, chain_head: str | None, checks: l
                         "other_differences": [d.model_dump(mode="json")
                                               for d in other_environment_differences(env_run, env_now)]},
         # Informational: the referee's own source files that differ from those the run was locked with.
-        "referee_changes": locking.harness_changes(record.lock) if "harness" in record.lock else [],
+        "referee_changes": locking.referee_changes(record.lock) if locking.locked_source(record.lock) else [],
     }
 
 
@@ -407,7 +309,7 @@ def print_report(document: dict, out: TextIO) -> None:
                                                           for d in others), file=out)
     if document["referee_changes"]:
         print(f"note: {len(document['referee_changes'])} referee source file(s) differ from those that made the "
-              "run (lock.json `harness`)", file=out)
+              "run (lock.json `referee_source`)", file=out)
     print(document["decision"], file=out)
     for reason in document["reasons"]:
         print(f"  {reason}", file=out)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import logging
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -19,12 +18,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from server.audit import verify_run, write_bytes_atomic
+from server.verify import verify_run
 from server.cost import CostInputs, CostSheet, cost_sheet
+from server.lock import locked_source
 
-log = logging.getLogger(__name__)
-
-REPORT_NAME = "report.html"
 MAX_DIFF_LINES = 600
 REJECTED = "rejected"
 
@@ -320,8 +317,9 @@ def _cost(summary: dict, wall_seconds: float | None, inputs: CostInputs | None) 
 
 
 def _lock_view(lock: dict) -> dict[str, Any]:
-    return {"files_sha256": lock.get("files_sha256"), "harness_sha256": lock.get("harness_sha256"),
-            "files": len(_dict(lock.get("files"))), "harness_modules": len(_dict(lock.get("harness")))}
+    return {"files_sha256": lock.get("files_sha256"),
+            "referee_source_sha256": lock.get("referee_source_sha256", lock.get("harness_sha256")),
+            "files": len(_dict(lock.get("files"))), "referee_source_modules": len(locked_source(lock) or {})}
 
 
 def load_report(run_dir: Path, cost_inputs: CostInputs | None = None) -> RunReport:
@@ -364,30 +362,3 @@ def load_report(run_dir: Path, cost_inputs: CostInputs | None = None) -> RunRepo
         disqualified=disqualified, usage_totals=_usage_totals(attempts), event_counts=kinds, calls_by_tool=tools,
         audit=AuditView(audit.ok, audit.records, audit.head, audit.problems), replay=_replay(run_dir),
         cost=_cost(summary, wall, cost_inputs), problems=problems)
-
-
-# -- writing ----------------------------------------------------------------------------------
-
-def write_report(run_dir: Path, cost_inputs: CostInputs | None = None) -> list[Path]:
-    """report.html, heatmap.svg and heatmap.png in the run folder; returns their paths."""
-    from server.heatmap import heatmap_png, heatmap_svg, heatmap_of
-    from server.report_html import render_report
-
-    run_dir = Path(run_dir)
-    report = load_report(run_dir, cost_inputs)
-    heatmap = heatmap_of(report)
-    svg = heatmap_svg(heatmap)
-    written = []
-    for name, data in (("heatmap.svg", svg.encode()), ("heatmap.png", heatmap_png(heatmap)),
-                       (REPORT_NAME, render_report(report, svg).encode())):
-        write_bytes_atomic(run_dir / name, data)
-        written.append(run_dir / name)
-    return written
-
-
-def write_report_safely(run_dir: Path) -> None:
-    """`write_report` for the end of a run: a failure is logged, never raised (the run's result stands)."""
-    try:
-        write_report(run_dir)
-    except Exception:  # noqa: BLE001 - derived artefacts; `kernel-referee report RUN` can write them again
-        log.warning("the report of %s could not be written", run_dir, exc_info=True)

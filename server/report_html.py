@@ -124,7 +124,7 @@ def _facts(r: RunReport) -> Safe:
             ("timing protocol", ", ".join(f"{k}={fmt_value(v)}" for k, v in timing.items()) or "—"),
             ("timing rounds (interleaved)", r.settings.get("timing_rounds", "—"))]
     lock = [("task and expected outputs", f"{r.lock.get('files_sha256') or '—'} ({r.lock.get('files')} files)"),
-            ("referee source", f"{r.lock.get('harness_sha256') or '—'} ({r.lock.get('harness_modules')} modules)")]
+            ("referee source", f"{r.lock.get('referee_source_sha256') or '—'} ({r.lock.get('referee_source_modules')} modules)")]
     env = [(k, fmt_value(v)) for k, v in r.environment.items()]
     return join([tag("h2", "Run", id="facts"), facts(rows), tag("h3", "Lock (sha256, lock.json)"), facts(lock),
                  tag("h3", "Environment"), facts(env) if env else tag("p", "not recorded", class_="muted")])

@@ -7,28 +7,24 @@ method per tool, from a worker thread, and turns `Refusal` into a tool error.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
+import os
 import re
-import shutil
-import stat
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from harness.worker_side.nvrtc import check_request
-from harness.settings import CompiledKernel, TimingSettings, input_seed
-from harness.footprint import shortfalls
+from harness.settings import CompiledKernel, TimingSettings
 from harness.task_model import Case, LaunchSpec, Task
-from harness.task import load_task
 from server import lock as locking
 from server.audit import AuditLog, write_bytes_atomic, write_json_atomic
 from server.executor import Executor
@@ -84,31 +80,12 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
-def _next_run_dir(results: Path) -> Path:
-    results.mkdir(parents=True, exist_ok=True)
-    taken = [int(p.name[4:]) for p in results.glob("run-[0-9][0-9][0-9]*") if p.name[4:].isdigit()]
-    number = max(taken, default=0) + 1
-    while True:
-        candidate = results / f"run-{number:03d}"
-        try:
-            candidate.mkdir()
-            return candidate
-        except FileExistsError:
-            number += 1
-
-
-def _make_read_only(root: Path) -> None:
-    for path in sorted(root.rglob("*"), reverse=True):
-        path.chmod(stat.S_IRUSR | stat.S_IRGRP | (stat.S_IXUSR | stat.S_IXGRP if path.is_dir() else 0))
-    root.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP)
-
-
 def expected_path(case: Case, set_index: int, output: str) -> str:
     return f"expected/{case.name}/{set_index}/{output}.npy"
 
 
 class Run:
-    """Budget, probes, lock and history of one run folder. Create with `create` or `resume`."""
+    """Budget, probes, lock and history of one run folder. Made and resumed by server/lifecycle.py."""
 
     def __init__(self, run_dir: Path, task: Task, settings: RunSettings, executor: Executor, environment: dict):
         self.dir = run_dir
@@ -130,78 +107,12 @@ class Run:
         self.logged_attempts: set[int] = set()  # attempt slots whose source write is in the audit log
         self._mutex = threading.Lock()
 
-    # -- creation and resumption ---------------------------------------------------------------
-    @classmethod
-    def create(cls, task_dir: Path, results: Path, settings: RunSettings, executor: Executor,
-               progress: Progress | None = None) -> "Run":
-        task = load_task(task_dir)  # refuse a broken task, or one too large for the GPU, before making a folder
-        problems = shortfalls(task, settings.timing, executor.start())
-        if problems:
-            raise TaskDoesNotFit("the task does not fit on this GPU: " + "; ".join(problems))
-        run_dir = _next_run_dir(results)
-        shutil.copytree(task_dir, run_dir / "task", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        _make_read_only(run_dir / "task")
-        task = load_task(run_dir / "task")
-        environment = executor.start()
-        run = cls(run_dir, task, settings, executor, environment)
-        run.audit.append("run_created", {"task": task.name, "settings": settings.model_dump(mode="json")})
-        run._write_json("run.json", {"task": task.name, "created": now_iso(), "settings": settings.model_dump(mode="json")})
-        run._write_expected(progress)
-        run.lock_record = locking.make_lock(run_dir, environment)
-        run._write_json("lock.json", run.lock_record)
-        from server.attempt import record_baseline
-
-        record_baseline(run, progress)
-        return run
-
-    @classmethod
-    def resume(cls, run_dir: Path, executor: Executor) -> "Run":
-        lock_record = json.loads((run_dir / "lock.json").read_text())
-        problems = locking.tampered_files(run_dir, lock_record)
-        if problems:
-            raise RunError(f"{run_dir} was tampered with: {'; '.join(problems)}")
-        changed = locking.harness_changes(lock_record)
-        if changed:
-            raise RunError(f"the referee's code changed since {run_dir.name} began ({', '.join(changed[:5])}); "
-                           "judge it with the version that started it")
-        task = load_task(run_dir / "task")
-        environment = executor.start()
-        settings = RunSettings.of_run(run_dir)
-        run = cls(run_dir, task, settings, executor, environment)
-        differences = locking.environment_changes(lock_record, environment)
-        if any(d.startswith(("gpu:", "compute_capability:")) for d in differences):
-            run.close()  # its audit log is open
-            raise RunError(f"{run_dir.name} began on another GPU: {'; '.join(differences)}")
-        run.audit.append("run_resumed", {"environment_changes": differences})
-        run._load_state()
-        return run
-
-    def _write_expected(self, progress: Progress | None) -> None:
-        cases = list(self.task.cases)
-        sets = self.settings.timing.rotation_sets
-        for index, case in enumerate(cases):
-            if progress:
-                progress(index, len(cases), f"reference outputs for {case.name}")
-            for s in range(sets):
-                outputs = self.executor.expected(case, input_seed(case, s))
-                for name, array in outputs.items():
-                    buffer = io.BytesIO()
-                    np.save(buffer, array, allow_pickle=False)
-                    path = self.dir / expected_path(case, s, name)
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    write_bytes_atomic(path, buffer.getvalue())
-        self.audit.append("expected_outputs_written", {"cases": [c.name for c in cases], "sets": sets})
-
-    def _load_state(self) -> None:
-        for case in self.task.cases:
-            for s in range(self.settings.timing.rotation_sets):
-                outputs = {p.name: np.load(self.dir / expected_path(case, s, p.name), allow_pickle=False)
-                           for p in self.task.output_params}
-                self.executor.preload(case, input_seed(case, s), outputs)
+    # -- state ---------------------------------------------------------------------------------
+    def load_state(self) -> None:
+        """History, summary, candidates and counters from the folder and its log (a resumed run)."""
         history = self.dir / "history.json"
         self.history = json.loads(history.read_text())["attempts"] if history.exists() else []
         if not any(entry["attempt"] == 0 for entry in self.history):
-            self.close()
             raise RunError(f"{self.dir.name} stopped before its baseline (attempt 0) was recorded: nothing was "
                            "attempted yet; start a new run with --task")
         self.summary = json.loads((self.dir / "summary.json").read_text()) if (self.dir / "summary.json").exists() else {}
@@ -210,9 +121,48 @@ class Run:
             self.candidates[data["id"]] = Candidate(data["id"], data["source"], tuple(data["options"]),
                                                     LaunchSpec.model_validate(data["launch"]))
         self._count_window()
-        from server.attempt import settle_interrupted
 
-        settle_interrupted(self)
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """One call at a time changes the run."""
+        with self._mutex:
+            yield
+
+    def claim_slot(self, number: int, source: str) -> None:
+        """Write and log attempts/NNN.cu. If that fails (a full disk), nothing is claimed and the error is raised."""
+        path = self.dir / "attempts" / f"{number:03d}.cu"
+        claim = path.with_suffix(".claim")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        os.close(fd)
+        try:
+            self.audit.record_file(path.relative_to(self.dir), write_bytes_atomic(path, source.encode()))
+            self.logged_attempts.add(number)
+        except BaseException:
+            path.unlink(missing_ok=True)  # not logged, so not claimed: a leftover would count without a record
+            raise
+        finally:
+            claim.unlink()  # a leftover claim would refuse this slot number forever
+
+    def open_attempt_window(self) -> None:
+        """An attempt started: the probe limits count afresh."""
+        self.probes_in_window, self.gpu_seconds_in_window = 0, 0.0
+
+    def add_gpu_seconds(self, seconds: float) -> None:
+        self.gpu_seconds_total += seconds
+
+    def add_entry(self, entry: dict) -> None:
+        """An attempt's history entry, kept in attempt order."""
+        self.history.append(entry)
+        self.history.sort(key=lambda e: e["attempt"])
+
+    def forget_attempt(self, number: int, best_before: int) -> None:
+        """Undo what a failed attempt changed in memory: its entry, and the best it may have become."""
+        self.history = [e for e in self.history if e["attempt"] != number]
+        self.summary["best_attempt"] = best_before
+
+    def update_summary(self, fields: dict) -> None:
+        self.summary.update(fields)
 
     def _count_window(self) -> None:
         """Probes since the last attempt, from the audit log: a restart does not reset them."""
@@ -233,7 +183,7 @@ class Run:
                 self.logged_attempts.add(int(path[9:12]))
 
     # -- files ---------------------------------------------------------------------------------
-    def _write_json(self, name: str, value) -> None:
+    def write_json(self, name: str, value) -> None:
         path = self.dir / name
         path.parent.mkdir(parents=True, exist_ok=True)
         self.audit.record_file(path.relative_to(self.dir), write_json_atomic(path, value))
@@ -319,7 +269,7 @@ class Run:
             spec = known.launch if launch is None else self._launch(launch)
         else:
             spec = self.task.launch if launch is None else self._launch(launch)
-        return self._register(source, tuple(options or ()), spec)
+        return self.register_candidate(source, tuple(options or ()), spec)
 
     def _launch(self, launch: dict) -> LaunchSpec:
         try:
@@ -330,7 +280,7 @@ class Run:
             raise Refusal(f"invalid launch geometry: {exc}".replace("\n", " ")[:800]) from None
         return spec
 
-    def _register(self, source: str, options: tuple[str, ...], launch: LaunchSpec) -> Candidate:
+    def register_candidate(self, source: str, options: tuple[str, ...], launch: LaunchSpec) -> Candidate:
         # Refused by policy (CompileRefused) before anything is recorded or an attempt slot is claimed.
         check_request(source, self.task.kernel_name, options)
         identity = json.dumps({"source": source, "options": options, "launch": launch.model_dump(mode="json")},
@@ -338,7 +288,7 @@ class Run:
         cid = "c" + hashlib.sha256(identity.encode()).hexdigest()[:15]
         if cid not in self.candidates:
             # Written before it is known: a candidate this run knows is one a resumed run knows too.
-            self._write_json(f"candidates/{cid}.json", {"id": cid, "source": source, "options": list(options),
+            self.write_json(f"candidates/{cid}.json", {"id": cid, "source": source, "options": list(options),
                                                         "launch": launch.model_dump(mode="json")})
             self.candidates[cid] = Candidate(cid, source, options, launch)
         return self.candidates[cid]

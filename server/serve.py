@@ -13,9 +13,12 @@ from harness.settings import TimingSettings
 from harness.task import load_task
 from server import transport
 from server.app import build_server
-from server.audit import sha256_file, verify_run
+from server.audit import sha256_file
+from server.verify import verify_run
 from server.executor import GpuExecutor
-from server.run import Run, RunError, RunSettings, TaskDoesNotFit
+from server.lifecycle import new_run, resume_run
+from server.run import RunError, RunSettings, TaskDoesNotFit
+from server.settings import sandbox_refusal
 
 log = logging.getLogger(__name__)
 EXIT_NO_GPU = 3
@@ -27,9 +30,7 @@ def serve(args) -> int:
         print(f"kernel-referee serve needs an NVIDIA GPU: {absent}. `kernel-referee check TASK` compiles "
               "kernels without one.", file=sys.stderr)
         return EXIT_NO_GPU
-    from server.cli import sandbox_refusal
-
-    refusal = sandbox_refusal(args)
+    refusal = sandbox_refusal(not args.no_sandbox)
     if refusal:
         print(f"kernel-referee: {refusal}", file=sys.stderr)
         return 2
@@ -49,10 +50,10 @@ def serve(args) -> int:
     try:
         if args.run is None:
             _say(f"starting a run of {task.name}: reference outputs and the baseline (attempt 0)...")
-            run = Run.create(task_dir, args.results, settings, executor,
+            run = new_run(task_dir, args.results, settings, executor,
                              lambda done, total, message: _say(f"  {message}"))
         else:
-            run = Run.resume(args.run, executor)
+            run = resume_run(args.run, executor)
         _say(f"run folder: {run.dir} (attempts used {run.attempts_used} of {run.settings.max_attempts})")
         options = transport.http_auth(token, args.host, args.port) if args.transport == "http" else {}
         transport.run(build_server(run, **options), args.transport, host=args.host, port=args.port, token=token,

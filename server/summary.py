@@ -28,12 +28,12 @@ def best_attempt(run: Run) -> dict:
 def set_best(run: Run, number: int) -> None:
     """Make attempt `number` the best: best.cu and one replay request per visible case."""
     entry = entry_of(run, number)
-    run.summary["best_attempt"] = number
+    run.update_summary({"best_attempt": number})
     candidate = run.candidates[entry["candidate"]]
     run.write_text("best.cu", candidate.source)
     for index, case in enumerate(run.task.visible_cases):
         geometry = candidate.launch.resolve(case)
-        run._write_json(f"best-case-{index}.json", {
+        run.write_json(f"best-case-{index}.json", {
             "task": run.task.name, "attempt": number, "kernel": "best.cu", "kernel_name": run.task.kernel_name,
             "options": list(candidate.options), "case": case.name, "role": case.role, "dims": case.dims,
             "seed": case.seed, "launch": geometry.model_dump(mode="json"),
@@ -41,7 +41,7 @@ def set_best(run: Run, number: int) -> None:
 
 
 def write_history(run: Run) -> None:
-    run._write_json("history.json", {"task": run.task.name, "attempts": run.history})
+    run.write_json("history.json", {"task": run.task.name, "attempts": run.history})
 
 
 def write_summary(run: Run, status: str, stop_reason: str | None = None, holdout: dict | None = None,
@@ -50,7 +50,7 @@ def write_summary(run: Run, status: str, stop_reason: str | None = None, holdout
     baseline = entry_of(run, 0)
     attempts = [e for e in run.history if e["attempt"] > 0]
     rejections = Counter(r["code"] for e in attempts if e["verdict"] == "rejected" for r in e["reasons"][:1])
-    run.summary.update({
+    run.update_summary({
         "task": run.task.name, "run": run.dir.name, "status": status, "updated": now_iso(),
         "stop_reason": stop_reason if stop_reason is not None else run.summary.get("stop_reason"),
         "budget": {"max_attempts": run.settings.max_attempts, "used": run.attempts_used,
@@ -66,10 +66,9 @@ def write_summary(run: Run, status: str, stop_reason: str | None = None, holdout
         "environment": run.environment,
     })
     if holdout is not None:
-        run.summary["holdout"] = holdout
-        run.summary["disqualified"] = disqualified or []
-    run.summary["chain_head"] = run.audit.head
-    run._write_json("summary.json", run.summary)
+        run.update_summary({"holdout": holdout, "disqualified": disqualified or []})
+    run.update_summary({"chain_head": run.audit.head})
+    run.write_json("summary.json", run.summary)
 
 
 def _latency_view(entry: dict) -> dict:

@@ -20,7 +20,7 @@ from harness.task_model import Task
 from harness.results import Reason, ReasonCode
 from server.run import Run
 
-SPEEDUP_FLAG = 10.0
+SUSPICIOUS_SPEEDUP_RATIO = 10.0
 
 
 def peak_bandwidth_bytes_per_s(environment: dict) -> float | None:
@@ -79,8 +79,8 @@ def beyond_physical_limit(run: Run, entry: dict) -> list[Reason]:
 def flags(run: Run, entry: dict) -> list[str]:
     found = []
     ratio = (entry.get("speedup_vs_baseline") or {}).get("ratio")
-    if ratio is not None and ratio > SPEEDUP_FLAG:
-        found.append(f"{ratio:.1f}x faster than the baseline (more than {SPEEDUP_FLAG:g}x)")
+    if ratio is not None and ratio > SUSPICIOUS_SPEEDUP_RATIO:
+        found.append(f"{ratio:.1f}x faster than the baseline (more than {SUSPICIOUS_SPEEDUP_RATIO:g}x)")
     bandwidth = peak_bandwidth_bytes_per_s(run.environment)
     for case in run.task.performance_cases:
         moved = run.task.bytes_moved(case.dims)

@@ -153,7 +153,7 @@ def _announce(host: str, port: int, token: str | None, token_generated: bool) ->
 
 def _stderr_log_config() -> dict[str, Any]:
     """uvicorn's logging, with access lines sent to stderr: by default they go to stdout."""
-    import uvicorn.config
+    import uvicorn.config  # uvicorn loads only for the HTTP transport
 
     config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
     for handler in config["handlers"].values():
@@ -163,7 +163,7 @@ def _stderr_log_config() -> dict[str, Any]:
 
 def _serve_http(server: MCPServer, host: str, port: int, security: TransportSecuritySettings) -> None:
     # Not server.run("streamable-http"): that uses uvicorn's default logging, which writes to stdout.
-    import uvicorn
+    import uvicorn  # uvicorn loads only for the HTTP transport
 
     app = server.streamable_http_app(streamable_http_path=MCP_PATH, transport_security=security, host=host)
     config = uvicorn.Config(

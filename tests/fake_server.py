@@ -13,7 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.task import load_task  # noqa: E402
 from server.app import build_server  # noqa: E402
-from server.run import Run, RunSettings  # noqa: E402
+from server.lifecycle import new_run, resume_run  # noqa: E402
+from server.run import RunSettings  # noqa: E402
 from tests.fake_executor import FakeExecutor  # noqa: E402
 
 MATMUL = Path(__file__).resolve().parents[1] / "cases" / "matmul_f32"
@@ -22,9 +23,9 @@ MATMUL = Path(__file__).resolve().parents[1] / "cases" / "matmul_f32"
 def main(folder: Path) -> None:
     executor = FakeExecutor(load_task(MATMUL))
     if (folder / "lock.json").exists():
-        run = Run.resume(folder, executor)
+        run = resume_run(folder, executor)
     else:
-        run = Run.create(MATMUL, folder, RunSettings(), executor)
+        run = new_run(MATMUL, folder, RunSettings(), executor)
     try:
         build_server(run).run("stdio")
     finally:

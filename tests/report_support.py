@@ -11,7 +11,7 @@ from pathlib import Path
 
 import anyio
 
-from server.report import write_report
+from server.report_files import write_report
 from tests.server_support import client, kernel, new_run, ok
 
 FIXTURE_RUNS = Path(__file__).resolve().parent / "fixtures" / "runs"

@@ -9,6 +9,7 @@ from mcp import Client
 
 from harness.task import load_task
 from server.app import build_server
+from server import lifecycle
 from server.run import Run, RunSettings
 from tests.fake_executor import FakeExecutor
 
@@ -31,7 +32,7 @@ def executor(gpu: str = "Fake GPU", **options) -> FakeExecutor:
 
 
 def new_run(tmp_path: Path, executor_options: dict | None = None, **settings) -> Run:
-    return Run.create(MATMUL, tmp_path / "results", RunSettings(**settings), executor(**(executor_options or {})))
+    return lifecycle.new_run(MATMUL, tmp_path / "results", RunSettings(**settings), executor(**(executor_options or {})))
 
 
 def client(run: Run) -> Client:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from server.audit import (GENESIS, AuditError, AuditLog, canonical_json, sha256_file, verify_chain,
-                          verify_run, write_bytes_atomic, write_json_atomic)
+from server.audit import GENESIS, AuditError, AuditLog, canonical_json, sha256_file, write_bytes_atomic, write_json_atomic
+from server.verify import verify_chain, verify_run
 
 
 def make_log(folder: Path, n: int = 6) -> Path:

@@ -27,7 +27,8 @@ from server.check import Target, print_vendor
 from tests.fake_gpu_worker import cublas_gemm
 from tests.server_support import client, executor, kernel, ok
 from tests.test_task import edited, load_error, valid_task, write_task
-from server.run import Run, RunSettings
+from server.lifecycle import new_run
+from server.run import RunSettings
 
 REPO = Path(__file__).resolve().parents[1]
 MATMUL, MATMUL_BF16 = REPO / "cases" / "matmul_f32", REPO / "cases" / "matmul_bf16"
@@ -259,7 +260,7 @@ def test_check_prints_the_vendor_table_and_each_kernel_against_it():
 
 @pytest.mark.anyio
 async def test_a_run_keeps_cublas_beside_the_baseline(tmp_path):
-    run = Run.create(MATMUL, tmp_path / "results", RunSettings(), executor())
+    run = new_run(MATMUL, tmp_path / "results", RunSettings(), executor())
     performance = [c.name for c in run.task.performance_cases]
     try:
         for name in performance:
@@ -278,7 +279,7 @@ async def test_a_run_keeps_cublas_beside_the_baseline(tmp_path):
 async def test_a_run_without_cublas_says_so_and_goes_on(tmp_path):
     fake = executor()
     fake.vendor_latency_us = None
-    run = Run.create(MATMUL, tmp_path / "results", RunSettings(), fake)
+    run = new_run(MATMUL, tmp_path / "results", RunSettings(), fake)
     try:
         assert run.summary["vendor"]["available"] is False and "not available" in run.summary["vendor"]["notes"][0]
         async with client(run) as c:
@@ -289,7 +290,7 @@ async def test_a_run_without_cublas_says_so_and_goes_on(tmp_path):
 
 @pytest.mark.anyio
 async def test_time_kernel_and_record_attempt_state_the_roofline_fraction(tmp_path):
-    run = Run.create(MATMUL, tmp_path / "results", RunSettings(), executor())
+    run = new_run(MATMUL, tmp_path / "results", RunSettings(), executor())
     try:
         async with client(run) as c:
             timed = await ok(c, "time_kernel", source=kernel("latency_us=50"))

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from bench import timing
+from bench import overhead_clocks, timing, timing_report
 from harness.device import gpu_absent_reason
 
 NCU_CSV = '''==PROF== Connected to process 4242 (/usr/bin/python3)
@@ -19,7 +19,7 @@ NCU_CSV = '''==PROF== Connected to process 4242 (/usr/bin/python3)
 
 
 def test_ncu_durations_are_read_in_launch_order_in_milliseconds_whatever_the_unit():
-    assert timing.ncu_durations_ms(NCU_CSV) == pytest.approx([0.004384, 0.004416, 2.1535])
+    assert timing_report.ncu_durations_ms(NCU_CSV) == pytest.approx([0.004384, 0.004416, 2.1535])
 
 
 def test_the_report_compares_each_kernel_with_both_outside_clocks():
@@ -33,7 +33,7 @@ def test_the_report_compares_each_kernel_with_both_outside_clocks():
                            "slower_ranked_slower": 20, "slower_beyond_noise": 19, "slower_wrongly_faster": 0,
                            "aa_false_claims": 0, "aa_ratio_spread": [0.998, 1.003]},
     }
-    text = timing.report(results)
+    text = timing_report.report(results)
     assert "the referee's clock: kernel" in text
     assert "| matmul_f32 2048^3 | 2200.0 | 0.10% | 2202.5 | 2000.0 | +10.00% | — | — |" in text
     assert "| transpose 512x512 | 5.0 | 2.00% | — | — | — | — | — |" in text
@@ -46,11 +46,11 @@ def test_the_report_sets_each_flush_beside_ncu():
                "flush": {"empty_kernel_ms": 0.0034, "median_ms": {
                    "softmax 4096x4096": {"read": 0.0405, "memset": 0.0432, "none": 0.030},
                    "transpose 512x512": {"read": 0.006, "memset": 0.006, "none": 0.005}}}}
-    text = timing.report(results)
+    text = timing_report.report(results)
     assert "an empty kernel reads 3.40 us" in text
     assert "| softmax 4096x4096 | 40.5 | 43.2 | 30.0 | 37.0 |" in text
     assert "| transpose 512x512 | 6.0 | 6.0 | 5.0 | — |" in text
-    assert "flush: exit 1" in timing.report({"flush": {"note": "exit 1"}})
+    assert "flush: exit 1" in timing_report.report({"flush": {"note": "exit 1"}})
 
 
 def test_the_bench_kernels_span_microseconds_to_milliseconds_over_at_least_eight_kernels():
@@ -91,38 +91,38 @@ def test_wall_clocked_executor_methods_count_calls_and_time_and_still_answer():
             return value * 2
 
     executor = Executor()
-    clock = timing._wall_clocked(executor, "check")
+    clock = overhead_clocks.wall_clocked(executor, "check")
     assert executor.check(21) == 42 and executor.check(1) == 2
     summary = clock.summary()
     assert summary["calls"] == 2 and summary["wall_s"] >= 0
 
 
 def test_ncu_values_are_split_into_the_empty_kernel_then_each_kernel_by_input_set():
-    repeats, sets = timing.REPEATS, timing.SETS
+    repeats, sets = timing_report.REPEATS, timing_report.SETS
     empty = [0.002] * repeats
     # kernel A: set s reads 1 + s ms in every round; kernel B: 5 ms throughout
     a = [1.0 + s for _ in range(repeats) for s in range(sets)]
     b = [5.0] * (repeats * sets)
-    summary = timing.ncu_summary(empty + a + b, ["A", "B"])
+    summary = timing_report.ncu_summary(empty + a + b, ["A", "B"])
     assert summary["empty_kernel_ms"] == 0.002
     assert summary["per_set_ms"]["A"] == [1.0, 2.0, 3.0, 4.0][:sets]
     assert summary["median_ms"]["A"] == pytest.approx(sorted(a)[len(a) // 2 - 1] / 2 + sorted(a)[len(a) // 2] / 2)
     assert summary["median_ms"]["B"] == 5.0
-    assert timing.ncu_summary(empty + a, ["A", "B"]) is None  # a kernel's values missing: no summary
+    assert timing_report.ncu_summary(empty + a, ["A", "B"]) is None  # a kernel's values missing: no summary
 
 
 def test_several_ncu_passes_are_compared_by_their_median_and_their_spread_is_shown():
     passes = [{"empty_kernel_ms": e, "sets": 4, "repeats_per_set": 7, "median_ms": {"k": m}, "per_set_ms": {"k": [m] * 4}}
               for e, m in ((0.0014, 0.0440), (0.0013, 0.0436), (0.0015, 0.0451))]
-    combined = timing.ncu_combined(passes)
+    combined = timing_report.ncu_combined(passes)
     assert combined["passes"] == 3 and combined["pass_medians_ms"] == {"k": [0.0440, 0.0436, 0.0451]}
     assert combined["median_ms"] == {"k": 0.0440} and combined["empty_kernel_ms"] == 0.0014
     assert combined["per_set_ms"] == {"k": [0.0440] * 4}  # the first pass's
-    assert timing.ncu_combined(passes[:1]) is passes[0]  # one pass: as it was, no spread
-    text = timing.report({"ncu": combined})
+    assert timing_report.ncu_combined(passes[:1]) is passes[0]  # one pass: as it was, no spread
+    text = timing_report.report({"ncu": combined})
     assert "ncu's own spread over 3 passes" in text
     assert "| k | 43.6 | 45.1 | 3.41% |" in text  # (45.1 - 43.6) / 44.0
-    assert "own spread" not in timing.report({"ncu": passes[0]})
+    assert "own spread" not in timing_report.report({"ncu": passes[0]})
 
 
 def test_the_report_shows_the_kernel_clock_step_by_step_beside_ncu():
@@ -130,7 +130,7 @@ def test_the_report_shows_the_kernel_clock_step_by_step_beside_ncu():
                "clock": {"tracing": "serial", "empty_kernel_ms": 0.0006, "median_ms": {
                    "layernorm 32768x768": {"one set": 0.1071, "rotated sets": 0.1080}}},
                "clock_concurrent": {"note": "the kernel-clock steps with concurrent tracing did not run (exit 1)"}}
-    text = timing.report(results)
+    text = timing_report.report(results)
     assert "ncu reads an empty kernel at 1.60 us" in text
     assert "serial tracing (an empty kernel reads 0.60 us)" in text
     assert "| kernel | one set | rotated sets | ncu (us) |" in text
@@ -142,7 +142,7 @@ def test_the_report_compares_each_kernel_net_of_each_clocks_empty_kernel():
     results = {"kernels": [{"label": "softmax 4096x4096", "median_ms": 0.0383, "cv": 0.002, "kernel_floor_ms": 0.0023},
                            {"label": "transpose 512x512", "median_ms": 0.0044, "cv": 0.01, "kernel_floor_ms": 0.0023}],
                "ncu": {"median_ms": {"softmax 4096x4096": 0.0373}, "empty_kernel_ms": 0.0014}}
-    text = timing.report(results)
+    text = timing_report.report(results)
     assert "the referee's 2.30 us, ncu's 1.40 us" in text
     assert "| softmax 4096x4096 | 36.0 | 35.9 | +0.28% |" in text
     assert "| transpose 512x512 | 2.1 |" not in text  # no ncu value: no net row
@@ -160,7 +160,7 @@ def test_each_target_is_judged_from_the_measurements_and_unmeasured_ones_say_so(
         "overhead": {"record_attempt_wall_s": 2.10, "bound_s": 2.29, "verdict": "valid-faster", "compile_s": 0.06,
                      "gpu_busy_s": 1.48, "host_s": 0.56, "worker_cold_start_s": 1.1, "compile_ms": 60.0,
                      "cache_hit_ms": 0.1}}
-    judged = {name: (met, what) for name, met, what in timing.targets(results)}
+    judged = {name: (met, what) for name, met, what in timing_report.targets(results)}
     assert judged["within 2% of ncu from 20 us"] == (False, "at most 5.77% off, over 2 kernels")  # 22.0 against 20.8
     met, what = judged["the same, net of each clock's empty kernel"]
     assert met and what == "at most 1.55% off"  # (22.0 - 2.3) / (20.8 - 1.4): the referee's floor is the median, 2.3 us
@@ -168,8 +168,8 @@ def test_each_target_is_judged_from_the_measurements_and_unmeasured_ones_say_so(
     assert judged["a 2% slower copy slower beyond noise in >= 19 of 20, never faster"][0] is True
     assert judged["A/A: no false claim"] == (False, "1 of 20")
     assert judged["record_attempt <= compile + 1.3 x GPU busy + 0.3 s"] == (True, "2.10 s against 2.29 s")
-    assert timing.targets({})[0] == ("within 2% of ncu from 20 us", None, "no ncu values")
-    assert "| A/A: no false claim | no | 1 of 20 |" in timing.report(results)
+    assert timing_report.targets({})[0] == ("within 2% of ncu from 20 us", None, "no ncu values")
+    assert "| A/A: no false claim | no | 1 of 20 |" in timing_report.report(results)
 
 
 def test_fresh_inputs_are_judged_against_the_rotated_sets_from_50_us_and_their_cost_is_shown():
@@ -181,12 +181,12 @@ def test_fresh_inputs_are_judged_against_the_rotated_sets_from_50_us_and_their_c
          "ratio": 0.0044 / 0.0045},  # 2% apart, but under 50 us: not judged
         {"label": "long", "fresh": protocol(2.1527, 2991.8, 6531), "rotated": protocol(2.1500, 2742.1, 7323),
          "ratio": 2.1527 / 2.1500}]}}
-    judged = {name: (met, what) for name, met, what in timing.targets(results)}
+    judged = {name: (met, what) for name, met, what in timing_report.targets(results)}
     assert judged["fresh inputs within 1% of the rotated sets from 50 us"] == (True, "at most 0.13% apart, over 1 kernels")
     results["protocols"]["kernels"][1]["ratio"] = 1.02
-    judged = {name: (met, what) for name, met, what in timing.targets(results)}
+    judged = {name: (met, what) for name, met, what in timing_report.targets(results)}
     assert judged["fresh inputs within 1% of the rotated sets from 50 us"][0] is False
-    assert "| long | 2152.7 | 2150.0 | 1.0200 | 2991.8 / 2742.1 | 6531 / 7323 |" in timing.report(results)
+    assert "| long | 2152.7 | 2150.0 | 1.0200 | 2991.8 / 2742.1 | 6531 / 7323 |" in timing_report.report(results)
 
 
 def test_the_bench_compiles_the_referees_own_kernels_as_a_worker_does():

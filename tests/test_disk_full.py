@@ -18,7 +18,8 @@ from typing import Callable
 import pytest
 
 from server import audit
-from server.audit import verify_run
+from server.verify import verify_run
+from server.lifecycle import resume_run
 from server.run import Run
 from tests.server_support import client, events, executor, kernel, new_run, ok, read_json
 
@@ -140,7 +141,7 @@ async def test_a_disk_full_before_the_slot_is_claimed_counts_nothing(tmp_path, m
     report = verify_run(run.dir)
     assert report.ok, report.problems
 
-    run = Run.resume(run.dir, executor())  # the candidate of the failed call was recorded by the retry
+    run = resume_run(run.dir, executor())  # the candidate of the failed call was recorded by the retry
     assert run.attempts_used == 2 and [e["attempt"] for e in run.history] == [0, 1, 2]
     async with client(run) as c:
         assert (await ok(c, "describe_task"))["best_attempt"] == 2
@@ -194,7 +195,7 @@ async def test_a_disk_filling_up_after_the_claim_counts_the_attempt_once_as_reje
     report = verify_run(run.dir)
     assert report.ok, report.problems
 
-    run = Run.resume(run.dir, executor())
+    run = resume_run(run.dir, executor())
     assert run.attempts_used == 3 and [(e["attempt"], e["verdict"]) for e in run.history][2] == (2, "rejected")
     assert [e["kind"] for e in events(run.dir)].count("attempt_interrupted") <= 1
     run.close()
@@ -213,7 +214,7 @@ async def test_a_resume_after_a_disk_full_attempt_records_it_once(tmp_path, monk
     assert verify_run(run.dir).ok
     assert _attempts(run.dir) == [(0, "baseline")]  # history.json could not be written
 
-    run = Run.resume(run.dir, executor())
+    run = resume_run(run.dir, executor())
     assert run.attempts_used == 1 and [(e["attempt"], e["verdict"]) for e in run.history] == [(0, "baseline"),
                                                                                            (1, "rejected")]
     async with client(run) as c:
@@ -285,7 +286,7 @@ async def test_a_full_disk_while_a_probe_appends_to_the_log(tmp_path, monkeypatc
         assert (await ok(c, tool, candidate_id=candidate))["budget"]["probes_left_in_window"] == 18
     run.close()
     assert verify_run(run.dir).ok
-    run = Run.resume(run.dir, executor())
+    run = resume_run(run.dir, executor())
     assert run.budget().probes_left_in_window == 18
     run.close()
 
@@ -298,7 +299,7 @@ async def test_a_claim_left_by_a_server_stopped_while_claiming_does_not_block_th
     (run.dir / "attempts" / "001.claim").touch()
     if slot_written:  # stopped after the slot file was in place: it counts, as an interrupted attempt
         (run.dir / "attempts" / "001.cu").write_text(kernel("latency_us=50"))
-    run = Run.resume(run.dir, executor())
+    run = resume_run(run.dir, executor())
     assert _strays(run) == []
     async with client(run) as c:
         answer = await ok(c, "record_attempt", source=kernel("latency_us=50"), rationale="after the restart")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from server.audit import verify_run
+from server.verify import verify_run
 from server.cost import CostInputs, cost_sheet, run_hours
 from server.decision import CheckResult, RepeatResult, decide
 from server.run import RunSettings

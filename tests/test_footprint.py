@@ -9,7 +9,8 @@ from harness.footprint import CONTEXT_RESERVE_BYTES, case_bytes, shortfalls, tim
 from harness.jobs import Layout
 from harness.worker_side.buffers import GUARD_BYTES
 from harness.task import load_task
-from server.run import Run, RunSettings, TaskDoesNotFit
+from server.lifecycle import new_run
+from server.run import RunSettings, TaskDoesNotFit
 from tests.fake_executor import FakeExecutor
 
 SAXPY = Path(__file__).parent / "fixtures" / "tasks" / "saxpy"
@@ -67,5 +68,5 @@ def test_a_run_of_a_task_that_does_not_fit_is_refused_before_any_folder_is_made(
     folder = huge_saxpy(tmp_path, 2**28)  # 1 GiB per array: 16 GiB to time
     results = tmp_path / "results"
     with pytest.raises(TaskDoesNotFit, match="case large needs"):
-        Run.create(folder, results, RunSettings(), _SmallGpu(load_task(folder)))
+        new_run(folder, results, RunSettings(), _SmallGpu(load_task(folder)))
     assert not results.exists() or not any(results.iterdir())

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from mcp import Client
 
 from server.app import build_server
-from server.audit import verify_run
+from server.verify import verify_run
 from server.run import Run
 from tests.server_support import HOLDOUT, REPO, VISIBLE, kernel, new_run
 

@@ -9,7 +9,7 @@ from harness.worker_calls import clocked_samples
 from harness.worker_side.kernel_clock import (KIND_CONCURRENT_KERNEL, KIND_DRIVER, KIND_EXTERNAL_CORRELATION, KIND_MEMCPY,
                                   KIND_MEMSET, Activity, KernelClock, busy_ms, launch_spans_ms)
 from harness.results import CaseTiming, TimingReport
-from server.attempt import time_side_by_side
+from harness.side_by_side import time_side_by_side
 from server.executor import _clock_facts
 
 

@@ -11,7 +11,7 @@ import pytest
 from harness.device import gpu_absent_reason
 from harness.task import load_task
 from server.attempt import finish, record_attempt
-from server.audit import verify_run
+from server.verify import verify_run
 from server.cli import main
 from server.replay import replay
 from tests.fake_executor import H200_ENVIRONMENT, FakeExecutor

@@ -14,10 +14,11 @@ import anyio
 import pytest
 
 from server import heatmap as heatmap_module
-from server.audit import verify_run
+from server.verify import verify_run
 from server.cli import main
 from server.cost import CostInputs, cost_sheet, run_hours
-from server.report import load_report, write_report, write_report_safely
+from server.report import load_report
+from server.report_files import write_report, write_report_files
 from server.report_html import CAVEAT, fmt_ms
 from tests.report_support import (FINISH_REASON, HOSTILE, HOSTILE_SOURCE_LINE, RUN_SOURCES, USAGE, Page, read_json,
                                   reported_run)
@@ -77,7 +78,7 @@ def test_the_report_and_both_heatmaps_are_written_and_valid(run_dir):
 def test_the_facts_of_the_run(run_dir):
     html, text = html_of(run_dir), Page(html_of(run_dir)).text
     summary, lock = read_json(run_dir / "summary.json"), read_json(run_dir / "lock.json")
-    for fact in (summary["task"], summary["run"], lock["files_sha256"], lock["harness_sha256"],
+    for fact in (summary["task"], summary["run"], lock["files_sha256"], lock.get("referee_source_sha256", lock.get("harness_sha256")),
                  str(lock["environment"]["gpu"]), f"{summary['budget']['used']} of {summary['budget']['max_attempts']}"
                  " attempts used", f"compiles {summary['compiles']}", f"probes {summary['probes']}"):
         assert fact in text, fact
@@ -244,11 +245,11 @@ def test_a_report_that_fails_is_logged_and_the_run_still_finishes(tmp_path, monk
             await ok(c, "record_attempt", source=kernel("latency_us=50"), rationale="faster")
             return await ok(c, "finish", reason="done")
 
-    with caplog.at_level(logging.WARNING, logger="server.report"):
+    with caplog.at_level(logging.WARNING, logger="server.report_files"):
         done = anyio.run(drive, backend="asyncio")
     run.close()
     assert done["best_attempt"] == 1
     assert read_json(run.dir / "summary.json")["status"] == "finished"
     assert "could not be written" in caplog.text and "no PNG today" in caplog.text
     assert verify_run(run.dir).ok
-    write_report_safely(tmp_path / "nowhere")  # never raises
+    write_report_files(tmp_path / "nowhere")  # never raises

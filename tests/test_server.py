@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from server.audit import verify_run
+from server.verify import verify_run
 from tests.server_support import (BROKEN, HOLDOUT, INITIAL, VISIBLE, client, events, kernel, new_run, ok,
                                   read_json, refused)
 

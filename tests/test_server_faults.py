@@ -12,9 +12,10 @@ from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from harness.device import gpu_absent_reason
-from server.audit import verify_run
+from server.verify import verify_run
 from server.cli import main
-from server.run import Run, RunError
+from server.lifecycle import resume_run
+from server.run import RunError
 from tests.server_support import (HOLDOUT, MATMUL, REPO, client, events, executor, kernel, new_run, ok,
                                   read_json, refused)
 
@@ -41,7 +42,7 @@ async def test_probes_are_limited_per_window_and_the_count_survives_a_resume(tmp
         assert (await ok(c, "validate", source=kernel()))["budget"]["probes_left_in_window"] == 2
     run.close()
 
-    run = Run.resume(run.dir, executor())
+    run = resume_run(run.dir, executor())
     assert run.budget().probes_left_in_window == 2 and run.probes_total == 4
     async with client(run) as c:
         assert (await ok(c, "run_cases", source=kernel(), cases=["square-2048"]))["budget"]["probes_left_in_window"] == 1
@@ -71,7 +72,7 @@ async def test_a_changed_locked_file_refuses_every_call_and_the_resume(tmp_path,
     assert run.attempts_used == 0
     run.close()
     with pytest.raises(RunError, match=f"was tampered with: {locked} changed"):
-        Run.resume(run.dir, executor())
+        resume_run(run.dir, executor())
 
 
 @pytest.mark.anyio
@@ -83,8 +84,8 @@ async def test_a_resumed_run_continues_its_budget_and_history(tmp_path):
     run.close()
 
     with pytest.raises(RunError, match="began on another GPU: gpu: Fake GPU -> Other GPU"):
-        Run.resume(run.dir, executor(gpu="Other GPU"))
-    run = Run.resume(run.dir, executor())
+        resume_run(run.dir, executor(gpu="Other GPU"))
+    run = resume_run(run.dir, executor())
     assert (run.attempts_used, run.budget().attempts_left) == (2, 5)
     assert [(e["attempt"], e["verdict"]) for e in run.history] == [(0, "baseline"), (1, "valid-faster"),
                                                                    (2, "rejected")]
@@ -153,7 +154,7 @@ async def test_a_server_killed_mid_attempt_counts_the_attempt_once(tmp_path):
 
     run_dir = results / "run-001"
     assert sorted(p.name for p in (run_dir / "attempts").iterdir()) == ["000.cu", "001.cu", "002.cu"]
-    run = Run.resume(run_dir, executor())
+    run = resume_run(run_dir, executor())
     assert run.attempts_used == 2
     interrupted = run.history[-1]
     assert (interrupted["attempt"], interrupted["verdict"]) == (2, "rejected")
@@ -245,7 +246,7 @@ async def test_an_error_inside_an_attempt_records_the_attempt_as_rejected(tmp_pa
         assert (again["attempt"], again["verdict"], again["budget"]["attempts_used"]) == (2, "valid-faster", 2)
     run.close()
     assert verify_run(run.dir).ok
-    run = Run.resume(run.dir, executor())
+    run = resume_run(run.dir, executor())
     assert [e["attempt"] for e in run.history] == [0, 1, 2] and run.attempts_used == 2
     run.close()
 

@@ -15,8 +15,9 @@ import pytest
 from harness.settings import TimingSettings
 from harness.task import load_task
 from server.attempt import record_attempt
-from server.audit import verify_run
+from server.verify import verify_run
 from server.executor import GpuExecutor
+from server.lifecycle import new_run
 from server.run import Run, RunSettings, TaskDoesNotFit
 from tests.test_cli import MATMUL
 from tests.test_footprint import huge_saxpy
@@ -48,7 +49,7 @@ sys.stdin.read()
 def run(tmp_path):
     timing = TimingSettings(warmups=3, iterations=30, run_deadline_s=10)
     executor = GpuExecutor(load_task(MATMUL), timing, compile_deadline_s=15)
-    run = Run.create(MATMUL, tmp_path, RunSettings(max_attempts=20, timing=timing), executor)
+    run = new_run(MATMUL, tmp_path, RunSettings(max_attempts=20, timing=timing), executor)
     yield run
     executor.close()
     run.close()
@@ -156,7 +157,7 @@ def test_a_case_too_large_for_the_device_is_refused_before_a_run_starts(tmp_path
     executor = GpuExecutor(task, timing, compile_deadline_s=15)
     try:
         with pytest.raises(TaskDoesNotFit, match=r"case large needs 176\.0 GiB of device memory"):
-            Run.create(folder, tmp_path / "results", RunSettings(timing=timing), executor)
+            new_run(folder, tmp_path / "results", RunSettings(timing=timing), executor)
     finally:
         executor.close()
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())

@@ -4,7 +4,7 @@ counts what changed, and a timing on fresh inputs audits its launches and sees t
 import numpy as np
 import pytest
 
-from harness.worker_side import execute, fresh_inputs, gpu
+from harness.worker_side import fresh_inputs, gpu, utility_kernels
 from harness.worker_side.compile_policy import arch_for
 from harness.worker_side.nvrtc import compile_kernel
 from harness.referee import Referee

@@ -10,10 +10,11 @@ import pytest
 from harness.settings import TimingSettings
 from harness.task import load_task
 from server.attempt import finish, record_attempt
-from server.audit import verify_run
+from server.verify import verify_run
 from server.cli import main
 from server.executor import GpuExecutor
-from server.run import Run, RunSettings
+from server.lifecycle import new_run
+from server.run import RunSettings
 from tests.test_cli import MATMUL
 
 pytestmark = pytest.mark.gpu
@@ -33,7 +34,7 @@ def run_dir(tmp_path_factory) -> Path:
     timing = TimingSettings(warmups=5, iterations=40)
     executor = GpuExecutor(load_task(task_dir), timing)
     try:
-        run = Run.create(task_dir, root / "results", RunSettings(max_attempts=3, timing=timing), executor)
+        run = new_run(task_dir, root / "results", RunSettings(max_attempts=3, timing=timing), executor)
         try:
             for number, source in enumerate([(MATMUL / "initial.cu").read_text(), VISIBLE_SHAPES_ONLY.read_text()], 1):
                 record_attempt(run, run.candidate(None, source), f"try {number}", None, None)

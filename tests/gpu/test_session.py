@@ -12,7 +12,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
-from server.audit import verify_run
+from server.verify import verify_run
 from server.demo import PLAN
 from tests.test_cli import MATMUL
 

@@ -1,0 +1,61 @@
+"""The interleaved protocol: kernels timed side by side in alternating blocks, samples merged per case.
+
+record_attempt, time_kernel, replay and the benchmarks all time this way, so a speedup the agent reads
+from a probe and one recorded for an attempt come from the same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from harness.settings import CompiledKernel
+from harness.stats import LatencyStats, summarize
+from harness.task_model import Case
+from harness.results import CaseTiming, Reason, TimingReport
+
+
+class TimingFailed(Exception):
+    """One of the kernels timed side by side failed its own timing."""
+
+    def __init__(self, label: str, reasons: list[Reason]):
+        super().__init__(f"the {label} failed its own timing: {reasons}")
+        self.label, self.reasons = label, reasons
+
+
+@dataclass
+class SideBySide:
+    """What the rounds gathered, per kernel label and case name."""
+
+    samples: dict[str, dict[str, list[float]]]
+    event_samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    cases: dict[str, dict[str, CaseTiming]] = field(default_factory=dict)  # each case's last CaseTiming
+    audited: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def stats(self) -> dict[str, dict[str, LatencyStats]]:
+        """The statistics of the merged samples, per label and case."""
+        return {label: {case: summarize(values) for case, values in per_case.items()}
+                for label, per_case in self.samples.items()}
+
+
+def time_side_by_side(time: Callable[[CompiledKernel, list[Case]], TimingReport], kernels: dict[str, CompiledKernel],
+                      cases: list[Case], rounds: int) -> SideBySide:
+    """Each kernel in turn (in `kernels`' order), `rounds` times, samples merged per case; raises
+    TimingFailed for the first kernel whose timing fails."""
+    timed = SideBySide(samples={label: {c.name: [] for c in cases} for label in kernels},
+                       audited={label: {c.name: 0 for c in cases} for label in kernels})
+    clocks: set[str] = set()
+    for _ in range(rounds):
+        for label, kernel in kernels.items():
+            report = time(kernel, cases)
+            if not report.passed:
+                raise TimingFailed(label, report.reasons)
+            for case in report.cases:
+                timed.samples[label][case.case] += case.samples_ms
+                timed.event_samples.setdefault(label, {}).setdefault(case.case, []).extend(case.event_samples_ms or [])
+                timed.cases.setdefault(label, {})[case.case] = case
+                timed.audited[label][case.case] += case.audited_launches
+                clocks.add(case.clock)
+    if len(clocks) > 1:  # samples of two clocks are not comparable
+        raise RuntimeError(f"the timings side by side read different clocks: {sorted(clocks)}")
+    return timed

@@ -1,0 +1,121 @@
+"""Making a run and resuming one: the folder, the expected outputs and the lock; then the baseline
+(attempt 0) for a new run, or the settling of attempts a stopped server left open for a resumed one.
+
+Run's constructor only holds state: what is recorded when a run begins or comes back happens here.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import stat
+from pathlib import Path
+
+import numpy as np
+
+from harness.footprint import shortfalls
+from harness.settings import input_seed
+from harness.task import load_task
+from server import lock as locking
+from server.attempt import record_baseline, settle_interrupted
+from server.audit import write_bytes_atomic
+from server.executor import Executor
+from server.report_files import write_report_files
+from server.run import Progress, Run, RunError, RunSettings, TaskDoesNotFit, expected_path, now_iso
+
+
+def new_run(task_dir: Path, results: Path, settings: RunSettings, executor: Executor,
+            progress: Progress | None = None) -> Run:
+    """A new run folder under `results`: the task's copy, its expected outputs, the lock, the baseline."""
+    task = load_task(task_dir)  # refuse a broken task, or one too large for the GPU, before making a folder
+    problems = shortfalls(task, settings.timing, executor.start())
+    if problems:
+        raise TaskDoesNotFit("the task does not fit on this GPU: " + "; ".join(problems))
+    run_dir = _next_run_dir(results)
+    shutil.copytree(task_dir, run_dir / "task", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    _make_read_only(run_dir / "task")
+    task = load_task(run_dir / "task")
+    environment = executor.start()
+    run = Run(run_dir, task, settings, executor, environment)
+    run.audit.append("run_created", {"task": task.name, "settings": settings.model_dump(mode="json")})
+    run.write_json("run.json", {"task": task.name, "created": now_iso(), "settings": settings.model_dump(mode="json")})
+    _write_expected(run, progress)
+    run.lock_record = locking.make_lock(run_dir, environment)
+    run.write_json("lock.json", run.lock_record)
+    record_baseline(run, progress)
+    return run
+
+
+def resume_run(run_dir: Path, executor: Executor) -> Run:
+    """The run in `run_dir`, checked against its lock; attempts a stopped server left open are recorded as
+    interrupted (a run that spent its budget that way finishes, and its report is written)."""
+    lock_record = locking.read_lock(run_dir)
+    problems = locking.tampered_files(run_dir, lock_record)
+    if problems:
+        raise RunError(f"{run_dir} was tampered with: {'; '.join(problems)}")
+    changed = locking.referee_changes(lock_record)
+    if changed:
+        raise RunError(f"the referee's code changed since {run_dir.name} began ({', '.join(changed[:5])}); "
+                       "judge it with the version that started it")
+    task = load_task(run_dir / "task")
+    environment = executor.start()
+    run = Run(run_dir, task, RunSettings.of_run(run_dir), executor, environment)
+    try:
+        differences = locking.environment_changes(lock_record, environment)
+        if any(d.startswith(("gpu:", "compute_capability:")) for d in differences):
+            raise RunError(f"{run_dir.name} began on another GPU: {'; '.join(differences)}")
+        run.audit.append("run_resumed", {"environment_changes": differences})
+        _preload_expected(run)
+        run.load_state()
+    except BaseException:
+        run.close()  # its audit log is open
+        raise
+    was_finished = run.finished
+    settle_interrupted(run)
+    if run.finished and not was_finished:
+        write_report_files(run.dir)
+    return run
+
+
+def _write_expected(run: Run, progress: Progress | None) -> None:
+    cases = list(run.task.cases)
+    sets = run.settings.timing.rotation_sets
+    for index, case in enumerate(cases):
+        if progress:
+            progress(index, len(cases), f"reference outputs for {case.name}")
+        for s in range(sets):
+            outputs = run.executor.expected(case, input_seed(case, s))
+            for name, array in outputs.items():
+                buffer = io.BytesIO()
+                np.save(buffer, array, allow_pickle=False)
+                path = run.dir / expected_path(case, s, name)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_bytes_atomic(path, buffer.getvalue())
+    run.audit.append("expected_outputs_written", {"cases": [c.name for c in cases], "sets": sets})
+
+
+def _preload_expected(run: Run) -> None:
+    for case in run.task.cases:
+        for s in range(run.settings.timing.rotation_sets):
+            outputs = {p.name: np.load(run.dir / expected_path(case, s, p.name), allow_pickle=False)
+                       for p in run.task.output_params}
+            run.executor.preload(case, input_seed(case, s), outputs)
+
+
+def _next_run_dir(results: Path) -> Path:
+    results.mkdir(parents=True, exist_ok=True)
+    taken = [int(p.name[4:]) for p in results.glob("run-[0-9][0-9][0-9]*") if p.name[4:].isdigit()]
+    number = max(taken, default=0) + 1
+    while True:
+        candidate = results / f"run-{number:03d}"
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            number += 1
+
+
+def _make_read_only(root: Path) -> None:
+    for path in sorted(root.rglob("*"), reverse=True):
+        path.chmod(stat.S_IRUSR | stat.S_IRGRP | (stat.S_IXUSR | stat.S_IXGRP if path.is_dir() else 0))
+    root.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP)

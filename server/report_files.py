@@ -1,0 +1,42 @@
+"""Writing report.html, heatmap.svg and heatmap.png into a run folder: derived files, not in the audit log.
+
+A finished run's report is written after the call that finished it has answered (server/app.py), or by
+`kernel-referee report RUN`; rendering never runs inside an MCP tool call.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from server.audit import write_bytes_atomic
+from server.cost import CostInputs
+from server import heatmap
+from server.report import load_report
+from server.report_html import render_report
+
+log = logging.getLogger(__name__)
+
+REPORT_NAME = "report.html"
+
+
+def write_report(run_dir: Path, cost_inputs: CostInputs | None = None) -> list[Path]:
+    """report.html, heatmap.svg and heatmap.png in the run folder; returns their paths."""
+    run_dir = Path(run_dir)
+    report = load_report(run_dir, cost_inputs)
+    cells = heatmap.heatmap_of(report)
+    svg = heatmap.heatmap_svg(cells)
+    written = []
+    for name, data in (("heatmap.svg", svg.encode()), ("heatmap.png", heatmap.heatmap_png(cells)),
+                       (REPORT_NAME, render_report(report, svg).encode())):
+        write_bytes_atomic(run_dir / name, data)
+        written.append(run_dir / name)
+    return written
+
+
+def write_report_files(run_dir: Path) -> None:
+    """`write_report` for the end of a run: a failure is logged, never raised (the run's result stands)."""
+    try:
+        write_report(run_dir)
+    except Exception:  # noqa: BLE001 - derived artefacts; `kernel-referee report RUN` can write them again
+        log.warning("the report of %s could not be written", run_dir, exc_info=True)

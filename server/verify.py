@@ -1,0 +1,179 @@
+"""Checking a run folder against its audit log: the hash chain, every recorded file, lock.json's files and
+summary.json's chain head (`kernel-referee verify`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from server.audit import (GENESIS, LOG_NAME, RECORD_FIELDS, canonical_json, inside_run, is_sha256, record_hash,
+                          sha256_file)
+
+
+class VerifyReport(BaseModel):
+    ok: bool
+    records: int
+    head: str | None
+    problems: list[str]
+    first_broken_line: int | None
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_line(raw: bytes) -> tuple[dict | None, str | None]:
+    """The record on one line, or why there is none."""
+    try:
+        record = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except ValueError:
+        return None, "not JSON"
+    if not isinstance(record, dict) or set(record) != RECORD_FIELDS:
+        return None, "not an audit record (wrong fields)"
+    types_ok = (isinstance(record["seq"], int) and not isinstance(record["seq"], bool)
+                and isinstance(record["time"], str) and isinstance(record["kind"], str)
+                and isinstance(record["data"], dict) and is_sha256(record["prev"])
+                and is_sha256(record["hash"]))
+    return (record, None) if types_ok else (None, "not an audit record (wrong field types)")
+
+
+def _link_problem(n: int, record: dict, raw: bytes, before: dict | None) -> str | None:
+    """What is wrong with line n's own contents or its link to line n-1 (None: line n-1 is unreadable)."""
+    if record_hash(record) != record["hash"]:
+        return "hash does not match its contents (record edited)"
+    # Catches edits that parse to the same value, e.g. 1e+20 rewritten as 1e020.
+    if canonical_json(record) != raw:
+        return "not in canonical form (record edited)"
+    if n == 1:
+        if record["prev"] != GENESIS or record["seq"] != 0:
+            return "does not start the chain (records removed before it)"
+        return None
+    if before is None:
+        return None
+    if record["prev"] != before["hash"]:
+        return f"prev does not match line {n - 1}'s hash (record removed or reordered)"
+    if record["seq"] != before["seq"] + 1:
+        return f"seq is {record['seq']}, expected {before['seq'] + 1} (record removed or reordered)"
+    return None
+
+
+def _read_chain(path: Path) -> tuple[VerifyReport, list[tuple[int, dict]]]:
+    """The chain's report and every record that parsed, with its 1-based line number."""
+    name = path.name
+    if not path.exists():
+        return VerifyReport(ok=False, records=0, head=None, problems=[f"{name}: missing"],
+                            first_broken_line=None), []
+    raw = path.read_bytes()
+    if not raw:
+        return VerifyReport(ok=False, records=0, head=None, problems=[f"{name}: empty"],
+                            first_broken_line=None), []
+    lines = raw.split(b"\n")
+    torn = lines.pop()
+    problems: list[tuple[int, str]] = []
+    parsed: list[tuple[int, dict]] = []
+    before: dict | None = None
+    for n, line in enumerate(lines, start=1):
+        record, why = _parse_line(line)
+        if record is not None:
+            why = _link_problem(n, record, line, before)
+            parsed.append((n, record))
+        if why:
+            problems.append((n, why))
+        before = record
+    if torn:
+        problems.append((len(lines) + 1, "torn (no trailing newline; reopening the log repairs it)"))
+    head = parsed[-1][1]["hash"] if parsed and parsed[-1][0] == len(lines) else None
+    return VerifyReport(ok=not problems, records=len(parsed), head=head,
+                        problems=[f"{name} line {n}: {why}" for n, why in problems],
+                        first_broken_line=problems[0][0] if problems else None), parsed
+
+
+def verify_chain(path: Path, *, expected_head: str | None = None) -> VerifyReport:
+    """Recompute every hash and link of the log at `path`.
+
+    A log cut cleanly at a line boundary is a valid shorter chain; pass `expected_head` (a head
+    kept elsewhere) to catch that too.
+    """
+    report, _ = _read_chain(Path(path))
+    if expected_head is not None and report.head != expected_head:
+        report.problems.append(f"{Path(path).name}: head is {report.head}, expected {expected_head} "
+                               "(records removed from the end)")
+        report.ok = False
+    return report
+
+
+def _file_state(run_dir: Path, relative: str, sha256: str) -> str | None:
+    """None when run_dir/relative holds exactly `sha256`, else "outside", "missing" or "differs"."""
+    target = inside_run(run_dir, relative)
+    if target is None:
+        return "outside"
+    if not target.is_file():
+        return "missing"
+    return None if sha256_file(target) == sha256 else "differs"
+
+
+def _recorded_files(run_dir: Path, parsed: list[tuple[int, dict]]) -> list[str]:
+    last: dict[str, tuple[int, str]] = {}
+    for n, record in parsed:
+        data = record["data"]
+        if isinstance(data.get("path"), str) and isinstance(data.get("sha256"), str):
+            last[data["path"]] = (n, data["sha256"])
+    says = {"outside": "path leaves the run folder", "missing": "missing",
+            "differs": "sha256 differs from the last recorded write"}
+    problems = []
+    for relative, (n, sha256) in last.items():
+        state = _file_state(run_dir, relative, sha256)
+        if state:
+            problems.append(f"{relative}: {says[state]} ({LOG_NAME} line {n})")
+    return problems
+
+
+def _read_json(path: Path) -> tuple[Any, str | None]:
+    try:
+        return json.loads(path.read_bytes()), None
+    except (OSError, ValueError) as e:
+        return None, f"{path.name}: unreadable ({e})"
+
+
+def _lock_problems(run_dir: Path) -> list[str]:
+    path = run_dir / "lock.json"
+    if not path.exists():
+        return []
+    lock, why = _read_json(path)
+    if why:
+        return [why]
+    files = lock.get("files") if isinstance(lock, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        return ["lock.json: no 'files' mapping of path to sha256"]
+    says = {"outside": "path leaves the run folder (lock.json)", "missing": "missing (listed in lock.json)",
+            "differs": "differs from lock.json"}
+    states = ((relative, _file_state(run_dir, relative, sha256)) for relative, sha256 in files.items())
+    return [f"{relative}: {says[state]}" for relative, state in states if state]
+
+
+def _summary_problems(run_dir: Path, hashes: set[str]) -> list[str]:
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return []
+    summary, why = _read_json(path)
+    if why:
+        return [why]
+    if not isinstance(summary, dict) or "chain_head" not in summary:
+        return []
+    if summary["chain_head"] not in hashes:
+        return [f"summary.json: chain_head {summary['chain_head']} is not a record of {LOG_NAME}"]
+    return []
+
+
+def verify_run(run_dir: Path) -> VerifyReport:
+    """The chain, then every recorded file, lock.json's files and summary.json's chain_head."""
+    run_dir = Path(run_dir)
+    report, parsed = _read_chain(run_dir / LOG_NAME)
+    problems = list(report.problems)
+    problems += _recorded_files(run_dir, parsed)
+    problems += _lock_problems(run_dir)
+    problems += _summary_problems(run_dir, {record["hash"] for _, record in parsed})
+    return report.model_copy(update={"ok": not problems, "problems": problems})
