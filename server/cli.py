@@ -52,8 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--results", type=Path, default=RefereeSettings().results, help="where the run goes (default ./results)")
     demo.add_argument("--task", type=Path, help="a task folder whose kernel has matmul_f32's signature, e.g. one "
                       "with other shapes (default: cases/matmul_f32)")
-    demo.add_argument("--warmups", type=int, help="passed to serve (default: its own)")
-    demo.add_argument("--iterations", type=int, help="passed to serve (default: its own)")
+    demo.add_argument("--warmups", type=int, default=TimingSettings().warmups, help="passed to serve")
+    demo.add_argument("--iterations", type=int, default=TimingSettings().iterations, help="passed to serve")
     demo.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
 
     verify = commands.add_parser("verify", help="check a run folder's hash chain and recorded files")
@@ -107,15 +107,27 @@ def _launch(text: str | None) -> LaunchSpec | None:
         raise SystemExit(f"kernel-referee: --launch is not a valid launch geometry: {exc}") from None
 
 
-def _check(args) -> int:
+def settings_of(args: argparse.Namespace) -> RefereeSettings:
+    """The one settings object of a command: its options over RefereeSettings' defaults. The
+    argparse namespace stops here."""
+    given = vars(args)
+    timing = TimingSettings(**{key: given[key] for key in ("warmups", "iterations") if given.get(key) is not None},
+                            cold_l2=not given.get("no_cold_l2", False))
+    run = RunSettings(timing=timing, **{key: given[key] for key in ("max_attempts", "probes_per_window")
+                                        if given.get(key) is not None})
+    return RefereeSettings(run=run, confine=not given.get("no_sandbox", False),
+                           **{key: given[key] for key in ("transport", "host", "port", "results")
+                              if given.get(key) is not None})
+
+
+def _check(args, settings: RefereeSettings) -> int:
     task = load_task(args.task)
-    settings = TimingSettings(warmups=args.warmups, iterations=args.iterations, cold_l2=not args.no_cold_l2)
     targets = targets_for(task, args.kernel, _launch(args.launch))
-    refusal = sandbox_refusal(not args.no_sandbox)
+    refusal = sandbox_refusal(settings.confine)
     if refusal:
         print(f"kernel-referee: {refusal}", file=sys.stderr)
         return 2
-    return run_check(task, targets, settings, sys.stdout, args.json, confine=not args.no_sandbox)
+    return run_check(task, targets, settings.run.timing, sys.stdout, args.json, confine=settings.confine)
 
 
 def _cost(args) -> int:
@@ -142,20 +154,21 @@ def _report(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
+    settings = settings_of(args)
     try:
         if args.command == "check":
-            return _check(args)
+            return _check(args, settings)
         if args.command == "serve":
-            return serve(args)
+            return serve(settings, args.task, args.run, start_new=args.new_run)
         if args.command == "demo":
-            return run_demo(args, sys.stdout)
+            return run_demo(settings, sys.stdout, args.task)
         if args.command == "verify":
-            return verify(args, sys.stdout)
+            return verify(args.run, sys.stdout)
         if args.command == "cost":
             return _cost(args)
         if args.command == "replay":
             return replay(args.run, sys.stdout, repeats=args.repeats, attempt=args.attempt,
-                          confine=not args.no_sandbox, sandbox_refusal=lambda: sandbox_refusal(not args.no_sandbox))
+                          confine=settings.confine, sandbox_refusal=lambda: sandbox_refusal(settings.confine))
         if args.command == "report":
             return _report(args)
     except (TaskError, CompileRefused, OSError, ValidationError, KeyError, ValueError) as exc:

@@ -26,7 +26,7 @@ from harness.task import load_task
 from harness.task_model import TaskError
 from harness.worker_side.nvrtc import compile_kernel
 from server.demo_table import attempt_line, compile_line, ms_text, render_table
-from server.settings import sandbox_refusal
+from server.settings import RefereeSettings, sandbox_refusal
 
 KERNELS = Path(__file__).with_name("demo_kernels")
 KERNEL_NAME = "matmul_f32"
@@ -240,10 +240,11 @@ def _innermost(exc: BaseException) -> BaseException:
     return exc
 
 
-def run_demo(args, out: TextIO) -> int:
+def run_demo(settings: RefereeSettings, out: TextIO, task: Path | None = None) -> int:
+    """Play the demo's run against `kernel-referee serve` with `settings` (on `task`, default matmul_f32)."""
     from anyio import run as anyio_run  # anyio loads only for a demo that plays
 
-    task_dir = getattr(args, "task", None) or task_folder()
+    task_dir = task or task_folder()
     if task_dir is None:
         print("kernel-referee demo: cases/matmul_f32 was not found (run it from the repository root)", file=sys.stderr)
         return EXIT_BAD
@@ -259,7 +260,7 @@ def run_demo(args, out: TextIO) -> int:
         print(f"\nNo GPU: {absent}.\nRunning, checking and timing them (and serving the run) need an NVIDIA GPU; "
               "on a GPU machine this command plays the whole run.", file=out)
         return EXIT_NO_GPU
-    refusal = sandbox_refusal(not args.no_sandbox)
+    refusal = sandbox_refusal(settings.confine)
     if refusal:
         print(f"kernel-referee: {refusal}", file=sys.stderr)
         return EXIT_BAD
@@ -267,10 +268,11 @@ def run_demo(args, out: TextIO) -> int:
     def say(line: str) -> None:
         print(line, file=out, flush=True)
 
-    say(f"starting `kernel-referee serve --task {task_dir} --results {args.results} --new-run`; it computes the "
+    say(f"starting `kernel-referee serve --task {task_dir} --results {settings.results} --new-run`; it computes the "
         "reference outputs and times the baseline first (its log follows on stderr)")
-    params = server_parameters(task_dir, args.results, no_sandbox=args.no_sandbox, iterations=args.iterations,
-                               warmups=args.warmups)
+    timing = settings.run.timing
+    params = server_parameters(task_dir, settings.results, no_sandbox=not settings.confine,
+                               iterations=timing.iterations, warmups=timing.warmups)
     try:
         result = anyio_run(session, params, PLAN, say)
     except Exception as exc:  # noqa: BLE001 - a refusal, or the server stopped or never started
@@ -280,7 +282,7 @@ def run_demo(args, out: TextIO) -> int:
             "messages above")
         print(f"kernel-referee demo: {why}", file=sys.stderr)
         return EXIT_FAILED
-    run_dir = (Path(args.results) / result.summary["run"]).resolve()
+    run_dir = (Path(settings.results) / result.summary["run"]).resolve()
     print("", file=out)
     print(render_table(result.description, [(o.step.label, o.attempt) for o in result.outcomes], result.summary),
           file=out)

@@ -24,7 +24,7 @@ from harness.nvml import Nvml, driver_build
 from harness.peaks import device_peaks
 from harness.task_model import Case, Task
 from harness.results import CheckReport, TimingReport
-from harness.compile_service import CompileService
+from harness.compile_service import CompileService, DEFAULT_DEADLINE_S
 from sandbox.confine import landlock_abi
 from harness.gpu_workers import gpu_worker_pool
 
@@ -57,7 +57,7 @@ def package_version(name: str) -> str | None:
 
 class GpuExecutor:
     def __init__(self, task: Task, settings: TimingSettings | None = None, cache: CompileCache | None = None,
-                 confine: bool = True, compile_deadline_s: float = 30.0):
+                 confine: bool = True, compile_deadline_s: float = DEFAULT_DEADLINE_S):
         self.task = task
         self.settings = settings or TimingSettings()
         self.cache = cache or CompileCache()

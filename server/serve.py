@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TextIO
 
 from harness.device import gpu_absent_reason
-from harness.settings import TimingSettings
 from harness.task import load_task
 from server import transport
 from server.app import build_server
@@ -18,49 +17,50 @@ from server.verify import verify_run
 from server.executor import GpuExecutor
 from server.lifecycle import new_run, resume_run
 from server.run import RunError, RunSettings, TaskDoesNotFit
-from server.settings import sandbox_refusal
+from server.settings import RefereeSettings, sandbox_refusal
 
 log = logging.getLogger(__name__)
 EXIT_NO_GPU = 3
 
 
-def serve(args) -> int:
+def serve(settings: RefereeSettings, task_dir: Path | None, run_dir: Path | None, start_new: bool = False) -> int:
+    """Start a run of the task in `task_dir` (or resume the unfinished one of the same task, unless
+    `start_new`), or resume `run_dir`, and serve it until the client leaves."""
     absent = gpu_absent_reason()
     if absent is not None:
         print(f"kernel-referee serve needs an NVIDIA GPU: {absent}. `kernel-referee check TASK` compiles "
               "kernels without one.", file=sys.stderr)
         return EXIT_NO_GPU
-    refusal = sandbox_refusal(not args.no_sandbox)
+    refusal = sandbox_refusal(settings.confine)
     if refusal:
         print(f"kernel-referee: {refusal}", file=sys.stderr)
         return 2
-    if args.run is None and not args.new_run:
-        args.run = latest_unfinished_run(args.results, args.task)
-        if args.run is not None:
-            _say(f"resuming {args.run}: an unfinished run of this same task (--new-run starts another)")
-    task_dir = args.task if args.run is None else args.run / "task"
+    if run_dir is None and not start_new:
+        run_dir = latest_unfinished_run(settings.results, task_dir)
+        if run_dir is not None:
+            _say(f"resuming {run_dir}: an unfinished run of this same task (--new-run starts another)")
+    started_from = task_dir
+    task_dir = task_dir if run_dir is None else run_dir / "task"
     task = load_task(task_dir)
-    token, generated = transport.resolve_token() if args.transport == "http" else (None, False)
-    if args.run is None:
-        settings = RunSettings(max_attempts=args.max_attempts, probes_per_window=args.probes_per_window,
-                               timing=TimingSettings(warmups=args.warmups, iterations=args.iterations))
-    else:
-        settings = RunSettings.of_run(args.run)  # a resumed run keeps its own budget and protocol
-    executor = GpuExecutor(task, settings.timing, confine=not args.no_sandbox)
+    token, generated = transport.resolve_token() if settings.transport == "http" else (None, False)
+    # a resumed run keeps its own budget and protocol
+    run_settings = settings.run if run_dir is None else RunSettings.of_run(run_dir)
+    executor = GpuExecutor(task, run_settings.timing, confine=settings.confine,
+                           compile_deadline_s=settings.compile_deadline_s)
     try:
-        if args.run is None:
+        if run_dir is None:
             _say(f"starting a run of {task.name}: reference outputs and the baseline (attempt 0)...")
-            run = new_run(task_dir, args.results, settings, executor,
-                             lambda done, total, message: _say(f"  {message}"))
+            run = new_run(task_dir, settings.results, run_settings, executor,
+                          lambda done, total, message: _say(f"  {message}"))
         else:
-            run = resume_run(args.run, executor)
+            run = resume_run(run_dir, executor)
         _say(f"run folder: {run.dir} (attempts used {run.attempts_used} of {run.settings.max_attempts})")
-        options = transport.http_auth(token, args.host, args.port) if args.transport == "http" else {}
-        transport.run(build_server(run, **options), args.transport, host=args.host, port=args.port, token=token,
-                      token_generated=generated)
+        options = transport.http_auth(token, settings.host, settings.port) if settings.transport == "http" else {}
+        transport.run(build_server(run, **options), settings.transport, host=settings.host, port=settings.port,
+                      token=token, token_generated=generated)
     except RunError as exc:
         hint = (" (or pass --new-run to start a new run of this task)"
-                if args.task is not None and not isinstance(exc, TaskDoesNotFit) else "")
+                if started_from is not None and not isinstance(exc, TaskDoesNotFit) else "")
         print(f"kernel-referee: {exc}{hint}", file=sys.stderr)
         return 2
     finally:
@@ -91,14 +91,14 @@ def latest_unfinished_run(results: Path, task_dir: Path) -> Path | None:
     return None
 
 
-def verify(args, out: TextIO) -> int:
+def verify(run_dir: Path, out: TextIO) -> int:
     """The command's report goes to `out` (the terminal); it is not part of any MCP stream."""
-    report = verify_run(args.run)
+    report = verify_run(run_dir)
     if report.ok:
-        print(f"{args.run}: ok ({report.records} records, chain head {report.head})", file=out)
+        print(f"{run_dir}: ok ({report.records} records, chain head {report.head})", file=out)
         return 0
     where = f" (first broken record: events.jsonl line {report.first_broken_line})" if report.first_broken_line else ""
-    print(f"{args.run}: FAILED{where}", file=out)
+    print(f"{run_dir}: FAILED{where}", file=out)
     for problem in report.problems:
         print(f"  {problem}", file=out)
     return 1

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from harness.compile_service import DEFAULT_DEADLINE_S
 from sandbox.confine import unavailable_reason
 from server.run import RunSettings
 
@@ -21,6 +22,7 @@ class RefereeSettings(BaseModel):
     host: str = "127.0.0.1"  # HTTP only; loopback by default
     port: int = 8765  # HTTP only
     results: Path = Path("results")  # where new runs go
+    compile_deadline_s: float = DEFAULT_DEADLINE_S  # a compile worker still busy after this is killed
 
 
 def sandbox_refusal(confine: bool) -> str | None:
