@@ -12,8 +12,6 @@ import logging
 import os
 import re
 import threading
-import time
-from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -29,6 +27,7 @@ from server import lock as locking
 from server.audit import AuditLog, write_bytes_atomic, write_json_atomic
 from server.executor import Executor
 from server.models import Budget
+from server.rate_limit import RateLimited, SlidingWindow
 
 log = logging.getLogger(__name__)
 Progress = Callable[[float, float, str], None]
@@ -103,7 +102,7 @@ class Run:
         self.gpu_seconds_total = 0.0
         self.compiles_total = 0
         self.probes_total = 0
-        self._compile_times: deque[float] = deque()
+        self.compile_rate = SlidingWindow(settings.compiles_per_minute)
         self.logged_attempts: set[int] = set()  # attempt slots whose source write is in the audit log
         self._mutex = threading.Lock()
 
@@ -245,14 +244,11 @@ class Run:
         self.gpu_seconds_total += gpu_seconds
 
     def charge_compile(self) -> None:
-        now = time.monotonic()
-        while self._compile_times and now - self._compile_times[0] > 60:
-            self._compile_times.popleft()
-        if len(self._compile_times) >= self.settings.compiles_per_minute:
-            wait = 60 - (now - self._compile_times[0])
+        try:
+            self.compile_rate.charge()
+        except RateLimited as limited:
             raise Refusal(f"compile rate limit: {self.settings.compiles_per_minute} compiles per minute; "
-                          f"try again in {wait:.0f} s (reuse candidate ids instead of recompiling)")
-        self._compile_times.append(now)
+                          f"{limited} (reuse candidate ids instead of recompiling)") from None
 
     # -- candidates ----------------------------------------------------------------------------
     def candidate(self, candidate: str | None, source: str | None, options: list[str] | None = None,
