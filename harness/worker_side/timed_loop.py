@@ -28,7 +28,7 @@ from sandbox.answers import Status
 
 
 def time_job(context: gpu.Context, utilities: Utilities, header: TimeJob, blobs: list[bytes],
-         launcher: Launcher | None = None) -> tuple[dict, list[bytes]]:
+             launcher: Launcher | None = None) -> tuple[TimeAnswer, list[bytes]]:
     """Run a time job. With a `launcher` (a vendor library call, harness/worker_side/cublas.py) the blobs hold only
     the inputs and each launch is that call, under exactly the same protocol."""
     loop = TimedLoop(context, utilities, header, blobs, launcher)
