@@ -127,7 +127,7 @@ class Bench:
                                                       "kernel_floor_ms": timing.kernel_floor_ms,
                                                       "event_median_ms": timing.event_median_ms,
                                                       "launches": timing.launches,
-                                                      "noise": timing.noise, "warnings": timing.warnings,
+                                                      "noise": timing.median_rel_halfwidth, "warnings": timing.warnings,
                                                       "gpu": timing.gpu})
             print(f"  run {run + 1}/{self.runs} done", flush=True)
         self.results["kernels"] = [{

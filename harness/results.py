@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from harness.compare import OutputCheck
 from harness.stats import LatencyStats
@@ -56,6 +56,8 @@ class CheckReport(BaseModel):
 
 
 class CaseTiming(BaseModel):
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+
     case: str
     passed: bool
     stats: LatencyStats | None = None
@@ -82,7 +84,8 @@ class CaseTiming(BaseModel):
     reasons: list[Reason] = []
     warnings: list[str] = []
     batches: int = 1                  # timing jobs merged (noise-adaptive sampling)
-    noise: float | None = None        # half-width of the median's 95% interval, relative to the median
+    # half-width of the median's 95% interval, relative to the median; "noise" in the run's files
+    median_rel_halfwidth: float | None = Field(None, alias="noise")
     gpu: dict | None = None           # clocks, throttling and other processes around the timing (harness/nvml.py)
 
 

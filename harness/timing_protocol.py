@@ -183,7 +183,7 @@ class TimingProtocol:
             "audited_launches": sum(b.audited_launches for b in batches),
             "unwritten_launches": sum(b.unwritten_launches for b in batches),
             "host_kept_up": all(kept_up) if kept_up else None,
-            "warnings": warnings, "batches": len(batches), "noise": noise,
+            "warnings": warnings, "batches": len(batches), "median_rel_halfwidth": noise,
             "gpu": watch.model_dump(mode="json") if watch else None, **self._rates(case, stats)})
 
     def _rates(self, case: Case, stats) -> dict:

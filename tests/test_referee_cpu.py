@@ -93,7 +93,7 @@ def test_an_honest_kernel_passes_check_and_timing(referee, task):
     for case in timing.cases:
         # batches of 20 until the median is known to +-0.5% (the fake's spread needs a few)
         assert case.launches == 20 * case.batches and len(case.samples_ms) == case.stats.n == case.launches
-        assert 1 <= case.batches <= 20 and case.noise <= 0.005
+        assert 1 <= case.batches <= 20 and case.median_rel_halfwidth <= 0.005
         # min_checked_launches audited per batch, each on its own fresh inputs
         assert case.checked_launches == case.audited_launches == 3 * case.batches and case.inputs == "fresh"
         assert case.unwritten_launches == 0
@@ -150,7 +150,7 @@ def test_outputs_found_right_are_not_sent_again_and_distinct_ones_once(referee, 
 def test_a_quiet_kernel_stops_after_its_first_batch(referee, task):
     for case in _time(referee, task).cases:
         assert case.passed and case.batches == 1 and case.launches == 20
-        assert case.noise <= 0.005 and not case.warnings
+        assert case.median_rel_halfwidth <= 0.005 and not case.warnings
 
 
 @pytest.mark.parametrize("referee", ["noisy_timing"], indirect=True)
@@ -158,7 +158,7 @@ def test_a_noisy_kernel_is_sampled_up_to_the_cap_and_says_it_missed_the_target(r
     referee.settings = referee.settings.model_copy(update={"max_iterations": 60})
     for case in _time(referee, task).cases:
         assert case.passed and case.batches == 3 and case.launches == 60 == len(case.samples_ms)
-        assert case.noise > 0.005
+        assert case.median_rel_halfwidth > 0.005
         assert any("short of the +-0.50% target" in w for w in case.warnings), case.warnings
 
 
