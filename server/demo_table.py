@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from server.records import Verdict
+
 DASH = "-"
 
 
@@ -40,7 +42,7 @@ def speedup_text(speedup: dict | None) -> str:
 def attempt_line(answer: dict) -> str:
     """record_attempt's answer in one line."""
     line = f"attempt {answer['attempt']} {answer['verdict']}"
-    if answer["verdict"] == "rejected":
+    if answer["verdict"] == Verdict.REJECTED:
         return f"{line}: {reasons_text(answer)}"
     return (f"{line}, {answer['score_ms']:.3f} ms, {speedup_text(answer.get('speedup_vs_baseline'))} vs baseline, "
             f"{speedup_text(answer.get('speedup_vs_best'))} vs the best before it")
