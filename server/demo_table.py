@@ -80,7 +80,7 @@ def render_table(description: dict, attempts: list[tuple[str, dict]], summary: d
         vs_vendor = _ratio_text(_geomean_ratio(vendor_ms, medians, cases))
         return [number, label, verdict, reasons] + [ms_text(medians.get(c)) for c in cases] + [vs_baseline, vs_vendor]
 
-    rows = [row("0" + ("*" if best == 0 else ""), "baseline (initial.cu)", "baseline", DASH, baseline, "1.00x")]
+    rows = [row("0" + ("*" if best == 0 else ""), "baseline (initial.cu)", Verdict.BASELINE.value, DASH, baseline, "1.00x")]
     for label, answer in attempts:
         medians = {r["case"]: r["stats"]["median_ms"] for r in answer.get("cases") or []}
         rows.append(row(str(answer["attempt"]) + ("*" if answer["attempt"] == best else ""), label, answer["verdict"],
