@@ -14,11 +14,12 @@ import time
 from harness.vendor_yardstick import vendor_summary
 from harness.peaks import roofline_fraction
 from harness.side_by_side import SideBySide, TimingFailed, time_side_by_side
-from harness.stats import Speedup, geomean_speedup, geometric_mean, speedup, summarize
+from harness.stats import geomean_speedup, geometric_mean, speedup, summarize
 from harness.results import Reason, ReasonCode
 from server import suspicion
 from server.models import AttemptAnswer, CaseLatency, FinishAnswer
 from server.holdout import holdout_verdict
+from server.records import AttemptRecord, EventKind, Verdict
 from server.run import Candidate, Progress, Refusal, Run, now_iso
 from server.summary import attempt_entry, best_attempt, set_best, write_history, write_summary
 
@@ -28,22 +29,22 @@ log = logging.getLogger(__name__)
 def record_baseline(run: Run, progress: Progress | None) -> None:
     baseline = run.register_candidate(run.task.source("initial"), (), run.task.own_launch("initial"))
     run.claim_slot(0, baseline.source)
-    run.audit.append("attempt_started", {"attempt": 0, "candidate": baseline.id})
+    run.audit.append(EventKind.ATTEMPT_STARTED, {"attempt": 0, "candidate": baseline.id})
     entry, gpu_seconds = _evaluate(run, 0, baseline, {"baseline": None}, fresh=False, progress=progress)
-    if entry["verdict"] == "rejected":
+    if entry.rejected:
         raise RuntimeError("the task's baseline initial.cu fails the protocol: "
-                           + "; ".join(r["detail"] for r in entry["reasons"])[:2000])
-    entry["verdict"] = "baseline"
+                           + "; ".join(str(r.detail) for r in entry.reasons)[:2000])
+    entry.verdict = Verdict.BASELINE
     gpu_seconds += _record_vendor(run, entry, progress)
     run.add_entry(entry)
     run.add_gpu_seconds(gpu_seconds)
-    run.audit.append("baseline_done", {"gpu_seconds": round(gpu_seconds, 6), "score_ms": entry["score_ms"]})
+    run.audit.append(EventKind.BASELINE_DONE, {"gpu_seconds": round(gpu_seconds, 6), "score_ms": entry.score_ms})
     set_best(run, 0)
     write_history(run)
     write_summary(run, status="running")
 
 
-def _record_vendor(run: Run, entry: dict, progress: Progress | None) -> float:
+def _record_vendor(run: Run, entry: AttemptRecord, progress: Progress | None) -> float:
     """The task's vendor call (cuBLAS), timed once beside the baseline: a yardstick ("vs cuBLAS"), never a
     verdict. The full report goes into the baseline's history entry, the per-case view into summary["vendor"]."""
     _say(progress, 3.8, 4, "timing the vendor library beside the baseline")
@@ -52,8 +53,8 @@ def _record_vendor(run: Run, entry: dict, progress: Progress | None) -> float:
         return 0.0
     for note in report.notes:
         log.warning("%s", note)
-    baseline_ms = {name: t["stats"]["median_ms"] for name, t in (entry.get("timing") or {}).items()}
-    entry["vendor"] = report.model_dump(mode="json")
+    baseline_ms = entry.medians()
+    entry.vendor = report.model_dump(mode="json")
     run.update_summary({"vendor": vendor_summary(report, baseline_ms)})
     return report.gpu_seconds
 
@@ -68,40 +69,39 @@ def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict |
     run.claim_slot(number, candidate.source)
     try:
         # From the claim until history.json holds the attempt, a failure records it as rejected (interrupted).
-        run.audit.append("attempt_started", {"attempt": number, "candidate": candidate.id, "rationale": rationale,
+        run.audit.append(EventKind.ATTEMPT_STARTED, {"attempt": number, "candidate": candidate.id, "rationale": rationale,
                                              "usage": usage})
         run.open_attempt_window()
-        references = ({"best": best, "baseline": run.history[0]} if best["attempt"] != 0
+        references = ({"best": best, "baseline": run.history[0]} if best.attempt != 0
                       else {"baseline": run.history[0]})
         entry, gpu_seconds = _evaluate(run, number, candidate, references, fresh=True, progress=progress)
-        entry.update(rationale=rationale, usage=usage, parent=best["attempt"])
-        if entry["verdict"] != "rejected":
-            faster = Speedup.model_validate(entry["speedup_vs_best"])
-            entry["verdict"] = "valid-faster" if faster.beyond_noise else "valid-not-faster"
+        entry.update(rationale=rationale, usage=usage, parent=best.attempt)
+        if not entry.rejected:
+            entry.verdict = Verdict.VALID_FASTER if entry.speedup_vs_best.beyond_noise else Verdict.VALID_NOT_FASTER
         run.add_entry(entry)
         run.add_gpu_seconds(gpu_seconds)
-        run.audit.append("attempt_done", {"attempt": number, "verdict": entry["verdict"],
-                                          "gpu_seconds": round(gpu_seconds, 6)})
-        if entry["verdict"] == "valid-faster":
+        run.audit.append(EventKind.ATTEMPT_DONE, {"attempt": number, "verdict": entry.verdict,
+                                                  "gpu_seconds": round(gpu_seconds, 6)})
+        if entry.verdict == Verdict.VALID_FASTER:
             set_best(run, number)
         write_history(run)
     except Exception as exc:
-        _interrupted(run, number, best["attempt"], exc)
+        _interrupted(run, number, best.attempt, exc)
         raise
     holdout = None
     if run.attempts_used >= run.settings.max_attempts:
         holdout = finish(run, "budget exhausted", progress).holdout
     else:
         write_summary(run, status="running")
-    return AttemptAnswer(attempt=number, candidate=candidate.id, verdict=entry["verdict"],
-                         reasons=[Reason.model_validate(r) for r in entry["reasons"]], cases=_latencies(entry),
-                         score_ms=entry["score_ms"], speedup_vs_baseline=entry["speedup_vs_baseline"],
-                         speedup_vs_best=entry["speedup_vs_best"], best_attempt=run.summary["best_attempt"],
+    return AttemptAnswer(attempt=number, candidate=candidate.id, verdict=entry.verdict,
+                         reasons=[Reason.model_validate(r.to_json()) for r in entry.reasons], cases=_latencies(entry),
+                         score_ms=entry.score_ms, speedup_vs_baseline=_answer(entry.speedup_vs_baseline),
+                         speedup_vs_best=_answer(entry.speedup_vs_best), best_attempt=run.best_number,
                          budget=run.budget(), holdout=holdout)
 
 
 def _evaluate(run: Run, number: int, candidate: Candidate, references: dict, *, fresh: bool,
-              progress: Progress | None) -> tuple[dict, float]:
+              progress: Progress | None) -> tuple[AttemptRecord, float]:
     """Compile, check (visible and, for attempts, fresh secret inputs), then time side by side."""
     clock = GpuWaitStopwatch()
     entry = attempt_entry(run, number, candidate)
@@ -110,17 +110,17 @@ def _evaluate(run: Run, number: int, candidate: Candidate, references: dict, *, 
     if fresh:
         run.executor.prepare(visible, seeds)  # the secret inputs are made while the kernel compiles and is checked
     kernel, compiled = run.kernel(candidate)
-    entry["compile"] = _compile_summary(compiled)
+    entry.compile = _compile_summary(compiled)
     if kernel is None:
         return _reject(entry, [Reason(code=ReasonCode.COMPILE_ERROR, detail=compiled.log)]), 0.0
     _say(progress, 1, 4, "checking the visible cases")
     check = clock.run(run.executor.check, kernel, visible)
-    entry["validation"] = {"visible": check.model_dump(mode="json")}
+    entry.validation = {"visible": check.model_dump(mode="json")}
     reasons = list(check.reasons)
     if check.passed and fresh:
         _say(progress, 2, 4, "checking fresh inputs from secret seeds")
         fresh_check = clock.run(run.executor.check, kernel, visible, seeds)
-        entry["validation"]["fresh"] = {"seeds": seeds, **fresh_check.model_dump(mode="json")}
+        entry.validation = {**entry.validation, "fresh": {"seeds": seeds, **fresh_check.model_dump(mode="json")}}
         reasons += [r.model_copy(update={"detail": f"fresh inputs: {r.detail}"}) for r in fresh_check.reasons]
     if reasons or not check.passed:
         return _reject(entry, reasons), clock.seconds
@@ -131,14 +131,14 @@ def _evaluate(run: Run, number: int, candidate: Candidate, references: dict, *, 
     _fill_timing(run, entry, timing)
     impossible = suspicion.beyond_physical_limit(run, entry) if number > 0 else []
     if impossible:  # refused, not re-verified: re-timing an impossible result proves nothing
-        run.audit.append("beyond_physical_limit", {"attempt": number, "cases": [r.case for r in impossible]})
+        run.audit.append(EventKind.BEYOND_PHYSICAL_LIMIT, {"attempt": number, "cases": [r.case for r in impossible]})
         return _reject(entry, impossible), clock.seconds
     suspicious = suspicion.flags(run, entry) if number > 0 else []
     if suspicious:
         _say(progress, 3.5, 4, "re-verifying a result that looks too good")
-        entry["flags"] = suspicious
-        entry["reverification"], recheck_reasons = suspicion.reverify(run, kernel, clock)
-        run.audit.append("flagged", {"attempt": number, "flags": suspicious, "reverified": not recheck_reasons})
+        entry.flags = suspicious
+        entry.reverification, recheck_reasons = suspicion.reverify(run, kernel, clock)
+        run.audit.append(EventKind.FLAGGED, {"attempt": number, "flags": suspicious, "reverified": not recheck_reasons})
         if recheck_reasons:
             return _reject(entry, recheck_reasons), clock.seconds
     return entry, clock.seconds
@@ -149,7 +149,7 @@ def _interleaved(run: Run, kernel, references: dict, clock) -> tuple[SideBySide 
     kernels = {"candidate": kernel}
     for label, entry in references.items():
         if entry is not None:
-            kernels[label] = run.kernel(run.candidates[entry["candidate"]])[0]
+            kernels[label] = run.kernel(run.candidates[entry.candidate])[0]
     timed = lambda k, cases: clock.run(run.executor.time, k, cases)  # noqa: E731
     try:
         return time_side_by_side(timed, kernels, list(run.task.performance_cases), run.settings.timing_rounds), []
@@ -159,14 +159,14 @@ def _interleaved(run: Run, kernel, references: dict, clock) -> tuple[SideBySide 
         raise RuntimeError(str(failed)) from None
 
 
-def _fill_timing(run: Run, entry: dict, timing: SideBySide) -> None:
+def _fill_timing(run: Run, entry: AttemptRecord, timing: SideBySide) -> None:
     """Statistics of the merged samples; speedups against the best and the baseline measured beside it."""
     stats = timing.stats()
     cases = [c.name for c in run.task.performance_cases]
     mine, baseline = stats["candidate"], stats.get("baseline")
     best = stats.get("best", baseline)
-    entry["score_ms"] = geometric_mean([mine[c].median_ms for c in cases])
-    entry["timing"] = {}
+    entry.score_ms = geometric_mean([mine[c].median_ms for c in cases])
+    rows = {}
     for name in cases:
         measured = timing.cases["candidate"][name]
         row = {"stats": _dump(mine[name]), "samples_ms": timing.samples["candidate"][name],
@@ -180,10 +180,11 @@ def _fill_timing(run: Run, entry: dict, timing: SideBySide) -> None:
             row.update(baseline_stats=_dump(baseline[name]), best_stats=_dump(best[name]),
                        speedup_vs_baseline=_dump(speedup(baseline[name], mine[name])),
                        speedup_vs_best=_dump(speedup(best[name], mine[name])))
-        entry["timing"][name] = row
+        rows[name] = row
+    entry.timing = rows
     if baseline is not None:
-        entry["speedup_vs_baseline"] = _dump(geomean_speedup([(baseline[c], mine[c]) for c in cases]))
-        entry["speedup_vs_best"] = _dump(geomean_speedup([(best[c], mine[c]) for c in cases]))
+        entry.speedup_vs_baseline = _dump(geomean_speedup([(baseline[c], mine[c]) for c in cases]))
+        entry.speedup_vs_best = _dump(geomean_speedup([(best[c], mine[c]) for c in cases]))
 
 
 def _median(samples: list[float] | None) -> float | None:
@@ -194,20 +195,23 @@ def _dump(model) -> dict:
     return model.model_dump(mode="json")
 
 
-def _latencies(entry: dict) -> list[CaseLatency]:
-    return [CaseLatency(case=name, stats=t["stats"], achieved_gbps=t["achieved_gbps"],
-                        achieved_tflops=t["achieved_tflops"], roofline_ms=t.get("roofline_ms"),
-                        roofline_fraction=t.get("roofline_fraction"),
-                        baseline_median_ms=(t.get("baseline_stats") or {}).get("median_ms"),
-                        speedup_vs_baseline=t.get("speedup_vs_baseline"), speedup_vs_best=t.get("speedup_vs_best"),
-                        inputs=t.get("inputs"), audited_launches=t.get("audited_launches"))
-            for name, t in (entry.get("timing") or {}).items()]
+def _answer(record) -> dict | None:
+    return record.to_json() if record is not None else None
 
 
-def _reject(entry: dict, reasons: list[Reason]) -> dict:
-    entry["verdict"] = "rejected"
-    entry["reasons"] = [r.model_dump(mode="json") for r in reasons]
-    entry["finished"] = now_iso()
+def _latencies(entry: AttemptRecord) -> list[CaseLatency]:
+    return [CaseLatency(case=name, stats=t.stats.to_json(), achieved_gbps=t.achieved_gbps,
+                        achieved_tflops=t.achieved_tflops, roofline_ms=t.roofline_ms,
+                        roofline_fraction=t.roofline_fraction, baseline_median_ms=t.baseline_median_ms,
+                        speedup_vs_baseline=_answer(t.speedup_vs_baseline), speedup_vs_best=_answer(t.speedup_vs_best),
+                        inputs=t.inputs, audited_launches=t.audited_launches)
+            for name, t in (entry.timing or {}).items()]
+
+
+def _reject(entry: AttemptRecord, reasons: list[Reason]) -> AttemptRecord:
+    entry.verdict = Verdict.REJECTED
+    entry.reasons = [r.model_dump(mode="json") for r in reasons]
+    entry.finished = now_iso()
     return entry
 
 
@@ -254,21 +258,20 @@ def settle_interrupted(run: Run, why: str = "the server stopped during this atte
     """A claimed slot with no history entry: the server stopped (or failed) during it. It stays counted."""
     for claim in (run.dir / "attempts").glob("[0-9][0-9][0-9].claim"):
         claim.unlink()  # left by a server stopped while claiming: the slot file alone says whether it counts
-    recorded = {entry["attempt"] for entry in run.history}
+    recorded = {entry.attempt for entry in run.history}
     for number in sorted(run.claimed_attempts() - recorded - {0}):
-        entry = {"attempt": number, "candidate": None, "source_file": f"attempts/{number:03d}.cu",
-                 "started": None, "finished": now_iso(), "verdict": "rejected",
-                 "reasons": [Reason(code=ReasonCode.WORKER_CRASHED, detail=(
-                     f"interrupted: {why}; the attempt stays counted")
-                 ).model_dump(mode="json")]}
+        entry = AttemptRecord(attempt=number, candidate=None, source_file=f"attempts/{number:03d}.cu",
+                              started=None, finished=now_iso(), verdict=Verdict.REJECTED,
+                              reasons=[Reason(code=ReasonCode.WORKER_CRASHED, detail=(
+                                  f"interrupted: {why}; the attempt stays counted")).model_dump(mode="json")])
         run.add_entry(entry)
-        run.audit.append("attempt_interrupted", {"attempt": number})
+        run.audit.append(EventKind.ATTEMPT_INTERRUPTED, {"attempt": number})
     if len(run.history) != len(recorded):
         write_history(run)
         if run.attempts_used >= run.settings.max_attempts and not run.finished:
             finish(run, "budget exhausted", None)
         else:
-            write_summary(run, status=run.summary.get("status", "running"))
+            write_summary(run, status=run.summary.status or "running")
 
 
 def finish(run: Run, reason: str, progress: Progress | None) -> FinishAnswer:
@@ -277,6 +280,6 @@ def finish(run: Run, reason: str, progress: Progress | None) -> FinishAnswer:
     holdout, disqualified, final = holdout_verdict(run, progress)
     set_best(run, final)
     write_history(run)  # it may hold an attempt whose record a full disk kept from history.json
-    run.audit.append("finished", {"reason": reason, "best_attempt": final, "disqualified": disqualified})
+    run.audit.append(EventKind.FINISHED, {"reason": reason, "best_attempt": final, "disqualified": disqualified})
     write_summary(run, status="finished", stop_reason=reason, holdout=holdout, disqualified=disqualified)
     return FinishAnswer(stop_reason=reason, best_attempt=final, disqualified=disqualified, holdout=holdout)

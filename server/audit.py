@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from server.records import EventKind
+
 log = logging.getLogger(__name__)
 
 GENESIS = "0" * 64
@@ -195,17 +197,19 @@ class AuditLog:
         os.ftruncate(self._fd, os.fstat(self._fd).st_size - len(torn))
         os.fsync(self._fd)
         log.warning("%s: torn last line (%d bytes) moved to %s", self.path, len(torn), aside.name)
-        self.append("log_repaired", {"path": aside.name, "sha256": digest, "bytes": len(torn)})
+        self.append(EventKind.LOG_REPAIRED, {"path": aside.name, "sha256": digest, "bytes": len(torn)})
 
-    def append(self, kind: str, data: dict) -> dict:
-        """Append one record, durably; on failure the log is left as it was and the error raised."""
+    def append(self, kind: EventKind, data: dict) -> dict:
+        """Append one record, durably; on failure the log is left as it was and the error raised.
+
+        `kind` is written as its string: the log's own tests append kinds of their own."""
         with self._lock:
             if self._fd < 0:
                 raise AuditError(f"{self.path.name} is closed")
             if self._broken:
                 raise AuditError(f"{self.path.name} is in an unknown state ({self._broken}); reopen it")
             # A normalized copy: what is returned is exactly what reading the line back gives.
-            record = {"seq": self._seq + 1, "time": _now(), "kind": kind,
+            record = {"seq": self._seq + 1, "time": _now(), "kind": str(kind),
                       "data": json.loads(canonical_json(json_safe(data))), "prev": self._head}
             record["hash"] = record_hash(record)
             self._write_line(canonical_json(record) + b"\n")
@@ -228,7 +232,7 @@ class AuditLog:
             log.error("%s: append failed: %s", self.path, e)
             raise
 
-    def record_file(self, path: Path, sha256: str, *, kind: str = "file_written") -> dict:
+    def record_file(self, path: Path, sha256: str, *, kind: EventKind = EventKind.FILE_WRITTEN) -> dict:
         """Record that the run wrote `path` (absolute, or relative to the run folder) with this hash."""
         if not is_sha256(sha256):
             raise ValueError(f"not a sha256 hex digest: {sha256!r}")

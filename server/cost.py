@@ -16,6 +16,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from server.record_files import read_summary
+
 MS_PER_HOUR = 3_600_000
 
 
@@ -57,11 +59,11 @@ def cost_sheet(inputs: CostInputs, run_wall_hours: float, run_gpu_busy_hours: fl
 def run_hours(run_dir: Path) -> tuple[float, float, float | None]:
     """(wall-clock hours from creation to the last summary, GPU-busy hours, kernel ms saved per call)."""
     created = datetime.fromisoformat(json.loads((run_dir / "run.json").read_text())["created"])
-    summary = json.loads((run_dir / "summary.json").read_text())
-    wall = (datetime.fromisoformat(summary["updated"]) - created).total_seconds() / 3600
-    baseline, best = summary.get("baseline", {}).get("score_ms"), summary.get("best", {}).get("score_ms")
+    summary = read_summary(run_dir)
+    wall = (datetime.fromisoformat(summary.updated) - created).total_seconds() / 3600
+    baseline, best = (summary.baseline or {}).get("score_ms"), (summary.best or {}).get("score_ms")
     saved = baseline - best if baseline is not None and best is not None else None
-    return wall, summary.get("gpu_seconds", 0.0) / 3600, saved
+    return wall, (summary.gpu_seconds or 0.0) / 3600, saved
 
 
 def render(sheet: CostSheet) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from server.records import Verdict
+
 DASH = "-"
 
 
@@ -40,7 +42,7 @@ def speedup_text(speedup: dict | None) -> str:
 def attempt_line(answer: dict) -> str:
     """record_attempt's answer in one line."""
     line = f"attempt {answer['attempt']} {answer['verdict']}"
-    if answer["verdict"] == "rejected":
+    if answer["verdict"] == Verdict.REJECTED:
         return f"{line}: {reasons_text(answer)}"
     return (f"{line}, {answer['score_ms']:.3f} ms, {speedup_text(answer.get('speedup_vs_baseline'))} vs baseline, "
             f"{speedup_text(answer.get('speedup_vs_best'))} vs the best before it")
@@ -78,7 +80,7 @@ def render_table(description: dict, attempts: list[tuple[str, dict]], summary: d
         vs_vendor = _ratio_text(_geomean_ratio(vendor_ms, medians, cases))
         return [number, label, verdict, reasons] + [ms_text(medians.get(c)) for c in cases] + [vs_baseline, vs_vendor]
 
-    rows = [row("0" + ("*" if best == 0 else ""), "baseline (initial.cu)", "baseline", DASH, baseline, "1.00x")]
+    rows = [row("0" + ("*" if best == 0 else ""), "baseline (initial.cu)", Verdict.BASELINE.value, DASH, baseline, "1.00x")]
     for label, answer in attempts:
         medians = {r["case"]: r["stats"]["median_ms"] for r in answer.get("cases") or []}
         rows.append(row(str(answer["attempt"]) + ("*" if answer["attempt"] == best else ""), label, answer["verdict"],

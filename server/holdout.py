@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from server.records import EventKind
 from server.run import Progress, Run
 
 log = logging.getLogger(__name__)
@@ -23,8 +24,8 @@ def check_holdout(run: Run, number: int) -> dict:
 
 
 def _check(run: Run, number: int, cases) -> dict:
-    entry = next(e for e in run.history if e["attempt"] == number)
-    kernel, _ = run.kernel(run.candidates[entry["candidate"]])
+    entry = next(e for e in run.history if e.attempt == number)
+    kernel, _ = run.kernel(run.candidates[entry.candidate])
     if kernel is None:
         raise RuntimeError("it no longer compiles")
     report = run.executor.check(kernel, cases)
@@ -40,11 +41,10 @@ def _check(run: Run, number: int, cases) -> dict:
 
 def holdout_verdict(run: Run, progress: Progress | None) -> tuple[dict, list[int], int]:
     """(holdout result of the final best, disqualified attempts, final best attempt number)."""
-    best = run.summary.get("best_attempt", 0)
+    best = run.best_number
     # The baseline competes by its score too: a slower valid attempt never replaces it.
-    valid = [e for e in run.history if e["verdict"] in ("baseline", "valid-faster", "valid-not-faster")
-             and e["attempt"] != best]
-    ranked = [best] + [e["attempt"] for e in sorted(valid, key=lambda e: e["score_ms"])]
+    valid = [e for e in run.history if e.valid and e.attempt != best]
+    ranked = [best] + [e.attempt for e in sorted(valid, key=lambda e: e.score_ms)]
     disqualified: list[int] = []
     for index, number in enumerate(ranked):
         if progress:
@@ -54,6 +54,6 @@ def holdout_verdict(run: Run, progress: Progress | None) -> tuple[dict, list[int
             result["disqualified"] = disqualified
             return result, disqualified, number
         disqualified.append(number)
-        run.audit.append("disqualified", {"attempt": number, "reasons": result["reasons"]})
+        run.audit.append(EventKind.DISQUALIFIED, {"attempt": number, "reasons": result["reasons"]})
     return {"attempt": None, "passed": False, "cases": [c.name for c in run.task.holdout_cases],
             "reasons": [], "note": "no attempt, the baseline included, passes the holdout cases"}, disqualified, 0

@@ -20,6 +20,7 @@ from server import lock as locking
 from server.attempt import record_baseline, settle_interrupted
 from server.audit import write_bytes_atomic
 from server.executor import Executor
+from server.records import EventKind
 from server.report_files import write_report_files
 from server.run import Progress, Run, RunError, RunSettings, TaskDoesNotFit, expected_path, now_iso
 
@@ -37,7 +38,7 @@ def new_run(task_dir: Path, results: Path, settings: RunSettings, executor: Exec
     task = load_task(run_dir / "task")
     environment = executor.start()
     run = Run(run_dir, task, settings, executor, environment)
-    run.audit.append("run_created", {"task": task.name, "settings": settings.model_dump(mode="json")})
+    run.audit.append(EventKind.RUN_CREATED, {"task": task.name, "settings": settings.model_dump(mode="json")})
     run.write_json("run.json", {"task": task.name, "created": now_iso(), "settings": settings.model_dump(mode="json")})
     _write_expected(run, progress)
     run.lock_record = locking.make_lock(run_dir, environment)
@@ -64,7 +65,7 @@ def resume_run(run_dir: Path, executor: Executor) -> Run:
         differences = locking.environment_changes(lock_record, environment)
         if any(d.startswith(("gpu:", "compute_capability:")) for d in differences):
             raise RunError(f"{run_dir.name} began on another GPU: {'; '.join(differences)}")
-        run.audit.append("run_resumed", {"environment_changes": differences})
+        run.audit.append(EventKind.RUN_RESUMED, {"environment_changes": differences})
         _preload_expected(run)
         run.load_state()
     except BaseException:
@@ -91,7 +92,7 @@ def _write_expected(run: Run, progress: Progress | None) -> None:
                 path = run.dir / expected_path(case, s, name)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_bytes_atomic(path, buffer.getvalue())
-    run.audit.append("expected_outputs_written", {"cases": [c.name for c in cases], "sets": sets})
+    run.audit.append(EventKind.EXPECTED_OUTPUTS_WRITTEN, {"cases": [c.name for c in cases], "sets": sets})
 
 
 def _preload_expected(run: Run) -> None:

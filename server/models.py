@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.compare import OutputCheck
 from harness.stats import LatencyStats, Speedup
 from harness.results import Reason
-
-Verdict = Literal["baseline", "valid-faster", "valid-not-faster", "rejected"]
+from server.records import Verdict
 
 
 class Budget(BaseModel):

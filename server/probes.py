@@ -17,9 +17,7 @@ from server.summary import best_attempt, entry_of
 
 def describe(run: Run) -> TaskDescription:
     task, baseline, best = run.task, entry_of(run, 0), best_attempt(run)
-    base_timing = baseline.get("timing") or {}
-    cases = [TaskCase(name=c.name, role=c.role, dims=c.dims,
-                      baseline_median_ms=(base_timing.get(c.name) or {}).get("stats", {}).get("median_ms"))
+    cases = [TaskCase(name=c.name, role=c.role, dims=c.dims, baseline_median_ms=baseline.median_ms(c.name))
              for c in task.visible_cases]
     params = [{"name": p.name, "kind": p.kind, "dtype": p.dtype, "shape": list(p.shape), "value": p.value}
               for p in task.params]
@@ -28,8 +26,8 @@ def describe(run: Run) -> TaskDescription:
         parameters=params, cases=cases,
         tolerances={k: v.model_dump() for k, v in task.tolerances.items()},
         launch_default=task.launch.model_dump(mode="json"), device=run.environment,
-        baseline_score_ms=baseline.get("score_ms"), best_attempt=best["attempt"], best_score_ms=best.get("score_ms"),
-        budget=run.budget(), vendor=describe_view(run.summary.get("vendor")))
+        baseline_score_ms=baseline.score_ms, best_attempt=best.attempt, best_score_ms=best.score_ms,
+        budget=run.budget(), vendor=describe_view(run.summary.vendor))
 
 
 def compile_candidate(run: Run, make_candidate: Callable[[], Candidate]) -> CompileAnswer:
@@ -104,10 +102,10 @@ def time_candidate(run: Run, make_candidate: Callable[[], Candidate], case_names
 
 
 def _side_by_side(run: Run, kernel) -> dict:
-    kernels = {"candidate": kernel, "baseline": run.kernel(run.candidates[entry_of(run, 0)["candidate"]])[0]}
+    kernels = {"candidate": kernel, "baseline": run.kernel(run.candidates[entry_of(run, 0).candidate])[0]}
     best = best_attempt(run)
-    if best["attempt"] != 0:
-        kernels["best"] = run.kernel(run.candidates[best["candidate"]])[0]
+    if best.attempt != 0:
+        kernels["best"] = run.kernel(run.candidates[best.candidate])[0]
     return kernels
 
 

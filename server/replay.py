@@ -223,7 +223,7 @@ def _document(record: RunRecord, repeats: int, chain_head: str | None, checks: l
               timings: list[tuple[RepeatResult, dict]], env_run: dict, env_now: dict, decision: Decision) -> dict:
     return {
         "run": record.dir.name, "task": record.task.name, "replayed_at": now_iso(),
-        "run_status": record.summary.get("status"), "run_chain_head": chain_head,
+        "run_status": record.summary.status, "run_chain_head": chain_head,
         "decision": decision.decision, "reasons": decision.reasons,
         "kernel": {**record.kernel.describe(), "is_best": record.is_best},
         "baseline": record.baseline.describe(),

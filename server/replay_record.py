@@ -11,6 +11,8 @@ from pathlib import Path
 
 from harness.task_model import LaunchSpec, Task, TaskError
 from harness.task import load_task
+from server.record_files import HISTORY, SUMMARY, read_history, read_summary
+from server.records import AttemptRecord, SummaryFile
 from server.run import RunSettings
 
 _REQUEST = re.compile(r"best-case-([0-9]+)\.json")
@@ -45,7 +47,7 @@ class RunRecord:
     task: Task
     settings: RunSettings
     lock: dict
-    summary: dict
+    summary: SummaryFile
     kernel: Subject                 # what is replayed: the best, or the attempt asked for
     baseline: Subject
     is_best: bool
@@ -57,16 +59,16 @@ def _json(path: Path):
 
 
 def load_record(run_dir: Path, attempt: int | None = None) -> RunRecord:
-    for name in ("run.json", "lock.json", "history.json", "summary.json"):
+    for name in ("run.json", "lock.json", HISTORY, SUMMARY):
         if not (run_dir / name).is_file():
             raise RunFolderError(f"it has no {name} (a run that stopped before its baseline was recorded)")
     try:
         task = load_task(run_dir / "task")
     except TaskError as exc:
         raise RunFolderError(f"its task copy does not load: {exc}") from None
-    history = {e["attempt"]: e for e in _json(run_dir / "history.json")["attempts"]}
-    summary = _json(run_dir / "summary.json")
-    number = summary.get("best_attempt", 0) if attempt is None else attempt
+    history = {e.attempt: e for e in read_history(run_dir).attempts}
+    summary = read_summary(run_dir)
+    number = summary.best_number if attempt is None else attempt
     record = RunRecord(dir=run_dir, task=task, settings=RunSettings.of_run(run_dir), lock=_json(run_dir / "lock.json"),
                        summary=summary, kernel=_subject(run_dir, history, number),
                        baseline=_subject(run_dir, history, 0), is_best=attempt is None)
@@ -75,17 +77,16 @@ def load_record(run_dir: Path, attempt: int | None = None) -> RunRecord:
     return record
 
 
-def _subject(run_dir: Path, history: dict[int, dict], number: int) -> Subject:
+def _subject(run_dir: Path, history: dict[int, AttemptRecord], number: int) -> Subject:
     entry = history.get(number)
     if entry is None:
         raise RunFolderError(f"history.json has no attempt {number} (it has {sorted(history)})")
-    if entry.get("candidate") is None or not _ATTEMPT_FILE.fullmatch(str(entry.get("source_file"))):
+    if entry.candidate is None or not _ATTEMPT_FILE.fullmatch(str(entry.source_file)):
         raise RunFolderError(f"attempt {number} was interrupted: history.json records no kernel for it")
-    source = (run_dir / entry["source_file"]).read_bytes().decode()
-    if hashlib.sha256(source.encode()).hexdigest() != entry["source_sha256"]:
-        raise RunFolderError(f"{entry['source_file']} is not the source history.json records for attempt {number}")
-    return Subject(number, entry["source_file"], source, tuple(entry["options"]),
-                   LaunchSpec.model_validate(entry["launch"]))
+    source = (run_dir / entry.source_file).read_bytes().decode()
+    if hashlib.sha256(source.encode()).hexdigest() != entry.source_sha256:
+        raise RunFolderError(f"{entry.source_file} is not the source history.json records for attempt {number}")
+    return Subject(number, entry.source_file, source, tuple(entry.options or ()), LaunchSpec.model_validate(entry.launch))
 
 
 def _requests(run_dir: Path, task: Task, best: Subject) -> list[tuple[str, dict]]:

@@ -21,9 +21,10 @@ from typing import Any
 from server.verify import verify_run
 from server.cost import CostInputs, CostSheet, cost_sheet
 from server.lock import locked_source
+from server.records import Verdict
 
 MAX_DIFF_LINES = 600
-REJECTED = "rejected"
+REJECTED = Verdict.REJECTED
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import json
 import shlex
 from html import escape
 
+from server.records import Verdict
 from server.report import AttemptView, CaseLatency, RunReport, Spread
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -107,8 +108,8 @@ def _headline(r: RunReport) -> Safe:
 
 def _facts(r: RunReport) -> Safe:
     counts = {k: sum(1 for a in r.attempts if a.number > 0 and cond(a)) for k, cond in (
-        ("recorded", lambda a: True), ("valid", lambda a: a.verdict.startswith("valid")),
-        ("valid-faster", lambda a: a.verdict == "valid-faster"), ("rejected", lambda a: a.rejected))}
+        ("recorded", lambda a: True), ("valid", lambda a: a.verdict in (Verdict.VALID_FASTER, Verdict.VALID_NOT_FASTER)),
+        ("valid-faster", lambda a: a.verdict == Verdict.VALID_FASTER), ("rejected", lambda a: a.rejected))}
     timing = r.settings.get("timing") if isinstance(r.settings.get("timing"), dict) else {}
     usage = ", ".join(f"{k} {v:g}" for k, v in sorted(r.usage_totals.items())) or "not given by the client"
     rows = [("task", r.task), ("run folder", str(r.run_dir)), ("status", r.status),
@@ -184,7 +185,7 @@ def _overview(r: RunReport) -> Safe:
 
 
 def _kind(a: AttemptView) -> str:
-    return a.verdict if a.verdict in ("baseline", "valid-faster", "valid-not-faster", "rejected") else "unknown"
+    return a.verdict if a.verdict in tuple(Verdict) else "unknown"
 
 
 def _reason_list(reasons: list[tuple]) -> Safe:

@@ -28,6 +28,8 @@ from server.audit import AuditLog, write_bytes_atomic, write_json_atomic
 from server.executor import Executor
 from server.models import Budget
 from server.rate_limit import RateLimited, SlidingWindow
+from server.record_files import HISTORY, SUMMARY, iter_events, read_history, read_summary
+from server.records import AttemptRecord, EventKind, SummaryFile
 
 log = logging.getLogger(__name__)
 Progress = Callable[[float, float, str], None]
@@ -94,9 +96,9 @@ class Run:
         self.environment = environment
         self.audit = AuditLog(run_dir / "events.jsonl")
         self.lock_record = json.loads((run_dir / "lock.json").read_text()) if (run_dir / "lock.json").exists() else None
-        self.history: list[dict] = []
+        self.history: list[AttemptRecord] = []
         self.candidates: dict[str, Candidate] = {}
-        self.summary: dict[str, Any] = {}
+        self.summary = SummaryFile()
         self.probes_in_window = 0
         self.gpu_seconds_in_window = 0.0
         self.gpu_seconds_total = 0.0
@@ -109,12 +111,11 @@ class Run:
     # -- state ---------------------------------------------------------------------------------
     def load_state(self) -> None:
         """History, summary, candidates and counters from the folder and its log (a resumed run)."""
-        history = self.dir / "history.json"
-        self.history = json.loads(history.read_text())["attempts"] if history.exists() else []
-        if not any(entry["attempt"] == 0 for entry in self.history):
+        self.history = read_history(self.dir).attempts if (self.dir / HISTORY).exists() else []
+        if not any(entry.attempt == 0 for entry in self.history):
             raise RunError(f"{self.dir.name} stopped before its baseline (attempt 0) was recorded: nothing was "
                            "attempted yet; start a new run with --task")
-        self.summary = json.loads((self.dir / "summary.json").read_text()) if (self.dir / "summary.json").exists() else {}
+        self.summary = read_summary(self.dir) if (self.dir / SUMMARY).exists() else SummaryFile()
         for path in sorted((self.dir / "candidates").glob("*.json")):
             data = json.loads(path.read_text())
             self.candidates[data["id"]] = Candidate(data["id"], data["source"], tuple(data["options"]),
@@ -150,34 +151,37 @@ class Run:
     def add_gpu_seconds(self, seconds: float) -> None:
         self.gpu_seconds_total += seconds
 
-    def add_entry(self, entry: dict) -> None:
+    def add_entry(self, entry: AttemptRecord) -> None:
         """An attempt's history entry, kept in attempt order."""
         self.history.append(entry)
-        self.history.sort(key=lambda e: e["attempt"])
+        self.history.sort(key=lambda e: e.attempt)
 
     def forget_attempt(self, number: int, best_before: int) -> None:
         """Undo what a failed attempt changed in memory: its entry, and the best it may have become."""
-        self.history = [e for e in self.history if e["attempt"] != number]
-        self.summary["best_attempt"] = best_before
+        self.history = [e for e in self.history if e.attempt != number]
+        self.summary.best_attempt = best_before
 
     def update_summary(self, fields: dict) -> None:
-        self.summary.update(fields)
+        self.summary.update(**fields)
+
+    @property
+    def best_number(self) -> int:
+        return self.summary.best_number
 
     def _count_window(self) -> None:
         """Probes since the last attempt, from the audit log: a restart does not reset them."""
-        for line in (self.dir / "events.jsonl").read_text().splitlines():
-            record = json.loads(line)
-            if record["kind"] == "attempt_started":
+        for record in iter_events(self.dir):
+            if record.kind == EventKind.ATTEMPT_STARTED:
                 self.probes_in_window, self.gpu_seconds_in_window = 0, 0.0
-            elif record["kind"] == "probe_done":
+            elif record.kind == EventKind.PROBE_DONE:
                 self.probes_in_window += 1
                 self.probes_total += 1
-                self.gpu_seconds_in_window += record["data"].get("gpu_seconds", 0.0)
-            if record["kind"] in ("probe_done", "attempt_done", "baseline_done"):
-                self.gpu_seconds_total += record["data"].get("gpu_seconds", 0.0)
-            if record["kind"] == "compiled":
+                self.gpu_seconds_in_window += record.data.get("gpu_seconds", 0.0)
+            if record.kind in (EventKind.PROBE_DONE, EventKind.ATTEMPT_DONE, EventKind.BASELINE_DONE):
+                self.gpu_seconds_total += record.data.get("gpu_seconds", 0.0)
+            if record.kind == EventKind.COMPILED:
                 self.compiles_total += 1
-            path = record["data"].get("path", "") if record["kind"] == "file_written" else ""
+            path = record.data.get("path", "") if record.kind == EventKind.FILE_WRITTEN else ""
             if _ATTEMPT_FILE.fullmatch(path):
                 self.logged_attempts.add(int(path[9:12]))
 
@@ -195,19 +199,19 @@ class Run:
     # -- guards --------------------------------------------------------------------------------
     def guard(self, tool: str, arguments: dict, *, needs_budget: bool = True) -> None:
         """Before every call: log it, check the lock, refuse when the run is over."""
-        self.audit.append("call", {"tool": tool, "arguments": arguments})
+        self.audit.append(EventKind.CALL, {"tool": tool, "arguments": arguments})
         problems = locking.tampered_files(self.dir, self.lock_record)
         if problems:
-            self.audit.append("tamper", {"tool": tool, "problems": problems})
+            self.audit.append(EventKind.TAMPER, {"tool": tool, "problems": problems})
             raise Refusal(f"refused: the run's locked files changed ({'; '.join(problems)}). The task copy and "
                           "the expected outputs must stay as they were when the run began; this is logged.")
         if needs_budget and self.finished:
-            raise Refusal(f"the run is finished ({self.summary.get('stop_reason')}); no more probes or attempts. "
+            raise Refusal(f"the run is finished ({self.summary.stop_reason}); no more probes or attempts. "
                           "Read referee://summary.json for the result.")
 
     @property
     def finished(self) -> bool:
-        return self.summary.get("status") == "finished"
+        return self.summary.finished
 
     @property
     def attempts_used(self) -> int:
@@ -225,7 +229,7 @@ class Run:
                       attempts_left=max(0, s.max_attempts - self.attempts_used),
                       probes_left_in_window=max(0, s.probes_per_window - self.probes_in_window),
                       probe_gpu_seconds_left_in_window=max(0.0, s.probe_gpu_seconds_per_window - self.gpu_seconds_in_window),
-                      finished=self.finished, stop_reason=self.summary.get("stop_reason"))
+                      finished=self.finished, stop_reason=self.summary.stop_reason)
 
     def charge_probe(self) -> None:
         s = self.settings
@@ -237,7 +241,7 @@ class Run:
 
     def probe_done(self, tool: str, gpu_seconds: float, result: dict) -> None:
         # Counted once logged: a resumed run counts probes from the log.
-        self.audit.append("probe_done", {"tool": tool, "gpu_seconds": round(gpu_seconds, 6), **result})
+        self.audit.append(EventKind.PROBE_DONE, {"tool": tool, "gpu_seconds": round(gpu_seconds, 6), **result})
         self.probes_in_window += 1
         self.probes_total += 1
         self.gpu_seconds_in_window += gpu_seconds
@@ -294,7 +298,7 @@ class Run:
         compiled = self.executor.compile(candidate.source, candidate.options)
         if not compiled.cache_hit:
             self.compiles_total += 1
-            self.audit.append("compiled", {"candidate": candidate.id, "ok": compiled.ok,
+            self.audit.append(EventKind.COMPILED, {"candidate": candidate.id, "ok": compiled.ok,
                                            "compile_ms": round(compiled.compile_ms, 3)})
         if not compiled.cache_hit or not (self.dir / f"compile-logs/{candidate.id}.log").exists():
             # A cache hit may be a new candidate (same source, another launch): its log resource must exist too.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from server.audit import sha256_file
 from server.verify import verify_run
 from server.executor import GpuExecutor
 from server.lifecycle import new_run, resume_run
+from server.record_files import HISTORY, SUMMARY, read_summary
 from server.run import RunError, RunSettings, TaskDoesNotFit
 from server.settings import RefereeSettings, sandbox_refusal
 
@@ -81,10 +81,9 @@ def latest_unfinished_run(results: Path, task_dir: Path) -> Path | None:
     """
     wanted = _task_files(task_dir)
     for run_dir in sorted(results.glob("run-[0-9][0-9][0-9]*"), reverse=True):
-        summary, history = run_dir / "summary.json", run_dir / "history.json"
-        if not history.exists() or not (run_dir / "task").is_dir():
+        if not (run_dir / HISTORY).exists() or not (run_dir / "task").is_dir():
             continue
-        if summary.exists() and json.loads(summary.read_text()).get("status") == "finished":
+        if (run_dir / SUMMARY).exists() and read_summary(run_dir).finished:
             continue
         if _task_files(run_dir / "task") == wanted:
             return run_dir

@@ -18,6 +18,7 @@ import secrets
 from harness.peaks import PHYSICAL_MARGIN, LimitCheck, limit_checks, physical_peaks, theoretical_peaks, violations
 from harness.task_model import Task
 from harness.results import Reason, ReasonCode
+from server.records import AttemptRecord
 from server.run import Run
 
 SUSPICIOUS_SPEEDUP_RATIO = 10.0
@@ -65,26 +66,26 @@ def limit_reasons(checks: list[LimitCheck]) -> list[Reason]:
     return [Reason(code=ReasonCode.BEYOND_PHYSICAL_LIMIT, case=c.case, detail=c.detail()) for c in violations(checks)]
 
 
-def beyond_physical_limit(run: Run, entry: dict) -> list[Reason]:
+def beyond_physical_limit(run: Run, entry: AttemptRecord) -> list[Reason]:
     """An attempt's timed medians against the device's physical limits: one reason per case beyond them (its
     worst limit); [] when none is, or when the device has no peak to check against. The numbers go into
-    entry["physical_limit"] either way. For attempts only: the baseline is the task's own kernel."""
-    stats = {name: row["stats"] for name, row in (entry.get("timing") or {}).items() if row.get("stats")}
+    entry.physical_limit either way. For attempts only: the baseline is the task's own kernel."""
+    stats = {name: s.to_json() for name, s in entry.stats().items()}
     checks = physical_limit_checks(run.task, run.environment, stats)
     if checks:
-        entry["physical_limit"] = limit_record(checks)
+        entry.physical_limit = limit_record(checks)
     return limit_reasons(checks)
 
 
-def flags(run: Run, entry: dict) -> list[str]:
+def flags(run: Run, entry: AttemptRecord) -> list[str]:
     found = []
-    ratio = (entry.get("speedup_vs_baseline") or {}).get("ratio")
+    ratio = entry.speedup_vs_baseline.ratio if entry.speedup_vs_baseline else None
     if ratio is not None and ratio > SUSPICIOUS_SPEEDUP_RATIO:
         found.append(f"{ratio:.1f}x faster than the baseline (more than {SUSPICIOUS_SPEEDUP_RATIO:g}x)")
     bandwidth = peak_bandwidth_bytes_per_s(run.environment)
     for case in run.task.performance_cases:
         moved = run.task.bytes_moved(case.dims)
-        median_ms = entry["timing"][case.name]["stats"]["median_ms"]
+        median_ms = entry.median_ms(case.name)
         if bandwidth and moved and median_ms * 1e-3 < moved / bandwidth:
             found.append(f"{case.name}: {median_ms * 1e3:.2f} us is below the memory roofline "
                          f"({moved / bandwidth * 1e6:.2f} us to move {moved:.0f} bytes at {bandwidth / 1e9:.0f} GB/s)")

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from server.record_files import SUMMARY, read_summary
 from server.audit import (GENESIS, LOG_NAME, RECORD_FIELDS, canonical_json, inside_run, is_sha256, record_hash,
                           sha256_file)
 
@@ -155,16 +156,17 @@ def _lock_problems(run_dir: Path) -> list[str]:
 
 
 def _summary_problems(run_dir: Path, hashes: set[str]) -> list[str]:
-    path = run_dir / "summary.json"
+    path = run_dir / SUMMARY
     if not path.exists():
         return []
-    summary, why = _read_json(path)
-    if why:
-        return [why]
-    if not isinstance(summary, dict) or "chain_head" not in summary:
+    try:
+        summary = read_summary(run_dir)
+    except (OSError, ValueError) as e:
+        return [f"{path.name}: unreadable ({e})"]
+    if not summary.has("chain_head"):
         return []
-    if summary["chain_head"] not in hashes:
-        return [f"summary.json: chain_head {summary['chain_head']} is not a record of {LOG_NAME}"]
+    if summary.chain_head not in hashes:
+        return [f"summary.json: chain_head {summary.chain_head} is not a record of {LOG_NAME}"]
     return []
 
 

@@ -264,9 +264,9 @@ async def test_a_run_keeps_cublas_beside_the_baseline(tmp_path):
     performance = [c.name for c in run.task.performance_cases]
     try:
         for name in performance:
-            assert run.summary["vendor"]["cases"][name]["median_ms"] == pytest.approx(0.02)
-            assert run.summary["vendor"]["cases"][name]["baseline_speedup_vs_vendor"] == pytest.approx(0.2, rel=0.02)
-        assert run.history[0]["vendor"]["available"] and run.history[0]["vendor"]["timing"]["passed"]
+            assert run.summary.vendor["cases"][name]["median_ms"] == pytest.approx(0.02)
+            assert run.summary.vendor["cases"][name]["baseline_speedup_vs_vendor"] == pytest.approx(0.2, rel=0.02)
+        assert run.history[0].vendor["available"] and run.history[0].vendor["timing"]["passed"]
         async with client(run) as c:
             described = await ok(c, "describe_task")
         assert described["vendor"] == {"name": "cuBLAS", "cases": {name: pytest.approx(0.02) for name in performance}}
@@ -281,7 +281,7 @@ async def test_a_run_without_cublas_says_so_and_goes_on(tmp_path):
     fake.vendor_latency_us = None
     run = new_run(MATMUL, tmp_path / "results", RunSettings(), fake)
     try:
-        assert run.summary["vendor"]["available"] is False and "not available" in run.summary["vendor"]["notes"][0]
+        assert run.summary.vendor["available"] is False and "not available" in run.summary.vendor["notes"][0]
         async with client(run) as c:
             assert (await ok(c, "describe_task"))["vendor"] is None
     finally:

@@ -126,7 +126,7 @@ async def test_a_disk_full_before_the_slot_is_claimed_counts_nothing(tmp_path, m
         await _fails_for_lack_of_space(c, "record_attempt", rationale="two", **arguments)
         disk.free()
         assert disk.failed[0].startswith(first_failure), disk.failed
-        assert run.attempts_used == 1 and [e["attempt"] for e in run.history] == [0, 1]
+        assert run.attempts_used == 1 and [e.attempt for e in run.history] == [0, 1]
         assert sorted(p.name for p in (run.dir / "attempts").iterdir()) == ["000.cu", "001.cu"]
         assert _strays(run) == []
         report = verify_run(run.dir)
@@ -142,7 +142,7 @@ async def test_a_disk_full_before_the_slot_is_claimed_counts_nothing(tmp_path, m
     assert report.ok, report.problems
 
     run = resume_run(run.dir, executor())  # the candidate of the failed call was recorded by the retry
-    assert run.attempts_used == 2 and [e["attempt"] for e in run.history] == [0, 1, 2]
+    assert run.attempts_used == 2 and [e.attempt for e in run.history] == [0, 1, 2]
     async with client(run) as c:
         assert (await ok(c, "describe_task"))["best_attempt"] == 2
         third = await ok(c, "record_attempt", source=kernel("latency_us=30"), rationale="three")
@@ -175,10 +175,10 @@ async def test_a_disk_filling_up_after_the_claim_counts_the_attempt_once_as_reje
         assert (run.dir / "attempts" / "002.cu").read_text() == kernel("latency_us=40")
         assert run.attempts_used == 2
         interrupted = run.history[-1]
-        assert (interrupted["attempt"], interrupted["verdict"]) == (2, "rejected")
-        reason = interrupted["reasons"][0]
-        assert reason["code"] == "worker_crashed"
-        assert NO_SPACE in reason["detail"] and "stays counted" in reason["detail"]
+        assert (interrupted.attempt, interrupted.verdict) == (2, "rejected")
+        reason = interrupted.reasons[0]
+        assert reason.code == "worker_crashed"
+        assert NO_SPACE in reason.detail and "stays counted" in reason.detail
         assert _strays(run) == []
         report = verify_run(run.dir)
         assert report.ok, report.problems
@@ -196,7 +196,7 @@ async def test_a_disk_filling_up_after_the_claim_counts_the_attempt_once_as_reje
     assert report.ok, report.problems
 
     run = resume_run(run.dir, executor())
-    assert run.attempts_used == 3 and [(e["attempt"], e["verdict"]) for e in run.history][2] == (2, "rejected")
+    assert run.attempts_used == 3 and [(e.attempt, e.verdict) for e in run.history][2] == (2, "rejected")
     assert [e["kind"] for e in events(run.dir)].count("attempt_interrupted") <= 1
     run.close()
 
@@ -215,7 +215,7 @@ async def test_a_resume_after_a_disk_full_attempt_records_it_once(tmp_path, monk
     assert _attempts(run.dir) == [(0, "baseline")]  # history.json could not be written
 
     run = resume_run(run.dir, executor())
-    assert run.attempts_used == 1 and [(e["attempt"], e["verdict"]) for e in run.history] == [(0, "baseline"),
+    assert run.attempts_used == 1 and [(e.attempt, e.verdict) for e in run.history] == [(0, "baseline"),
                                                                                            (1, "rejected")]
     async with client(run) as c:
         second = await ok(c, "record_attempt", source=kernel("latency_us=40"), rationale="two")

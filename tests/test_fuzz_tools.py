@@ -198,7 +198,7 @@ class Served:
         budget = answer.structured_content["budget"]
         assert (budget["attempts_used"], budget["finished"]) == (before, False), (name, _short(args))
         assert self.run.attempts_used == before
-        assert [e["attempt"] for e in self.run.history] == [0]
+        assert [e.attempt for e in self.run.history] == [0]
 
 
 def _short(args: dict) -> str:

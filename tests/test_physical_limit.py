@@ -153,7 +153,7 @@ def test_an_attempt_timed_impossibly_fast_is_refused_not_reverified(tmp_path):
         assert answer.budget.attempts_used == 1 and answer.budget.attempts_left == run.settings.max_attempts - 1
         entry = run.history[-1]
         assert "flags" not in entry and "reverification" not in entry and run.executor.aborted == 0
-        record = entry["physical_limit"]
+        record = entry.physical_limit
         assert record["margin"] == PHYSICAL_MARGIN
         assert record["peaks"]["fp32"]["peak"] == pytest.approx(66.9, abs=0.05)
         beyond = [(c["case"], c["kind"]) for c in record["cases"] if c["beyond"]]
@@ -176,9 +176,9 @@ def test_an_attempt_ten_times_faster_but_physically_possible_is_flagged_and_reve
         answer = attempt(run, kernel("latency_us=400"))  # 12.5x the baseline; 42.9 TFLOP/s on square-2048
         assert answer.verdict == "valid-faster" and answer.best_attempt == 1
         entry = run.history[-1]
-        assert entry["flags"] and "more than 10x" in entry["flags"][0]
-        assert entry["reverification"]["passed"] is True and run.executor.aborted == 1
-        assert not any(c["beyond"] for c in entry["physical_limit"]["cases"])
+        assert entry.flags and "more than 10x" in entry.flags[0]
+        assert entry.reverification["passed"] is True and run.executor.aborted == 1
+        assert not any(c["beyond"] for c in entry.physical_limit["cases"])
         assert [e["data"]["reverified"] for e in events(run.dir) if e["kind"] == "flagged"] == [True]
     finally:
         run.close()
@@ -190,12 +190,12 @@ def test_a_result_below_the_measured_memory_roofline_but_within_the_margin_stays
         answer = attempt(run, kernel("latency_us=11"))  # 9.1x the baseline: only the roofline flag
         assert answer.verdict == "valid-faster"
         entry = run.history[-1]
-        assert [f.split(":")[0] for f in entry["flags"]] == ["square-2048"]
-        assert "below the memory roofline" in entry["flags"][0]
-        assert entry["reverification"]["passed"] is True
-        assert [(c["case"], c["kind"]) for c in entry["physical_limit"]["cases"]] == [
+        assert [f.split(":")[0] for f in entry.flags] == ["square-2048"]
+        assert "below the memory roofline" in entry.flags[0]
+        assert entry.reverification["passed"] is True
+        assert [(c["case"], c["kind"]) for c in entry.physical_limit["cases"]] == [
             (case.name, "memory") for case in run.task.performance_cases]
-        assert not any(c["beyond"] for c in entry["physical_limit"]["cases"])
+        assert not any(c["beyond"] for c in entry.physical_limit["cases"])
     finally:
         run.close()
 
@@ -203,7 +203,7 @@ def test_a_result_below_the_measured_memory_roofline_but_within_the_margin_stays
 def test_the_baseline_is_exempt(tmp_path):
     run = h200_run(tmp_path, 100)  # the fake's usual baseline: 172 TFLOP/s on square-2048, impossible
     try:
-        assert run.history[0]["verdict"] == "baseline" and "physical_limit" not in run.history[0]
+        assert run.history[0].verdict == "baseline" and not run.history[0].has("physical_limit")
         answer = attempt(run, kernel("latency_us=50"))
         assert answer.verdict == "rejected" and answer.reasons[0].code.value == "beyond_physical_limit"
     finally:

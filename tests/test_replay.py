@@ -221,6 +221,6 @@ def test_an_attempt_prepares_the_inputs_of_the_very_secret_seeds_its_fresh_check
         fake = run.executor
         assert len(fake.prepared) == 1 and set(fake.prepared[0]) == {c.name for c in run.task.visible_cases}
         assert fake.checked_seeds[-1] == fake.prepared[0]  # the fresh check, on the prepared seeds
-        assert run.history[-1]["validation"]["fresh"]["seeds"] == fake.prepared[0]
+        assert run.history[-1].validation["fresh"]["seeds"] == fake.prepared[0]
     finally:
         run.close()

@@ -239,9 +239,9 @@ async def test_a_result_too_good_to_be_true_is_flagged_and_reverified(tmp_path):
         answer = await ok(c, "record_attempt", source=kernel("latency_us=50"), rationale="fast")
     assert answer["verdict"] == "valid-faster"
     entry = run.history[-1]
-    assert entry["flags"] and "more than 10x" in entry["flags"][0]
-    assert entry["reverification"]["passed"] is True
-    assert set(entry["reverification"]["seeds"]) == {c.name for c in run.task.visible_cases}
+    assert entry.flags and "more than 10x" in entry.flags[0]
+    assert entry.reverification["passed"] is True
+    assert set(entry.reverification["seeds"]) == {c.name for c in run.task.visible_cases}
     assert run.executor.aborted == 1  # timed again in a fresh worker
     assert [e["data"]["reverified"] for e in events(run.dir) if e["kind"] == "flagged"] == [True]
 

@@ -87,7 +87,7 @@ async def test_a_resumed_run_continues_its_budget_and_history(tmp_path):
         resume_run(run.dir, executor(gpu="Other GPU"))
     run = resume_run(run.dir, executor())
     assert (run.attempts_used, run.budget().attempts_left) == (2, 5)
-    assert [(e["attempt"], e["verdict"]) for e in run.history] == [(0, "baseline"), (1, "valid-faster"),
+    assert [(e.attempt, e.verdict) for e in run.history] == [(0, "baseline"), (1, "valid-faster"),
                                                                    (2, "rejected")]
     async with client(run) as c:
         assert (await ok(c, "describe_task"))["best_attempt"] == 1
@@ -157,9 +157,9 @@ async def test_a_server_killed_mid_attempt_counts_the_attempt_once(tmp_path):
     run = resume_run(run_dir, executor())
     assert run.attempts_used == 2
     interrupted = run.history[-1]
-    assert (interrupted["attempt"], interrupted["verdict"]) == (2, "rejected")
-    assert interrupted["reasons"][0]["code"] == "worker_crashed"
-    assert "interrupted" in interrupted["reasons"][0]["detail"]
+    assert (interrupted.attempt, interrupted.verdict) == (2, "rejected")
+    assert interrupted.reasons[0].code == "worker_crashed"
+    assert "interrupted" in interrupted.reasons[0].detail
     assert read_json(run_dir / "summary.json")["budget"] == {"max_attempts": 7, "used": 2, "left": 5}
     report = verify_run(run_dir)
     assert report.ok, report.problems
@@ -209,7 +209,7 @@ async def test_bad_tool_input_is_refused_without_spending_anything(tmp_path):
             "the source is 300000 bytes; at most 262144")
         budget = (await ok(c, "describe_task"))["budget"]
     assert (budget["attempts_used"], budget["probes_left_in_window"]) == (0, 20)
-    assert run.attempts_used == 0 and [e["attempt"] for e in run.history] == [0]
+    assert run.attempts_used == 0 and [e.attempt for e in run.history] == [0]
     assert sorted(p.name for p in (run.dir / "attempts").iterdir()) == ["000.cu"]
     run.close()
     assert verify_run(run.dir).ok
@@ -239,15 +239,15 @@ async def test_an_error_inside_an_attempt_records_the_attempt_as_rejected(tmp_pa
         monkeypatch.undo()
         assert [(e["attempt"], e["verdict"]) for e in read_json(run.dir / "history.json")["attempts"]] == \
             [(0, "baseline"), (1, "rejected")]
-        reason = run.history[1]["reasons"][0]
-        assert reason["code"] == "worker_crashed" and "the worker pool is gone" in reason["detail"]
+        reason = run.history[1].reasons[0]
+        assert reason.code == "worker_crashed" and "the worker pool is gone" in reason.detail
         assert read_json(run.dir / "summary.json")["budget"]["used"] == 1
         again = await ok(c, "record_attempt", source=kernel("latency_us=50"), rationale="again")
         assert (again["attempt"], again["verdict"], again["budget"]["attempts_used"]) == (2, "valid-faster", 2)
     run.close()
     assert verify_run(run.dir).ok
     run = resume_run(run.dir, executor())
-    assert [e["attempt"] for e in run.history] == [0, 1, 2] and run.attempts_used == 2
+    assert [e.attempt for e in run.history] == [0, 1, 2] and run.attempts_used == 2
     run.close()
 
 
@@ -278,8 +278,8 @@ async def test_deleting_an_attempt_file_gives_no_attempt_back(tmp_path):
         assert (await ok(c, "describe_task"))["budget"]["attempts_left"] == 1
         third = await ok(c, "record_attempt", source=kernel("latency_us=70"), rationale="three")
         assert third["attempt"] == 3 and third["budget"]["attempts_left"] == 0
-    assert [e["attempt"] for e in run.history] == [0, 1, 2, 3]
-    assert run.summary["status"] == "finished"
+    assert [e.attempt for e in run.history] == [0, 1, 2, 3]
+    assert run.summary.status == "finished"
     assert any("attempts/002.cu" in p and "missing" in p for p in verify_run(run.dir).problems)
 
 
@@ -290,14 +290,14 @@ async def test_a_holdout_check_that_breaks_disqualifies_instead_of_crashing(tmp_
         await ok(c, "record_attempt", source=kernel("latency_us=50"), rationale="fast")
 
         def broken(kernel, cases, seeds=None, against_oracle=False):
-            if cases and cases[0].role == "holdout" and kernel.label != run.history[0]["candidate"]:
+            if cases and cases[0].role == "holdout" and kernel.label != run.history[0].candidate:
                 raise OverflowError("value too large to convert to int")
             return original(kernel, cases, seeds, against_oracle)
 
         original, run.executor.check = run.executor.check, broken
         finished = await ok(c, "finish", reason="done")
     assert finished["disqualified"] == [1] and finished["best_attempt"] == 0
-    assert run.summary["status"] == "finished" and run.summary["holdout"]["passed"]
+    assert run.summary.status == "finished" and run.summary.holdout["passed"]
     assert verify_run(run.dir).ok
 
 

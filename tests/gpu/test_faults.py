@@ -70,7 +70,7 @@ def wait_for(condition, timeout_s: float) -> bool:
 
 
 def attempt_recorded(run: Run, number: int) -> dict:
-    (entry,) = [e for e in run.history if e["attempt"] == number]
+    (entry,) = [e for e in run.history if e.attempt == number]
     return entry
 
 
@@ -110,8 +110,8 @@ def test_a_gpu_worker_killed_mid_attempt_rejects_it_once_and_the_next_attempt_wo
 
     assert run.attempts_used == used + 1
     entry = attempt_recorded(run, used + 1)
-    assert entry["verdict"] == "rejected"
-    assert {r["code"] for r in entry["reasons"]} == {"worker_crashed"}, entry["reasons"]
+    assert entry.verdict == "rejected"
+    assert {r.code for r in entry.reasons} == {"worker_crashed"}, entry.reasons
     assert "error" not in outcome, outcome.get("error")
     assert outcome["answer"].verdict == "rejected"
     assert run.executor.pool.candidate.pid != pid or not run.executor.pool.candidate.alive
@@ -142,7 +142,7 @@ def test_device_memory_taken_by_another_process_rejects_the_attempt_once_then_it
         hog.wait(60)
     assert run.attempts_used == used + 1
     entry = attempt_recorded(run, used + 1)
-    assert entry["verdict"] == "rejected"
+    assert entry.verdict == "rejected"
     assert any("CUDA_ERROR_OUT_OF_MEMORY" in r["detail"] for r in reasons), reasons
     assert verify_run(run.dir).ok
     assert run.executor.pool.candidate.alive  # out of memory is not sticky: the worker goes on
