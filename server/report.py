@@ -1,7 +1,8 @@
-"""A typed view of one run folder, read defensively, and `write_report`: report.html and the heatmaps.
+"""A view of one run folder for the report, read defensively.
 
-Reads summary.json, history.json, lock.json, run.json, events.jsonl, attempts/*.cu and, when present,
-replay.json; needs no GPU. The files it writes (report.html, heatmap.svg, heatmap.png) are derived
+Reads summary.json and history.json through server/records.py, and lock.json, run.json,
+events.jsonl, attempts/*.cu and, when present, replay.json; needs no GPU. A file that cannot be read
+is a problem the report states, not a crash. The files it writes (report.html, heatmap.svg, heatmap.png) are derived
 artefacts: they are not recorded in the audit log, so writing them again never breaks `verify`.
 Everything agent-written (sources, rationales, usage, the finish reason) is carried as plain text
 and escaped by the renderer.
@@ -18,26 +19,22 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from server.verify import verify_run
+from pydantic import ValidationError
+
 from server.cost import CostInputs, CostSheet, cost_sheet
 from server.lock import locked_source
-from server.records import Verdict
+from server.record_files import read_history, read_summary
+from server.records import AttemptRecord, CaseTimingRecord, HistoryFile, SpeedupRecord, SummaryFile, Verdict
+from server.verify import verify_run
 
 MAX_DIFF_LINES = 600
 REJECTED = Verdict.REJECTED
 
 
 @dataclass(frozen=True)
-class Spread:
-    """A speedup with its interval (from harness.stats.Speedup)."""
-    ratio: float
-    low: float | None
-    high: float | None
-    beyond_noise: bool
+class CaseRow:
+    """One case of an attempt in the report's tables."""
 
-
-@dataclass(frozen=True)
-class CaseLatency:
     case: str
     median_ms: float
     ci_low_ms: float | None
@@ -47,8 +44,8 @@ class CaseLatency:
     cv: float | None
     samples: int | None
     baseline_median_ms: float | None  # the baseline as measured beside this attempt, else attempt 0's
-    speedup_vs_baseline: Spread | None
-    speedup_vs_best: Spread | None
+    speedup_vs_baseline: SpeedupRecord | None
+    speedup_vs_best: SpeedupRecord | None
 
     @property
     def relative_to_baseline(self) -> float | None:
@@ -73,9 +70,9 @@ class AttemptView:
     usage: dict[str, Any] | None
     parent: int | None
     score_ms: float | None
-    speedup_vs_baseline: Spread | None
-    speedup_vs_best: Spread | None
-    cases: list[CaseLatency]
+    speedup_vs_baseline: SpeedupRecord | None
+    speedup_vs_best: SpeedupRecord | None
+    cases: list[CaseRow]
     options: list[str]
     launch: Any
     resources: dict[str, Any] | None
@@ -135,7 +132,7 @@ class RunReport:
     attempts: list[AttemptView]
     performance_cases: list[str]
     best_attempt: int | None
-    best_speedup: Spread | None
+    best_speedup: SpeedupRecord | None
     rejections_by_kind: dict[str, int]
     holdout: dict[str, Any] | None
     disqualified: list[int]
@@ -164,10 +161,6 @@ def _dict(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _list(value: Any) -> list:
-    return value if isinstance(value, list) else []
-
-
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
@@ -182,36 +175,40 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _spread(value: Any) -> Spread | None:
-    value = _dict(value)
-    ratio = _number(value.get("ratio"))
-    if ratio is None:
+def _record(read, run_dir: Path, name: str, problems: list[str]):
+    """A record file read through server/record_files.py, or None with the problem noted."""
+    try:
+        return read(run_dir)
+    except FileNotFoundError:
         return None
-    return Spread(ratio, _number(value.get("low")), _number(value.get("high")), value.get("beyond_noise") is True)
+    except (OSError, ValueError, ValidationError) as exc:  # ValidationError is a ValueError; named for the reader
+        problems.append(f"{name}: unreadable ({str(exc).splitlines()[0]})")
+        return None
 
 
-def _reasons(value: Any) -> list[ReasonView]:
-    reasons = value if isinstance(value, list) else []
-    return [ReasonView(str(r.get("code", "?")), _text(r.get("case")), str(r.get("detail", "")))
-            for r in reasons if isinstance(r, dict)]
+def _speedup(value: SpeedupRecord | None) -> SpeedupRecord | None:
+    """A speedup the report can show: one with a finite ratio."""
+    return value if value is not None and _number(value.ratio) is not None else None
 
 
-def _case_latencies(timing: Any, baseline_medians: dict[str, float]) -> list[CaseLatency]:
+def _reasons(entry: AttemptRecord) -> list[ReasonView]:
+    return [ReasonView(str(getattr(r.code, "value", r.code) or "?"), _text(r.case), str(r.detail or ""))
+            for r in entry.reasons]
+
+
+def _case_rows(timing: dict[str, CaseTimingRecord] | None, baseline_medians: dict[str, float]) -> list[CaseRow]:
     rows = []
-    for name, row in _dict(timing).items():
-        row = _dict(row)
-        stats = _dict(row.get("stats"))
-        median = _number(stats.get("median_ms"))
+    for name, row in (timing or {}).items():
+        median = _number(row.median_ms)
         if median is None:
             continue
-        beside = _number(_dict(row.get("baseline_stats")).get("median_ms"))
-        rows.append(CaseLatency(
-            case=str(name), median_ms=median, ci_low_ms=_number(stats.get("ci_low_ms")),
-            ci_high_ms=_number(stats.get("ci_high_ms")), p10_ms=_number(stats.get("p10_ms")),
-            p90_ms=_number(stats.get("p90_ms")), cv=_number(stats.get("cv")), samples=_int(stats.get("n")),
-            baseline_median_ms=beside if beside is not None else baseline_medians.get(str(name)),
-            speedup_vs_baseline=_spread(row.get("speedup_vs_baseline")),
-            speedup_vs_best=_spread(row.get("speedup_vs_best"))))
+        stats = row.stats
+        beside = _number(row.baseline_median_ms)
+        rows.append(CaseRow(
+            case=name, median_ms=median, ci_low_ms=_number(stats.ci_low_ms), ci_high_ms=_number(stats.ci_high_ms),
+            p10_ms=_number(stats.p10_ms), p90_ms=_number(stats.p90_ms), cv=_number(stats.cv),
+            samples=_int(stats.n), baseline_median_ms=beside if beside is not None else baseline_medians.get(name),
+            speedup_vs_baseline=_speedup(row.speedup_vs_baseline), speedup_vs_best=_speedup(row.speedup_vs_best)))
     return rows
 
 
@@ -224,20 +221,16 @@ def _source(run_dir: Path, number: int) -> str | None:
         return None
 
 
-def _attempt(run_dir: Path, entry: dict, baseline_medians: dict[str, float]) -> AttemptView:
-    number = _int(entry.get("attempt")) or 0
-    verdict = str(entry.get("verdict") or "unknown")
-    resources = _dict(entry.get("compile")).get("resources")
-    usage = entry.get("usage") if isinstance(entry.get("usage"), dict) else None
+def _attempt(run_dir: Path, entry: AttemptRecord, baseline_medians: dict[str, float]) -> AttemptView:
+    verdict = str(entry.verdict or "unknown")
     return AttemptView(
-        number=number, verdict=verdict, reasons=_reasons(entry.get("reasons")),
-        rationale=_text(entry.get("rationale")), usage=usage or None, parent=_int(entry.get("parent")),
-        score_ms=_number(entry.get("score_ms")), speedup_vs_baseline=_spread(entry.get("speedup_vs_baseline")),
-        speedup_vs_best=_spread(entry.get("speedup_vs_best")),
-        cases=[] if verdict == REJECTED else _case_latencies(entry.get("timing"), baseline_medians),
-        options=[str(o) for o in _list(entry.get("options"))],
-        launch=entry.get("launch"), resources=resources if isinstance(resources, dict) else None,
-        flags=[str(f) for f in _list(entry.get("flags"))], source=_source(run_dir, number))
+        number=entry.attempt, verdict=verdict, reasons=_reasons(entry), rationale=_text(entry.rationale),
+        usage=entry.usage or None, parent=entry.parent, score_ms=_number(entry.score_ms),
+        speedup_vs_baseline=_speedup(entry.speedup_vs_baseline), speedup_vs_best=_speedup(entry.speedup_vs_best),
+        cases=[] if verdict == REJECTED else _case_rows(entry.timing, baseline_medians),
+        options=list(entry.options or []), launch=entry.launch,
+        resources=entry.compile.resources if entry.compile else None, flags=list(entry.flags or []),
+        source=_source(run_dir, entry.attempt))
 
 
 def _attach_diffs(attempts: list[AttemptView]) -> None:
@@ -307,11 +300,11 @@ def _usage_totals(attempts: list[AttemptView]) -> dict[str, float]:
     return dict(totals)
 
 
-def _cost(summary: dict, wall_seconds: float | None, inputs: CostInputs | None) -> CostView:
+def _cost(summary: SummaryFile, wall_seconds: float | None, inputs: CostInputs | None) -> CostView:
     wall = None if wall_seconds is None else wall_seconds / 3600
-    gpu = _number(summary.get("gpu_seconds"))
+    gpu = _number(summary.gpu_seconds)
     busy = None if gpu is None else gpu / 3600
-    base, best = (_number(_dict(summary.get(k)).get("score_ms")) for k in ("baseline", "best"))
+    base, best = (_number(_dict(view).get("score_ms")) for view in (summary.baseline, summary.best))
     saved = base - best if base is not None and best is not None else None
     sheet = cost_sheet(inputs, wall or 0.0, busy or 0.0, saved) if inputs is not None else None
     return CostView(wall, busy, saved, sheet)
@@ -327,39 +320,37 @@ def load_report(run_dir: Path, cost_inputs: CostInputs | None = None) -> RunRepo
     """Everything the report shows, from the run folder's files. Raises ValueError if it is no run folder."""
     run_dir = Path(run_dir)
     problems: list[str] = []
-    history = _dict(_read_json(run_dir / "history.json", problems))
-    entries = [e for e in _list(history.get("attempts")) if isinstance(e, dict)]
+    history = _record(read_history, run_dir, "history.json", problems) or HistoryFile()
+    entries = history.attempts
     if not entries:
         raise ValueError(f"{run_dir} is not a run folder with recorded attempts (no history.json entries)")
-    summary = _dict(_read_json(run_dir / "summary.json", problems))
+    summary = _record(read_summary, run_dir, "summary.json", problems) or SummaryFile()
     run_json = _dict(_read_json(run_dir / "run.json", problems))
     lock = _dict(_read_json(run_dir / "lock.json", problems))
-    baseline = next((e for e in entries if e.get("attempt") == 0), entries[0])
-    baseline_medians = {case: v for case, row in _dict(baseline.get("timing")).items()
-                        if (v := _number(_dict(_dict(row).get("stats")).get("median_ms"))) is not None}
+    baseline = history.attempt(0) or entries[0]
+    baseline_medians = {case: v for case, m in baseline.medians().items() if (v := _number(m)) is not None}
     attempts = sorted((_attempt(run_dir, e, baseline_medians) for e in entries), key=lambda a: a.number)
     _attach_diffs(attempts)
-    best = _int(summary.get("best_attempt"))
-    disqualified = [n for n in _list(summary.get("disqualified")) if _int(n) is not None]
+    best = summary.best_attempt
+    disqualified = list(summary.disqualified or [])
     for attempt in attempts:
         attempt.is_best, attempt.disqualified = attempt.number == best, attempt.number in disqualified
     cases = list(dict.fromkeys(c.case for a in attempts for c in a.cases))
     rejections = Counter(a.reasons[0].code if a.reasons else "unknown" for a in attempts if a.rejected)
-    wall = _wall_seconds(run_json.get("created"), summary.get("updated"))
+    wall = _wall_seconds(run_json.get("created"), summary.updated)
     kinds, tools = _events(run_dir)
     audit = verify_run(run_dir)
     return RunReport(
-        run_dir=run_dir, run_name=str(summary.get("run") or run_dir.name),
-        task=str(summary.get("task") or run_json.get("task") or history.get("task") or "?"),
-        status=str(summary.get("status") or "unknown"), stop_reason=_text(summary.get("stop_reason")),
-        created=_text(run_json.get("created")), updated=_text(summary.get("updated")), wall_seconds=wall,
-        gpu_seconds=_number(summary.get("gpu_seconds")), compiles=_int(summary.get("compiles")),
-        probes=_int(summary.get("probes")), budget=_dict(summary.get("budget")),
-        settings=_dict(run_json.get("settings")),
-        environment=_dict(lock.get("environment")) or _dict(summary.get("environment")), lock=_lock_view(lock),
+        run_dir=run_dir, run_name=summary.run or run_dir.name,
+        task=summary.task or str(run_json.get("task") or "") or history.task or "?",
+        status=summary.status or "unknown", stop_reason=summary.stop_reason,
+        created=_text(run_json.get("created")), updated=summary.updated, wall_seconds=wall,
+        gpu_seconds=_number(summary.gpu_seconds), compiles=summary.compiles, probes=summary.probes,
+        budget=summary.budget or {}, settings=_dict(run_json.get("settings")),
+        environment=_dict(lock.get("environment")) or summary.environment or {}, lock=_lock_view(lock),
         attempts=attempts, performance_cases=cases, best_attempt=best,
-        best_speedup=_spread(summary.get("speedup_vs_baseline")), rejections_by_kind=dict(rejections),
-        holdout=summary.get("holdout") if isinstance(summary.get("holdout"), dict) else None,
+        best_speedup=_speedup(summary.speedup_vs_baseline), rejections_by_kind=dict(rejections),
+        holdout=summary.holdout,
         disqualified=disqualified, usage_totals=_usage_totals(attempts), event_counts=kinds, calls_by_tool=tools,
         audit=AuditView(audit.ok, audit.records, audit.head, audit.problems), replay=_replay(run_dir),
         cost=_cost(summary, wall, cost_inputs), problems=problems)

@@ -12,7 +12,8 @@ import shlex
 from html import escape
 
 from server.records import Verdict
-from server.report import AttemptView, CaseLatency, RunReport, Spread
+from server.records import SpeedupRecord
+from server.report import AttemptView, CaseRow, RunReport
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 CAVEAT = ("Kernel latency is not the end-to-end saving: the sheet uses the milliseconds saved END TO END per "
@@ -73,7 +74,7 @@ def fmt_ms(ms: float | None) -> str:
     return f"{us:,.0f} µs" if us >= 10000 else f"{us:.4g} µs"
 
 
-def fmt_speedup(s: Spread | None) -> str:
+def fmt_speedup(s: SpeedupRecord | None) -> str:
     if s is None:
         return "—"
     interval = "" if s.low is None or s.high is None else f" [{s.low:.2f}–{s.high:.2f}]"
@@ -196,7 +197,7 @@ def _reason_list(reasons: list[tuple]) -> Safe:
     return tag("ul", join(tag("li", item) for item in items))
 
 
-def _case_rows(cases: list[CaseLatency]) -> Safe:
+def _case_rows(cases: list[CaseRow]) -> Safe:
     rows = [[c.case, fmt_ms(c.median_ms),
              "—" if c.ci_low_ms is None else f"{fmt_ms(c.ci_low_ms)} – {fmt_ms(c.ci_high_ms)}",
              "—" if c.p10_ms is None else f"{fmt_ms(c.p10_ms)} – {fmt_ms(c.p90_ms)}",
