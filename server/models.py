@@ -131,10 +131,11 @@ class LaunchInput(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    grid: list[str | int] = Field(min_length=1, max_length=3)
-    block: list[str | int] = Field(min_length=1, max_length=3)
-    shared_bytes: str | int = 0
-    per_case: dict[str, "LaunchInput"] = Field(default_factory=dict, max_length=64)
+    grid: list[str | int] = Field(min_length=1, max_length=3, description="blocks per grid: x, y, z")
+    block: list[str | int] = Field(min_length=1, max_length=3, description="threads per block: x, y, z")
+    shared_bytes: str | int = Field(default=0, description="dynamic shared memory per block, in bytes")
+    per_case: dict[str, "LaunchInput"] = Field(default_factory=dict, max_length=64,
+                                               description="another geometry for a named case")
 
 
 USAGE_MAX_BYTES = 4096
