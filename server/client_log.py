@@ -2,7 +2,7 @@
 
 Two eras of the protocol ask differently. Up to 2025-11-25 a client sends `logging/setLevel` once, and the server
 filters (MCPServer has no handler for it: one is registered here). From 2026-07-28 each request carries its own
-level in `_meta` and the SDK filters. The SDK marks the whole logging capability deprecated (SEP-2577), but clients
+level in `_meta`. The SDK marks the whole logging capability deprecated (SEP-2577), but clients
 in use today (the TypeScript SDK, the Inspector) still speak the first era.
 """
 
@@ -12,6 +12,7 @@ import logging
 import warnings
 from typing import Any, get_args
 
+from mcp.server.connection import allowed_log_levels
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp.types import EmptyResult, LoggingLevel, SetLevelRequestParams
@@ -29,11 +30,6 @@ class ClientLog:
         self.level: str | None = None
 
     def install(self, server: MCPServer) -> None:
-        # The SDK warns (a UserWarning, printed on stderr) at every use of the deprecated capability; this module
-        # uses it on purpose, for the clients that still ask for it. (Set here, not at import: a filter set while
-        # a module is imported under warnings.catch_warnings, as pytest's collection does, would not last.)
-        warnings.filterwarnings("ignore", message="The logging capability is deprecated",
-                                category=MCPDeprecationWarning, module=__name__)
         # MCPServer exposes no setLevel hook; the low-level server's add_request_handler is the SDK's stated way
         # to serve it (mcp/server/extension.py, MethodBinding).
         server._lowlevel_server.add_request_handler("logging/setLevel", SetLevelRequestParams, self._set_level)
@@ -43,14 +39,20 @@ class ClientLog:
         return EmptyResult()
 
     def wants(self, ctx: Context, level: str) -> bool:
-        if ctx.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
-            return True  # 2026-07-28 and later: the request's own opt-in decides, in the SDK
-        return self.level is not None and _LEVELS.index(level) >= _LEVELS.index(self.level)
+        if ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
+            return self.level is not None and _LEVELS.index(level) >= _LEVELS.index(self.level)
+        # 2026-07-28 and later: the request's own level in _meta, read as the SDK reads it
+        return level in allowed_log_levels(ctx.protocol_version, ctx.request_context.meta)
 
     async def send(self, ctx: Context, message: str, level: str = "info") -> None:
         """Best effort, like progress: a client that went away must not fail the call."""
         if not self.wants(ctx, level):
             return
+        # The SDK warns (a UserWarning, printed on stderr) at every use of the deprecated capability; it is used
+        # here on purpose, for the clients that ask. Set at each use (the same filter is not added twice): a
+        # filter set once would not outlast a warnings.catch_warnings block around the server's construction.
+        warnings.filterwarnings("ignore", message="The logging capability is deprecated",
+                                category=MCPDeprecationWarning, module=__name__)
         try:  # what ctx.log does, called here so that the SDK's deprecation warning names this module
             await ctx.session.send_log_message(level=level, data=message, logger=LOGGER_NAME,
                                                related_request_id=ctx.request_id)

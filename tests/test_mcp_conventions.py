@@ -4,6 +4,7 @@ once the client asked for them."""
 
 from __future__ import annotations
 
+import warnings
 from importlib import metadata
 
 import pytest
@@ -118,7 +119,10 @@ async def test_progress_lines_are_sent_as_log_messages_once_the_client_sets_a_le
 
     async with Client(build_server(run), cache=None, mode="legacy", logging_callback=on_log) as c:
         await c.set_logging_level("info")
-        await ok(c, "time_kernel", source=kernel("latency_us=50"))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            await ok(c, "time_kernel", source=kernel("latency_us=50"))
+        assert not [w for w in caught if "/server/" in w.filename]  # no deprecation warning on the server's stderr
         assert [(m.level, m.logger, m.data) for m in received] == [
             ("info", "kernel-referee", "validating on the visible cases"),
             ("info", "kernel-referee", "timing beside the best and the baseline")]
