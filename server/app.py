@@ -104,7 +104,8 @@ def _probe_tools(server: MCPServer, run: Run, call: Callable, candidate: Callabl
     async def compile_kernel(source: Annotated[str, Field(description=SOURCE_TEXT, max_length=MAX_SOURCE_BYTES)],
                              options: Options = None, launch: Launch = None) -> CompileAnswer:
         """Compile a kernel with NVRTC for the run's GPU. Returns a candidate id (source + options + launch) to
-        pass to the other tools, the trimmed compiler log, registers, spills and shared memory. Free, rate-limited."""
+        pass as `candidate_id` to the other tools, the trimmed compiler log, registers, spills and shared memory.
+        Free, rate-limited."""
         args = {"source_bytes": len(source.encode()), "options": options}
         return await call(None, "compile_kernel", args,
                           lambda _: probes.compile_candidate(run, lambda: candidate(None, source, options, launch)))

@@ -57,6 +57,7 @@ async def test_every_tool_has_a_title_a_clean_description_and_a_description_on_e
         for name, definition in tool.input_schema.get("$defs", {}).items():
             assert not any(line != line.lstrip() for line in definition.get("description", "").splitlines()), name
     assert "candidate_id" in tools["run_cases"].input_schema["properties"]["source"]["description"]
+    assert "`candidate_id`" in tools["compile_kernel"].description
 
 
 @pytest.mark.anyio
