@@ -7,6 +7,7 @@ import logging
 import os
 import re
 from contextlib import asynccontextmanager
+from importlib import metadata
 from typing import Annotated, Any, AsyncIterator, Callable
 
 import anyio
@@ -14,11 +15,12 @@ import anyio.abc
 import anyio.from_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
-from mcp.types import ToolAnnotations
+from mcp.types import Completion, CompletionArgument, ResourceTemplateReference, ToolAnnotations
 from pydantic import Field
 
 from harness.worker_side.compile_policy import MAX_SOURCE_BYTES, CompileRefused
 from server import attempt, probes
+from server.client_log import ClientLog
 from server.models import (AttemptAnswer, CheckAnswer, CompileAnswer, FinishAnswer, LaunchInput, TaskDescription,
                            TimeAnswer, Usage)
 from server.report_files import write_report_files
@@ -31,26 +33,38 @@ signature, compile_kernel it, check it with run_cases / validate, measure it wit
 of the limited attempts with record_attempt only when you believe it is correct and faster. Probes are free
 but limited per attempt window; attempts are final. Hidden inputs and hidden shapes decide at the end."""
 
-Source = Annotated[str | None, Field(description="CUDA C++ source defining the kernel (or give `candidate`)",
-                                     max_length=MAX_SOURCE_BYTES)]
+SOURCE_TEXT = "CUDA C++ source defining the kernel with the task's exact signature"
+Source = Annotated[str | None, Field(description=f"{SOURCE_TEXT}; compiled first, which counts against the compile "
+                                     "rate limit (or give `candidate_id`)", max_length=MAX_SOURCE_BYTES)]
 CandidateId = Annotated[str | None, Field(description="an id returned by compile_kernel", max_length=64)]
 Launch = Annotated[LaunchInput | None, Field(description="launch geometry; default: the candidate's or the task's")]
 Cases = Annotated[list[Annotated[str, Field(max_length=100)]] | None,
-                  Field(description="case names (default: all)", max_length=64)]
+                  Field(description="case names, each run once (a repeated name is ignored; default: all)",
+                        max_length=64)]
 Options = Annotated[list[Annotated[str, Field(max_length=200)]] | None,
                     Field(description="NVRTC options from the allow-list, e.g. -maxrregcount=64, --use_fast_math",
                           max_length=32)]
+Rationale = Annotated[str, Field(description="why this candidate should be correct and faster (kept in the history)",
+                                 min_length=1, max_length=4000)]
+UsageInput = Annotated[Usage | None, Field(description="what the client spent on this attempt (tokens, calls, cost), "
+                                           "kept in the audit log; plain values, at most 4096 bytes as JSON")]
+Reason = Annotated[str, Field(description="why the run ends now (kept in the summary)", min_length=1,
+                              max_length=1000)]
 
 PROBE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
 _CANDIDATE_ID = re.compile(r"c[0-9a-f]{15}")
+COMPILE_LOGS = "referee://compile-logs/{candidate}"
+MAX_COMPLETIONS = 100  # the most values a completion answer may carry
 # A full or failing disk under the results folder: told to the agent, not hidden as a crash.
 _STORAGE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
 
 
 def build_server(run: Run, **server_options: Any) -> MCPServer:
-    reports = _FinishedReports(run)
-    server = MCPServer(name="kernel-referee", instructions=INSTRUCTIONS, lifespan=reports.lifespan, **server_options)
-    call = _gate(run, reports)
+    reports, logs = _FinishedReports(run), ClientLog()
+    server = MCPServer(name="kernel-referee", version=_version(), instructions=INSTRUCTIONS, lifespan=reports.lifespan,
+                       **server_options)
+    logs.install(server)
+    call = _gate(run, reports, logs)
 
     def candidate(candidate_id, source, options=None, launch=None):
         return run.candidate(candidate_id, source, options,
@@ -59,29 +73,44 @@ def build_server(run: Run, **server_options: Any) -> MCPServer:
     _probe_tools(server, run, call, candidate)
     _attempt_tools(server, run, call, candidate)
     _resources(server, run)
+    _completions(server, run)
     _prompt(server)
     return server
 
 
+def _version() -> str:
+    try:
+        return metadata.version("kernel-referee")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+def _tool(server: MCPServer, title: str, annotations: ToolAnnotations) -> Callable:
+    """server.tool with a title, and the docstring as one plain paragraph (no source indentation on the wire)."""
+    def register(fn: Callable) -> Callable:
+        return server.tool(title=title, description=" ".join((fn.__doc__ or "").split()), annotations=annotations)(fn)
+    return register
+
 
 def _probe_tools(server: MCPServer, run: Run, call: Callable, candidate: Callable) -> None:
-    @server.tool(annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    @_tool(server, "Describe the task", ToolAnnotations(read_only_hint=True, open_world_hint=False))
     async def describe_task() -> TaskDescription:
         """The task: signature, parameters, visible cases, tolerances, default launch, the device, the baseline's
         latency per case, the best so far, and the budget. Start here."""
         return await call(None, "describe_task", {}, lambda _: probes.describe(run), needs_budget=False)
 
-    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,
-                                             open_world_hint=False))
-    async def compile_kernel(source: Annotated[str, Field(max_length=MAX_SOURCE_BYTES)], options: Options = None,
-                             launch: Launch = None) -> CompileAnswer:
+    @_tool(server, "Compile a kernel", ToolAnnotations(read_only_hint=False, destructive_hint=False,
+                                                       idempotent_hint=True, open_world_hint=False))
+    async def compile_kernel(source: Annotated[str, Field(description=SOURCE_TEXT, max_length=MAX_SOURCE_BYTES)],
+                             options: Options = None, launch: Launch = None) -> CompileAnswer:
         """Compile a kernel with NVRTC for the run's GPU. Returns a candidate id (source + options + launch) to
-        pass to the other tools, the trimmed compiler log, registers, spills and shared memory. Free, rate-limited."""
+        pass as `candidate_id` to the other tools, the trimmed compiler log, registers, spills and shared memory.
+        Free, rate-limited."""
         args = {"source_bytes": len(source.encode()), "options": options}
         return await call(None, "compile_kernel", args,
                           lambda _: probes.compile_candidate(run, lambda: candidate(None, source, options, launch)))
 
-    @server.tool(annotations=PROBE)
+    @_tool(server, "Run chosen cases", PROBE)
     async def run_cases(ctx: Context, candidate_id: CandidateId = None, source: Source = None, launch: Launch = None,
                         cases: Cases = None) -> CheckAnswer:
         """Run a candidate once per chosen visible case and compare with the reference: pass/fail and a mismatch
@@ -89,7 +118,7 @@ def _probe_tools(server: MCPServer, run: Run, call: Callable, candidate: Callabl
         return await call(ctx, "run_cases", {"candidate": candidate_id, "cases": cases}, lambda _: probes.check_cases(
             run, "run_cases", lambda: candidate(candidate_id, source, None, launch), cases))
 
-    @server.tool(annotations=PROBE)
+    @_tool(server, "Validate a candidate", PROBE)
     async def validate(ctx: Context, candidate_id: CandidateId = None, source: Source = None,
                        launch: Launch = None) -> CheckAnswer:
         """The full correctness protocol on every visible case: two runs with different poison, guard bands,
@@ -97,7 +126,7 @@ def _probe_tools(server: MCPServer, run: Run, call: Callable, candidate: Callabl
         return await call(ctx, "validate", {"candidate": candidate_id}, lambda _: probes.check_cases(
             run, "validate", lambda: candidate(candidate_id, source, None, launch), None))
 
-    @server.tool(annotations=PROBE)
+    @_tool(server, "Time a candidate", PROBE)
     async def time_kernel(ctx: Context, candidate_id: CandidateId = None, source: Source = None,
                           launch: Launch = None, cases: Cases = None) -> TimeAnswer:
         """Time a valid candidate on the performance cases beside the baseline and the best (median with
@@ -108,22 +137,24 @@ def _probe_tools(server: MCPServer, run: Run, call: Callable, candidate: Callabl
 
 
 def _attempt_tools(server: MCPServer, run: Run, call: Callable, candidate: Callable) -> None:
-    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
-                                             open_world_hint=False))
-    async def record_attempt(ctx: Context, rationale: Annotated[str, Field(min_length=1, max_length=4000)],
-                             candidate_id: CandidateId = None, source: Source = None, launch: Launch = None,
-                             usage: Usage | None = None) -> AttemptAnswer:
-        """Spend one attempt (the budget is fixed and cannot be reset): full validation on the visible cases and
-        on fresh secret inputs, timing side by side with the best and the baseline, a verdict with reasons.
-        Use it only for a candidate you believe is correct and faster."""
+    # Destructive: an attempt cannot be taken back, and the last one ends the run.
+    @_tool(server, "Record an attempt (spends one)", ToolAnnotations(read_only_hint=False, destructive_hint=True,
+                                                                     idempotent_hint=False, open_world_hint=False))
+    async def record_attempt(ctx: Context, rationale: Rationale, candidate_id: CandidateId = None,
+                             source: Source = None, launch: Launch = None, usage: UsageInput = None) -> AttemptAnswer:
+        """Spend one attempt, irreversibly (the budget is fixed and cannot be reset; the last attempt ends the run):
+        full validation on the visible cases and on fresh secret inputs, timing side by side with the best and the
+        baseline, a verdict with reasons. Once the attempt has begun, a cancelled call or a source that does not
+        compile still spends it (recorded as rejected). Use it only for a candidate you believe is correct and
+        faster."""
         usage_data = usage.model_dump(mode="json", exclude_none=True) if usage else None
         return await call(ctx, "record_attempt", {"candidate": candidate_id, "rationale": rationale},
                           lambda report: attempt.record_attempt(run, candidate(candidate_id, source, None, launch),
                                                                 rationale, usage_data, report))
 
-    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False,
-                                             open_world_hint=False))
-    async def finish(ctx: Context, reason: Annotated[str, Field(min_length=1, max_length=1000)]) -> FinishAnswer:
+    @_tool(server, "Finish the run", ToolAnnotations(read_only_hint=False, destructive_hint=True,
+                                                     idempotent_hint=False, open_world_hint=False))
+    async def finish(ctx: Context, reason: Reason) -> FinishAnswer:
         """End the run now (remaining attempts are forfeited). The best is then checked on hidden holdout
         cases; the summary says what counted."""
         return await call(ctx, "finish", {"reason": reason},
@@ -159,14 +190,14 @@ class _FinishedReports:
             write_report_files(self.run.dir)
 
 
-def _gate(run: Run, reports: _FinishedReports) -> Callable:
+def _gate(run: Run, reports: _FinishedReports, logs: ClientLog) -> Callable:
     """Every tool's call: one at a time (the run, its workers and its budget are not shared), in a thread,
     guarded by the run, with its refusals and storage failures turned into tool errors."""
     gate = anyio.Lock()
 
     async def call(ctx: Context | None, tool: str, arguments: dict, work: Callable, *, needs_budget=True):
         async with gate:
-            report = _progress_bridge(ctx)
+            report = _progress_bridge(ctx, logs)
             was_finished = run.finished
 
             def in_thread():
@@ -219,11 +250,22 @@ def _resources(server: MCPServer, run: Run) -> None:
     def best_resource() -> str:
         return read("best.cu")
 
-    @server.resource("referee://compile-logs/{candidate}", mime_type="text/plain", description="a full compiler log")
+    @server.resource(COMPILE_LOGS, mime_type="text/plain", description="a full compiler log")
     def compile_log(candidate: str) -> str:
         if not _CANDIDATE_ID.fullmatch(candidate):
             raise ResourceNotFoundError("candidate ids look like c0123456789abcde")
         return read(f"compile-logs/{candidate}.log")
+
+
+def _completions(server: MCPServer, run: Run) -> None:
+    @server.completion()
+    async def complete(ref: Any, argument: CompletionArgument, _context: Any) -> Completion | None:
+        """Candidate ids for the compile-log template: those of the run with a log, prefix-matched."""
+        if not isinstance(ref, ResourceTemplateReference) or (ref.uri, argument.name) != (COMPILE_LOGS, "candidate"):
+            return None
+        ids = sorted(cid for cid in list(run.candidates) if cid.startswith(argument.value)
+                     and (run.dir / "compile-logs" / f"{cid}.log").exists())
+        return Completion(values=ids[:MAX_COMPLETIONS], total=len(ids), has_more=len(ids) > MAX_COMPLETIONS)
 
 
 def _prompt(server: MCPServer) -> None:
@@ -243,17 +285,20 @@ def _prompt(server: MCPServer) -> None:
             "shape correctly, not only the visible ones.")
 
 
-def _progress_bridge(ctx: Context | None):
-    """A callback usable from the worker thread that forwards progress to the client, best effort."""
+def _progress_bridge(ctx: Context | None, logs: ClientLog):
+    """A callback usable from the worker thread that forwards progress to the client, best effort: as a progress
+    notification, and as a log message where the client asked for them (logging/setLevel)."""
     if ctx is None:
         return None
 
+    async def tell(done: float, total: float, message: str) -> None:
+        await ctx.report_progress(done, total, message)
+        await logs.send(ctx, message)
+
     def report(done: float, total: float, message: str) -> None:
         try:
-            anyio.from_thread.run(ctx.report_progress, done, total, message)
+            anyio.from_thread.run(tell, done, total, message)
         except Exception:  # noqa: BLE001 - progress is informative; a closed stream must not fail the call
             log.debug("progress not delivered", exc_info=True)
 
     return report
-
-

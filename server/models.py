@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import math
+import re
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 from harness.compare import OutputCheck
 from harness.stats import LatencyStats, Speedup
@@ -129,19 +131,62 @@ class LaunchInput(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    grid: list[str | int] = Field(min_length=1, max_length=3)
-    block: list[str | int] = Field(min_length=1, max_length=3)
-    shared_bytes: str | int = 0
-    per_case: dict[str, "LaunchInput"] = Field(default_factory=dict, max_length=64)
+    grid: list[str | int] = Field(min_length=1, max_length=3, description="blocks per grid: x, y, z")
+    block: list[str | int] = Field(min_length=1, max_length=3, description="threads per block: x, y, z")
+    shared_bytes: str | int = Field(default=0, description="dynamic shared memory per block, in bytes")
+    per_case: dict[str, "LaunchInput"] = Field(default_factory=dict, max_length=64,
+                                               description="another geometry for a named case")
+
+
+USAGE_MAX_BYTES = 4096
+USAGE_MAX_EXTRA_KEYS = 16
+USAGE_MAX_TEXT = 200
+_USAGE_MAX_NUMBER = 1e15
+_USAGE_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _plain_usage_value(value: Any) -> Any:
+    """An extra usage value: plain and small, so that what the audit log keeps stays bounded."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str) and len(value) <= USAGE_MAX_TEXT:
+        return value
+    if isinstance(value, (int, float)) and math.isfinite(value) and abs(value) <= _USAGE_MAX_NUMBER:
+        return value
+    raise ValueError(f"an extra usage value must be a string of at most {USAGE_MAX_TEXT} characters, a finite "
+                     f"number within +-{_USAGE_MAX_NUMBER:g}, true, false or null")
+
+
+_UsageExtra = Annotated[Any, AfterValidator(_plain_usage_value), WithJsonSchema({"anyOf": [
+    {"type": "string", "maxLength": USAGE_MAX_TEXT},
+    {"type": "number", "minimum": -_USAGE_MAX_NUMBER, "maximum": _USAGE_MAX_NUMBER},
+    {"type": "boolean"}, {"type": "null"}]})]
 
 
 class Usage(BaseModel):
-    """What the client spent to produce this attempt, kept in the audit log as given."""
+    """What the client spent to produce this attempt, kept in the audit log as given: the fields below and at
+    most 16 more keys of plain values (a short string, a number, true, false or null), 4096 bytes in all as
+    JSON. Anything larger is refused before the attempt is counted."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra={"maxProperties": 5 + USAGE_MAX_EXTRA_KEYS})
+    __pydantic_extra__: dict[str, _UsageExtra]
 
-    model: str | None = Field(default=None, max_length=200)
-    calls: int | None = Field(default=None, ge=0)
-    input_tokens: int | None = Field(default=None, ge=0)
-    output_tokens: int | None = Field(default=None, ge=0)
-    cost_usd: float | None = Field(default=None, ge=0)
+    model: str | None = Field(default=None, max_length=USAGE_MAX_TEXT, description="the model that wrote the attempt")
+    calls: int | None = Field(default=None, ge=0, le=int(_USAGE_MAX_NUMBER), description="model calls spent on it")
+    input_tokens: int | None = Field(default=None, ge=0, le=int(_USAGE_MAX_NUMBER), description="input tokens spent")
+    output_tokens: int | None = Field(default=None, ge=0, le=int(_USAGE_MAX_NUMBER), description="output tokens spent")
+    cost_usd: float | None = Field(default=None, ge=0, le=_USAGE_MAX_NUMBER, allow_inf_nan=False,
+                                   description="what it cost, in US dollars")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> "Usage":
+        extra = self.model_extra or {}
+        if len(extra) > USAGE_MAX_EXTRA_KEYS:
+            raise ValueError(f"usage has {len(extra)} extra keys; at most {USAGE_MAX_EXTRA_KEYS} are kept")
+        bad = [key for key in extra if not _USAGE_KEY.fullmatch(key)]
+        if bad:
+            raise ValueError(f"usage key {bad[0][:40]!r}: keys are 1 to 64 letters, digits, '_', '.' or '-'")
+        size = len(self.model_dump_json(exclude_none=True).encode())
+        if size > USAGE_MAX_BYTES:
+            raise ValueError(f"usage is {size} bytes as JSON; at most {USAGE_MAX_BYTES} are kept")
+        return self

@@ -31,8 +31,7 @@ def describe(run: Run) -> TaskDescription:
 
 
 def compile_candidate(run: Run, make_candidate: Callable[[], Candidate]) -> CompileAnswer:
-    run.charge_compile()  # before the candidate is registered: a refused call writes nothing
-    candidate = make_candidate()
+    candidate = make_candidate()  # charged to the compile rate limit before anything is written (Run.candidate)
     _, compiled = run.kernel(candidate)
     r = compiled.resources
     resources = None if r is None else Resources(registers=r.registers, spill_bytes=r.spill_store_bytes + r.spill_load_bytes,
@@ -42,10 +41,14 @@ def compile_candidate(run: Run, make_candidate: Callable[[], Candidate]) -> Comp
                          compile_ms=compiled.compile_ms, cache_hit=compiled.cache_hit)
 
 
-def _compiled_kernel(run: Run, candidate: Candidate):
+def _compiled_kernel(run: Run, tool: str, candidate: Candidate):
+    """The candidate's kernel. One that does not compile still costs the probe: the compile was done, and the
+    probe is logged so that a resumed run counts it too."""
     kernel, compiled = run.kernel(candidate)
     if kernel is None:
-        raise Refusal(f"candidate {candidate.id} does not compile:\n{compiled.log}")
+        run.probe_done(tool, 0.0, {"candidate": candidate.id, "compiled": False})
+        raise Refusal(f"candidate {candidate.id} does not compile (the probe is counted: "
+                      f"{run.budget().probes_left_in_window} left in this window):\n{compiled.log}")
     return kernel
 
 
@@ -60,7 +63,7 @@ def check_cases(run: Run, tool: str, make_candidate: Callable[[], Candidate],
     run.charge_probe()
     cases = run.cases_named(case_names)
     candidate = make_candidate()
-    kernel = _compiled_kernel(run, candidate)
+    kernel = _compiled_kernel(run, tool, candidate)
     started = time.perf_counter()
     report = None
     try:
@@ -77,7 +80,7 @@ def time_candidate(run: Run, make_candidate: Callable[[], Candidate], case_names
     run.charge_probe()
     cases = run.cases_named(case_names, performance_only=True)
     candidate = make_candidate()
-    kernel = _compiled_kernel(run, candidate)
+    kernel = _compiled_kernel(run, "time_kernel", candidate)
     started = time.perf_counter()
     try:
         if progress:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -11,7 +12,8 @@ class RateLimited(Exception):
     """Over the limit; `wait_s` until the oldest counted event leaves the window."""
 
     def __init__(self, wait_s: float):
-        super().__init__(f"try again in {wait_s:.0f} s")
+        # Whole seconds, rounded up: a wait under a second reads "1 s", never "0 s".
+        super().__init__(f"try again in {max(1, math.ceil(wait_s))} s")
         self.wait_s = wait_s
 
 

@@ -255,21 +255,22 @@ class Run:
                           f"{limited} (reuse candidate ids instead of recompiling)") from None
 
     # -- candidates ----------------------------------------------------------------------------
-    def candidate(self, candidate: str | None, source: str | None, options: list[str] | None = None,
+    def candidate(self, candidate_id: str | None, source: str | None, options: list[str] | None = None,
                   launch: dict | None = None) -> Candidate:
-        """The candidate named by id, or made from source; a launch given here overrides the id's."""
-        if (candidate is None) == (source is None):
-            raise Refusal("give exactly one of `candidate` (an id from compile_kernel) or `source`")
-        if candidate is not None:
-            if candidate not in self.candidates:
-                raise Refusal(f"unknown candidate id {candidate[:40]!r}: compile_kernel returns ids "
-                              f"({len(self.candidates)} known in this run)")
-            known = self.candidates[candidate]
-            source, options = known.source, list(known.options) if options is None else options
-            spec = known.launch if launch is None else self._launch(launch)
-        else:
+        """The candidate named by id, or made from source; a launch given here overrides the id's. A source is
+        compiled, whatever the tool: it counts against the compile rate limit."""
+        if (candidate_id is None) == (source is None):
+            raise Refusal("give exactly one of `candidate_id` (an id from compile_kernel) or `source`")
+        if candidate_id is None:
             spec = self.task.launch if launch is None else self._launch(launch)
-        return self.register_candidate(source, tuple(options or ()), spec)
+            return self.register_candidate(source, tuple(options or ()), spec, charge_compile=True)
+        if candidate_id not in self.candidates:
+            raise Refusal(f"unknown candidate id {candidate_id[:40]!r}: compile_kernel returns ids "
+                          f"({len(self.candidates)} known in this run)")
+        known = self.candidates[candidate_id]
+        options = list(known.options) if options is None else options
+        spec = known.launch if launch is None else self._launch(launch)
+        return self.register_candidate(known.source, tuple(options or ()), spec)
 
     def _launch(self, launch: dict) -> LaunchSpec:
         try:
@@ -280,9 +281,12 @@ class Run:
             raise Refusal(f"invalid launch geometry: {exc}".replace("\n", " ")[:800]) from None
         return spec
 
-    def register_candidate(self, source: str, options: tuple[str, ...], launch: LaunchSpec) -> Candidate:
+    def register_candidate(self, source: str, options: tuple[str, ...], launch: LaunchSpec, *,
+                           charge_compile: bool = False) -> Candidate:
         # Refused by policy (CompileRefused) before anything is recorded or an attempt slot is claimed.
         check_request(source, self.task.kernel_name, options)
+        if charge_compile:
+            self.charge_compile()  # a request the policy refused compiles nothing and is not counted
         identity = json.dumps({"source": source, "options": options, "launch": launch.model_dump(mode="json")},
                               sort_keys=True)
         cid = "c" + hashlib.sha256(identity.encode()).hexdigest()[:15]
@@ -311,6 +315,7 @@ class Run:
         pool = list(self.task.performance_cases if performance_only else self.task.visible_cases)
         if not names:
             return pool
+        names = list(dict.fromkeys(names))  # each case once: a repeated name is not run (or timed) again
         by_name = {c.name: c for c in pool}
         unknown = [n for n in names if n not in by_name]
         if unknown:

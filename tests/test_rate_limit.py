@@ -37,3 +37,15 @@ def test_a_refused_event_is_not_counted_and_the_oldest_leaves_after_the_window()
     window.charge()
     with pytest.raises(RateLimited):
         window.charge()
+
+
+@pytest.mark.parametrize("waited_s, says", [(59.7, "try again in 1 s"), (59.99, "try again in 1 s"),
+                                            (15.0, "try again in 45 s"), (15.5, "try again in 45 s")])
+def test_the_wait_is_told_in_whole_seconds_rounded_up_never_zero(waited_s, says):
+    clock = Clock()
+    window = SlidingWindow(limit=1, window_s=60, clock=clock)
+    window.charge()
+    clock.now += waited_s
+    with pytest.raises(RateLimited) as limited:
+        window.charge()
+    assert str(limited.value) == says

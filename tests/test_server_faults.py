@@ -187,10 +187,10 @@ async def test_bad_tool_input_is_refused_without_spending_anything(tmp_path):
     async with client(run) as c:
         message = await refused(c, "validate", candidate_id="c0123456789abcde")
         assert message.startswith("unknown candidate id 'c0123456789abcde'")
-        assert (await refused(c, "run_cases")).startswith("give exactly one of `candidate`")
+        assert (await refused(c, "run_cases")).startswith("give exactly one of `candidate_id` (an id from")
         candidate = (await ok(c, "compile_kernel", source=kernel()))["candidate"]
         assert (await refused(c, "record_attempt", candidate_id=candidate, source=kernel(), rationale="r")) \
-            .startswith("give exactly one of `candidate`")
+            .startswith("give exactly one of `candidate_id` (an id from compile_kernel)")
         for launch, words in BAD_LAUNCHES:
             for tool in ("validate", "compile_kernel"):
                 assert words in await refused(c, tool, source=kernel(), launch=launch)
