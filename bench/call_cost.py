@@ -1,6 +1,6 @@
-"""What a tool call costs the server itself, on a CPU: the per-call guard (the tamper check of the run's
-locked files) and how long describe_task answers when many come at once, or while a slow
-record_attempt is in flight. The GPU side is the test suite's fake executor (tests/fake_executor.py);
+"""What a tool call costs the server itself, on a CPU: the per-call guard (the call's audit record, fsynced,
+and the tamper check of the run's locked files; `audit_record` alone shows the first part), and how long
+describe_task answers when many come at once, or while a slow record_attempt is in flight. The GPU side is the test suite's fake executor (tests/fake_executor.py);
 the run is a real run folder of cases/matmul_f32, whose expected outputs take about 111 MB.
 
     python bench/call_cost.py [--calls 50] [--concurrent 200] [--slow-s 3] [--json OUT]
@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 from harness.task import load_task  # noqa: E402
 from server.app import build_server  # noqa: E402
 from server.lifecycle import new_run  # noqa: E402
+from server.records import EventKind  # noqa: E402
 from server.run import Run, RunSettings  # noqa: E402
 from tests.fake_executor import FakeExecutor  # noqa: E402
 
@@ -38,15 +39,23 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def guard_ms(run: Run, tool: str, calls: int) -> dict:
-    """Run.guard as the gate calls it, `calls` times: median and max in milliseconds."""
+def timed_ms(step, calls: int) -> dict:
+    """`step()` `calls` times: median and max in milliseconds."""
     times = []
     for _ in range(calls):
         started = time.perf_counter()
-        with run.exclusive():
-            run.guard(tool, {}, needs_budget=False)
+        step()
         times.append((time.perf_counter() - started) * 1000)
     return {"median_ms": round(statistics.median(times), 3), "max_ms": round(max(times), 3)}
+
+
+def guard_ms(run: Run, tool: str, calls: int) -> dict:
+    """Run.guard as the gate calls it: the call's audit record, then the tamper check."""
+    def guard() -> None:
+        with run.exclusive():
+            run.guard(tool, {}, needs_budget=False)
+
+    return timed_ms(guard, calls)
 
 
 async def concurrent_describes(run: Run, count: int) -> dict:
@@ -101,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         run = new_run(MATMUL, Path(tmp) / "results", RunSettings(), FakeExecutor(load_task(MATMUL)))
         time.sleep(SETTLE_S)
         numbers = {"expected_bytes": folder_bytes(run.dir / "expected"),
+                   "audit_record": timed_ms(lambda: run.audit.append(EventKind.CALL, {"tool": "bench"}), args.calls),
                    "guard_describe_task": guard_ms(run, "describe_task", args.calls),
                    "guard_record_attempt": guard_ms(run, "record_attempt", max(3, args.calls // 10)),
                    "concurrent_describe_task": anyio.run(concurrent_describes, run, args.concurrent),
