@@ -113,12 +113,12 @@ class FakeExecutor:
         return CheckReport(passed=all(r.passed for r in results), cases=results)
 
     def time(self, kernel: CompiledKernel, cases: list[Case]) -> TimingReport:
+        self.abort_signal.clear()  # before the job is seen to start: an abort from then on ends it
         self.calls.append("time")
         marks = markers(self._source(kernel))
         if "die" in marks:
             os.kill(os.getpid(), signal.SIGKILL)
         if "slow_s" in marks:
-            self.abort_signal.clear()
             if self.abort_signal.wait(float(marks["slow_s"])):
                 return _killed(cases)
         latency_ms = float(marks.get("latency_us", self.default_latency_us)) / 1000

@@ -183,3 +183,22 @@ async def test_a_cancelled_attempt_runs_to_its_verdict_and_stays_counted(tmp_pat
     assert [(e.attempt, e.verdict) for e in read_history(run.dir).attempts] == \
         [(0, "baseline"), (1, "valid-not-faster"), (2, "valid-faster")]
     assert main(["verify", str(run.dir)]) == 0
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_probe_stops_its_job_and_is_counted(tmp_path):
+    run = new_run(tmp_path)
+    async with client(run) as c:
+        candidate = (await ok(c, "compile_kernel", source=kernel("slow_s=60")))["candidate"]
+        timed_before = run.executor.calls.count("time")
+        started = time.monotonic()
+        async with anyio.create_task_group() as group:
+            group.start_soon(c.call_tool, "time_kernel", {"candidate_id": candidate})
+            while run.executor.calls.count("time") == timed_before:  # the candidate is being timed
+                await anyio.sleep(0.02)
+            group.cancel_scope.cancel()
+        await ok(c, "compile_kernel", source=kernel())  # the gate opens once the cancelled probe has ended
+        assert (await ok(c, "describe_task"))["budget"]["probes_left_in_window"] == 19
+        assert run.executor.aborted == 1 and time.monotonic() - started < 30
+    run.close()
+    assert [e["data"]["tool"] for e in events(run.dir) if e["kind"] == "probe_done"] == ["time_kernel"]
