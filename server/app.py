@@ -190,40 +190,92 @@ class _FinishedReports:
             write_report_files(self.run.dir)
 
 
+# Calls that change nothing: they answer what the last call that changed the run published, without the gate.
+_READ_ONLY = frozenset({"describe_task"})
+# Calls a cancel does not stop: the attempt is spent either way, so it runs to its verdict, which is recorded.
+_RUN_TO_THE_END = frozenset({"record_attempt", "finish"})
+
+
 def _gate(run: Run, reports: _FinishedReports, logs: ClientLog) -> Callable:
-    """Every tool's call: one at a time (the run, its workers and its budget are not shared), in a thread,
-    guarded by the run, with its refusals and storage failures turned into tool errors."""
+    """Every tool's call, in a thread, guarded by the run, with its refusals and storage failures turned into tool
+    errors. Calls that change the run go one at a time (the run, its workers and its budget are not shared); a
+    read-only call waits for none of them. A cancelled call's thread is waited for before the gate opens again."""
     gate = anyio.Lock()
+    probes.publish(run)  # no call is in flight yet
 
     async def call(ctx: Context | None, tool: str, arguments: dict, work: Callable, *, needs_budget=True):
+        if tool in _READ_ONLY:
+            return await _answered(tool, lambda: _read_only(run, tool, arguments, work))
         async with gate:
             report = _progress_bridge(ctx, logs)
             was_finished = run.finished
 
             def in_thread():
                 with run.exclusive():
-                    run.guard(tool, arguments, needs_budget=needs_budget)
-                    return work(report)
+                    try:
+                        run.guard(tool, arguments, needs_budget=needs_budget)
+                        return work(report)
+                    finally:
+                        probes.publish(run)
 
+            stop = (lambda: None) if tool in _RUN_TO_THE_END else run.executor.abort
             try:
-                return await anyio.to_thread.run_sync(in_thread, abandon_on_cancel=True)
-            except anyio.get_cancelled_exc_class():
-                run.executor.abort()  # the abandoned thread sees its worker die and ends quickly
-                raise
-            except (Refusal, CompileRefused) as exc:
-                raise ToolError(str(exc)) from None
-            except OSError as exc:
-                if exc.errno not in _STORAGE_ERRORS:
-                    raise
-                log.error("%s: the run folder could not be written", tool, exc_info=True)
-                raise ToolError(f"the referee could not write its results folder ({os.strerror(exc.errno)}); "
-                                "this call did not complete. An attempt whose slot was claimed stays counted "
-                                "(describe_task shows the budget, referee://history.json the verdict); the operator "
-                                "must free space before the run can go on.") from None
+                return await _answered(tool, lambda: _to_thread_settled(in_thread, stop))
             finally:
                 await reports.after(was_finished)
 
     return call
+
+
+async def _read_only(run: Run, tool: str, arguments: dict, work: Callable):
+    def in_thread():
+        run.guard(tool, arguments, needs_budget=False)  # logged and tamper-checked; no mutex needed
+        return work(None)
+
+    return await anyio.to_thread.run_sync(in_thread)
+
+
+async def _to_thread_settled(work: Callable, stop: Callable[[], None]):
+    """work() in a worker thread, awaited to its end even when this call is cancelled: `stop` is called at once
+    (it may end the work early), and the cancellation goes on once the thread has returned. Nothing is left
+    running behind a cancelled call, so the run is settled when the server stops."""
+    outcome: dict = {}
+    done = anyio.Event()
+
+    async def settle() -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                outcome["value"] = await anyio.to_thread.run_sync(work)
+            except BaseException as exc:  # noqa: BLE001 - raised again in the caller's task
+                outcome["error"] = exc
+        done.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(settle)
+        try:
+            await done.wait()
+        except anyio.get_cancelled_exc_class():
+            stop()
+            raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+async def _answered(tool: str, answer: Callable):
+    """The call's answer, with the run's refusals and a failing disk turned into tool errors."""
+    try:
+        return await answer()
+    except (Refusal, CompileRefused) as exc:
+        raise ToolError(str(exc)) from None
+    except OSError as exc:
+        if exc.errno not in _STORAGE_ERRORS:
+            raise
+        log.error("%s: the run folder could not be written", tool, exc_info=True)
+        raise ToolError(f"the referee could not write its results folder ({os.strerror(exc.errno)}); "
+                        "this call did not complete. An attempt whose slot was claimed stays counted "
+                        "(describe_task shows the budget, referee://history.json the verdict); the operator "
+                        "must free space before the run can go on.") from None
 
 
 def _resources(server: MCPServer, run: Run) -> None:

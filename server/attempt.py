@@ -16,7 +16,7 @@ from harness.peaks import roofline_fraction
 from harness.side_by_side import SideBySide, TimingFailed, time_side_by_side
 from harness.stats import geomean_speedup, geometric_mean, speedup, summarize
 from harness.results import Reason, ReasonCode
-from server import suspicion
+from server import probes, suspicion
 from server.models import AttemptAnswer, CaseLatency, FinishAnswer
 from server.holdout import holdout_verdict
 from server.records import AttemptRecord, EventKind, Verdict
@@ -72,6 +72,7 @@ def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict |
         run.audit.append(EventKind.ATTEMPT_STARTED, {"attempt": number, "candidate": candidate.id, "rationale": rationale,
                                              "usage": usage})
         run.open_attempt_window()
+        probes.publish(run)  # describe_task, answered meanwhile, counts this attempt as spent
         references = ({"best": best, "baseline": run.history[0]} if best.attempt != 0
                       else {"baseline": run.history[0]})
         entry, gpu_seconds = _evaluate(run, number, candidate, references, fresh=True, progress=progress)

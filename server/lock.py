@@ -1,7 +1,7 @@
 """What a run is locked to: the task copy, the expected outputs, the referee's source, the environment.
 
 lock.json is written once when a run starts. Before every tool call the task copy and the expected
-outputs are hashed again; any difference is tampering and the call is refused.
+outputs are checked against it (server/locked_files.py); any difference is tampering and the call is refused.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import harness
 import sandbox
 import server
 from server.audit import sha256_file
+from server.locked_files import LockedFiles
 
 # What the verdicts depend on: a resumed run must be judged by the same code.
 _LOCKED_PACKAGES = (harness, sandbox, server)
@@ -62,13 +63,8 @@ def locked_source(lock: dict) -> dict[str, str] | None:
 
 
 def tampered_files(run_dir: Path, lock: dict) -> list[str]:
-    """Locked files that changed, vanished or appeared since the run began."""
-    now = hash_files(run_dir, ("task", "expected"))
-    locked = lock["files"]
-    changed = [f"{name} changed" for name, value in locked.items() if name in now and now[name] != value]
-    missing = [f"{name} missing" for name in locked if name not in now]
-    added = [f"{name} added" for name in now if name not in locked]
-    return changed + missing + added
+    """Locked files that changed, vanished or appeared since the run began: every file hashed."""
+    return LockedFiles(run_dir, lock["files"]).problems(full=True)
 
 
 def referee_changes(lock: dict) -> list[str]:

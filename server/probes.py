@@ -16,6 +16,19 @@ from server.summary import best_attempt, entry_of
 
 
 def describe(run: Run) -> TaskDescription:
+    """What describe_task answers: the run as the last call that changed it left it. Needs neither the run's
+    mutex nor the gate: the answer is an object no one changes once published."""
+    return run.published if run.published is not None else publish(run)
+
+
+def publish(run: Run) -> TaskDescription:
+    """Describe the run as it is now, for the read-only calls: called with the run's mutex held, or before the
+    first call."""
+    run.published = _described_now(run)
+    return run.published
+
+
+def _described_now(run: Run) -> TaskDescription:
     task, baseline, best = run.task, entry_of(run, 0), best_attempt(run)
     cases = [TaskCase(name=c.name, role=c.role, dims=c.dims, baseline_median_ms=baseline.median_ms(c.name))
              for c in task.visible_cases]

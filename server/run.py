@@ -23,9 +23,9 @@ from pydantic import BaseModel, ValidationError
 from harness.worker_side.nvrtc import check_request
 from harness.settings import CompiledKernel, TimingSettings
 from harness.task_model import Case, LaunchSpec, Task
-from server import lock as locking
 from server.audit import AuditLog, write_bytes_atomic, write_json_atomic
 from server.executor import Executor
+from server.locked_files import LockedFiles
 from server.models import Budget
 from server.rate_limit import RateLimited, SlidingWindow
 from server.record_files import HISTORY, SUMMARY, iter_events, read_history, read_summary
@@ -33,6 +33,9 @@ from server.records import AttemptRecord, EventKind, SummaryFile
 
 log = logging.getLogger(__name__)
 Progress = Callable[[float, float, str], None]
+# Calls before which every locked file is hashed, not only those whose stat identity changed: the official
+# steps (server/locked_files.py says what each check catches).
+FULLY_CHECKED = frozenset({"record_attempt", "finish"})
 
 
 class Refusal(Exception):
@@ -106,7 +109,19 @@ class Run:
         self.probes_total = 0
         self.compile_rate = SlidingWindow(settings.compiles_per_minute)
         self.logged_attempts: set[int] = set()  # attempt slots whose source write is in the audit log
+        # What describe_task and referee://task answer: made by the call that last changed the run, under the
+        # run's mutex, so that those reads need neither the mutex nor the gate (server/probes.py publish).
+        self.published: Any = None
         self._mutex = threading.Lock()
+
+    @property
+    def lock_record(self) -> dict | None:
+        return self._lock_record
+
+    @lock_record.setter
+    def lock_record(self, record: dict | None) -> None:
+        self._lock_record = record
+        self.locked_files = LockedFiles(self.dir, record["files"]) if record is not None else None
 
     # -- state ---------------------------------------------------------------------------------
     def load_state(self) -> None:
@@ -198,9 +213,10 @@ class Run:
 
     # -- guards --------------------------------------------------------------------------------
     def guard(self, tool: str, arguments: dict, *, needs_budget: bool = True) -> None:
-        """Before every call: log it, check the lock, refuse when the run is over."""
+        """Before every call: log it, check the lock, refuse when the run is over. Safe without the run's mutex
+        when `needs_budget` is off (a read-only call)."""
         self.audit.append(EventKind.CALL, {"tool": tool, "arguments": arguments})
-        problems = locking.tampered_files(self.dir, self.lock_record)
+        problems = self.locked_files.problems(full=tool in FULLY_CHECKED)
         if problems:
             self.audit.append(EventKind.TAMPER, {"tool": tool, "problems": problems})
             raise Refusal(f"refused: the run's locked files changed ({'; '.join(problems)}). The task copy and "

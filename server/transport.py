@@ -134,6 +134,21 @@ def _check_http_args(server: MCPServer, host: str, port: int, allow_remote: bool
         raise ValueError("the HTTP transport needs bearer-token auth: build the server with MCPServer(**http_auth(...))")
 
 
+def _serve_stdio(server: MCPServer) -> None:
+    """Serve over stdin and stdout until the client leaves. A client that goes while a call is in flight (its
+    process killed, its pipes closed) breaks the pipe: the server says so in one line and ends normally, once
+    the call in flight has ended and been recorded (server/app.py waits for it)."""
+    try:
+        server.run("stdio")
+    except* (BrokenPipeError, ConnectionResetError):
+        # What is still buffered for stdout would fail again at exit: it goes nowhere now.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        _stderr("kernel-referee: the client went away (its end of the stdio pipe is closed); the call in flight "
+                "was seen to its end and recorded")
+
+
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -190,7 +205,7 @@ def run(
     they will appear in the Host header.
     """
     if transport == "stdio":
-        server.run("stdio")
+        _serve_stdio(server)
         return
     if transport != "http":
         raise ValueError(f"unknown transport {transport!r}: use 'stdio' or 'http'")

@@ -8,6 +8,7 @@ Markers (in a comment anywhere in the source):
   fake: unwritten      timing finds unwritten outputs
   fake: latency_us=N   median latency N microseconds (default 100: default_latency_us)
   fake: die            the process kills itself during timing (a server killed mid-attempt)
+  fake: slow_s=N       timing takes N seconds, unless abort() kills the "worker" first (worker_crashed)
   fake: unwritten-on-retime   timing after abort() (a fresh worker) finds unwritten outputs
 """
 
@@ -17,6 +18,7 @@ import hashlib
 import os
 import re
 import signal
+import threading
 
 import numpy as np
 
@@ -60,6 +62,7 @@ class FakeExecutor:
         self.preloaded: dict[tuple[str, int], dict] = {}
         self.calls: list[str] = []
         self.aborted = 0
+        self.abort_signal = threading.Event()  # set by abort(): a slow timing in flight ends as a killed worker would
         self.prepared: list[dict[str, int]] = []  # the seeds of each prepare() call
         self.checked_seeds: list[dict | None] = []  # the seeds of each check() call
 
@@ -110,10 +113,14 @@ class FakeExecutor:
         return CheckReport(passed=all(r.passed for r in results), cases=results)
 
     def time(self, kernel: CompiledKernel, cases: list[Case]) -> TimingReport:
+        self.abort_signal.clear()  # before the job is seen to start: an abort from then on ends it
         self.calls.append("time")
         marks = markers(self._source(kernel))
         if "die" in marks:
             os.kill(os.getpid(), signal.SIGKILL)
+        if "slow_s" in marks:
+            if self.abort_signal.wait(float(marks["slow_s"])):
+                return _killed(cases)
         latency_ms = float(marks.get("latency_us", self.default_latency_us)) / 1000
         rng = np.random.default_rng(len(self.calls))
         timings = []
@@ -145,9 +152,16 @@ class FakeExecutor:
 
     def abort(self) -> None:
         self.aborted += 1
+        self.abort_signal.set()
 
     def fresh_worker(self) -> None:
         self.aborted += 1
 
     def close(self) -> None:
         pass
+
+
+def _killed(cases: list[Case]) -> TimingReport:
+    """What the real executor answers when abort() killed the worker during a timing job."""
+    reasons = [Reason(code=ReasonCode.WORKER_CRASHED, case=cases[0].name, detail="the worker was killed (fake)")]
+    return TimingReport(passed=False, cases=[CaseTiming(case=cases[0].name, passed=False, reasons=reasons)])
