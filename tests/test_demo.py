@@ -4,6 +4,7 @@ the fake executor: real MCP, real NVRTC, verdicts from markers)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -160,19 +161,41 @@ def test_without_a_vendor_timing_cublas_is_a_dash():
 
 # ------------------------------------------------------------------- the scripted agent
 
+@dataclasses.dataclass(frozen=True)
+class MarkedStep(demo.Step):
+    """A demo step whose source carries a fake executor's marker (tests/fake_executor.py)."""
+
+    marker: str = ""
+
+    @property
+    def source(self) -> str:
+        return super().source + f"\n// fake: {self.marker}\n"
+
+
+# The fake executor runs nothing: it judges by markers in the source. The real referee rejects edge_bug.cu
+# for a mismatch on odd-31x37x29 (tests/gpu/test_demo.py checks that on a GPU); here its step carries the
+# marker that makes the fake say the same, so this test claims of each kernel what the real referee says.
+FAKE_AGREES = tuple(MarkedStep(**vars(step), marker="wrong") if step.file == "edge_bug.cu" else step
+                    for step in demo.PLAN)
+EDGE_BUG, BROKEN = 3, 4
+
+
 def test_the_scripted_agent_spends_the_budget_over_stdio(tmp_path):
     params = StdioServerParameters(command=sys.executable, args=[str(REPO / "tests" / "fake_server.py"),
                                                                  str(tmp_path)])
     lines: list[str] = []
-    played = anyio.run(demo.session, params, demo.PLAN, lines.append)
+    played = anyio.run(demo.session, params, FAKE_AGREES, lines.append)
     attempts = [o.attempt for o in played.outcomes]
     assert [a["attempt"] for a in attempts] == list(range(1, 8))
-    broken = played.outcomes[4]
+    broken = played.outcomes[BROKEN]
     assert broken.validated is None and broken.timed is None
-    assert attempts[4]["verdict"] == "rejected" and attempts[4]["reasons"][0]["code"] == "compile_error"
-    # the fake executor judges by source markers: the demo's correct kernels carry none, so all pass
-    assert all(a["verdict"].startswith("valid") for i, a in enumerate(attempts) if i != 4)
-    assert all(o.validated["passed"] and o.timed for i, o in enumerate(played.outcomes) if i != 4)
+    assert attempts[BROKEN]["verdict"] == "rejected" and attempts[BROKEN]["reasons"][0]["code"] == "compile_error"
+    edge = played.outcomes[EDGE_BUG]
+    assert edge.step.file == "edge_bug.cu" and not edge.validated["passed"] and edge.timed is None
+    assert attempts[EDGE_BUG]["verdict"] == "rejected" and attempts[EDGE_BUG]["reasons"][0]["code"] == "mismatch"
+    assert all(a["verdict"].startswith("valid") for i, a in enumerate(attempts) if i not in (EDGE_BUG, BROKEN))
+    assert all(o.validated["passed"] and o.timed for i, o in enumerate(played.outcomes)
+               if i not in (EDGE_BUG, BROKEN))
     assert played.summary["status"] == "finished" and played.summary["stop_reason"] == "budget exhausted"
     assert any(line.startswith("[3/7] register-blocked 128x128: record_attempt: attempt 3 valid") for line in lines)
     assert any("... checking fresh inputs from secret seeds" in line for line in lines)  # progress reached us
