@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from functools import lru_cache
 from statistics import NormalDist
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -179,6 +180,35 @@ def speedup(baseline: LatencyStats, candidate: LatencyStats) -> Speedup:
     disjoint_and_faster = candidate.ci_high_ms < baseline.ci_low_ms
     return Speedup(ratio=ratio, low=low, high=high,
                    beyond_noise=disjoint_and_faster and ratio > 1.0 and low > 1.0 + NOISE_FLOOR)
+
+
+# The one wording of a speedup's significance, shared by the tool answers, the report and the demo's table.
+FASTER_BEYOND_NOISE = "faster beyond noise"
+SLOWER_BEYOND_NOISE = "slower beyond noise"
+WITHIN_NOISE = "within noise"
+Significance = Literal["faster beyond noise", "slower beyond noise", "within noise"]
+
+
+def significance(low: float | None, high: float | None, beyond_noise: bool | None = None) -> Significance:
+    """What a speedup's 95% interval [low, high] says against 1.0, in words.
+
+    Faster beyond noise: the whole interval lies above 1 + NOISE_FLOOR (as `speedup` decides it; an
+    aggregate's `beyond_noise`, when given, must agree: it needs every case beyond noise). Slower beyond
+    noise: the mirror image, the whole interval below 1 / (1 + NOISE_FLOOR), so that the baseline would be
+    faster beyond noise than the candidate. Anything else, or an interval not known, is within noise.
+    """
+    if not _is_number(low) or not _is_number(high):
+        return WITHIN_NOISE
+    if low > 1.0 + NOISE_FLOOR and beyond_noise is not False:
+        return FASTER_BEYOND_NOISE
+    if high < 1.0 / (1.0 + NOISE_FLOOR):
+        return SLOWER_BEYOND_NOISE
+    return WITHIN_NOISE
+
+
+def _is_number(value: float | None) -> bool:
+    """A number, infinities included (a ratio over a zero latency); not None, not NaN, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
 
 
 def geomean_speedup(pairs: Sequence[tuple[LatencyStats, LatencyStats]]) -> Speedup:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -22,6 +21,10 @@ from server.report_files import write_report
 from server.run import RunSettings
 from server.serve import serve, verify
 from server.settings import RefereeSettings, sandbox_refusal
+from server.verify import verify_run
+from server.cli_args import (ATTEMPT_NUMBER, ATTEMPTS, ITERATIONS, PORT, PROBES, REPEATS, WARMUPS, Parser,
+                             UsageError, amount)
+from server.cli_errors import failed, one_line
 
 NO_SANDBOX_HELP = ("run compile and GPU workers without Landlock, network namespace and rlimits "
                    "(recorded in lock.json; needed where the kernel lacks Landlock)")
@@ -32,15 +35,15 @@ COST_OPTIONS = ("engineer-hours", "hourly-rate", "model-cost", "gpu-hour-cost", 
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kernel-referee", description=__doc__)
+    parser = Parser(prog="kernel-referee", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="run the full check and timing protocol on a task's kernels")
     check.add_argument("task", type=Path, help="task folder (holding task.toml)")
     check.add_argument("--kernel", type=Path, help="a .cu file to check instead of the reference and the baseline")
     check.add_argument("--launch", help='launch geometry as JSON, e.g. {"grid": ["ceil_div(n,32)", "m"], '
                                         '"block": [32], "shared_bytes": 0}; default: the task\'s')
-    check.add_argument("--warmups", type=int, default=TimingSettings().warmups)
-    check.add_argument("--iterations", type=int, default=TimingSettings().iterations)
+    check.add_argument("--warmups", type=WARMUPS, default=TimingSettings().warmups)
+    check.add_argument("--iterations", type=ITERATIONS, default=TimingSettings().iterations)
     check.add_argument("--no-cold-l2", action="store_true", help="time with a warm L2 (default: flushed)")
     check.add_argument("--json", type=Path, help="also write the full results as JSON here")
     check.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
@@ -52,8 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--results", type=Path, default=RefereeSettings().results, help="where the run goes (default ./results)")
     demo.add_argument("--task", type=Path, help="a task folder whose kernel has matmul_f32's signature, e.g. one "
                       "with other shapes (default: cases/matmul_f32)")
-    demo.add_argument("--warmups", type=int, default=TimingSettings().warmups, help="passed to serve")
-    demo.add_argument("--iterations", type=int, default=TimingSettings().iterations, help="passed to serve")
+    demo.add_argument("--warmups", type=WARMUPS, default=TimingSettings().warmups, help="passed to serve")
+    demo.add_argument("--iterations", type=ITERATIONS, default=TimingSettings().iterations, help="passed to serve")
     demo.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
 
     verify = commands.add_parser("verify", help="check a run folder's hash chain and recorded files")
@@ -62,20 +65,20 @@ def _parser() -> argparse.ArgumentParser:
     replay = commands.add_parser("replay", help="re-run a run's best on this GPU (its cases, the holdout, fresh "
                                  "values, timing beside the baseline) and say GO or NO-GO")
     replay.add_argument("run", type=Path)
-    replay.add_argument("--repeats", type=int, default=3, help="interleaved timings beside the baseline (default 3)")
-    replay.add_argument("--attempt", type=int, help="replay this attempt instead of the best (e.g. one that was "
+    replay.add_argument("--repeats", type=REPEATS, default=3, help="interleaved timings beside the baseline (default 3)")
+    replay.add_argument("--attempt", type=ATTEMPT_NUMBER, help="replay this attempt instead of the best (e.g. one that was "
                                                    "disqualified); writes replay-attempt-NNN.json")
     replay.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
 
     cost = commands.add_parser("cost", help="the cost sheet of a run: pilot cost, monthly saving, payback")
     cost.add_argument("run", type=Path)
     for name in COST_OPTIONS:
-        cost.add_argument(f"--{name}", type=float, required=True)
+        cost.add_argument(f"--{name}", type=amount, required=True)
 
     report = commands.add_parser("report", help="write report.html, heatmap.png and heatmap.svg in a run folder")
     report.add_argument("run", type=Path)
     for name in COST_OPTIONS:
-        report.add_argument(f"--{name}", type=float, help="cost sheet input (give all six for the full sheet)")
+        report.add_argument(f"--{name}", type=amount, help="cost sheet input (give all six for the full sheet)")
     return parser
 
 
@@ -88,14 +91,14 @@ def _serve_parser(commands) -> None:
     serve.add_argument("--results", type=Path, default=RefereeSettings().results, help="where new runs go (default ./results)")
     serve.add_argument("--new-run", action="store_true",
                        help="start a new run even if an unfinished run of this task exists (by default it is resumed)")
-    serve.add_argument("--max-attempts", type=int, default=RunSettings().max_attempts)
-    serve.add_argument("--probes-per-window", type=int, default=RunSettings().probes_per_window,
+    serve.add_argument("--max-attempts", type=ATTEMPTS, default=RunSettings().max_attempts)
+    serve.add_argument("--probes-per-window", type=PROBES, default=RunSettings().probes_per_window,
                        help="probes allowed between two attempts")
-    serve.add_argument("--warmups", type=int, default=TimingSettings().warmups)
-    serve.add_argument("--iterations", type=int, default=TimingSettings().iterations)
+    serve.add_argument("--warmups", type=WARMUPS, default=TimingSettings().warmups)
+    serve.add_argument("--iterations", type=ITERATIONS, default=TimingSettings().iterations)
     serve.add_argument("--transport", choices=["stdio", "http"], default=RefereeSettings().transport)
     serve.add_argument("--host", default=RefereeSettings().host, help="HTTP only; loopback by default")
-    serve.add_argument("--port", type=int, default=RefereeSettings().port, help="HTTP only")
+    serve.add_argument("--port", type=PORT, default=RefereeSettings().port, help="HTTP only")
     serve.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
 
 def _launch(text: str | None) -> LaunchSpec | None:
@@ -103,8 +106,10 @@ def _launch(text: str | None) -> LaunchSpec | None:
         return None
     try:
         return LaunchSpec.model_validate(json.loads(text))
-    except (json.JSONDecodeError, ValidationError) as exc:
-        raise SystemExit(f"kernel-referee: --launch is not a valid launch geometry: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--launch is not JSON: {exc}") from None
+    except ValidationError as exc:
+        raise UsageError(f"--launch is not a valid launch geometry: {one_line(exc)}") from None
 
 
 def settings_of(args: argparse.Namespace) -> RefereeSettings:
@@ -121,8 +126,11 @@ def settings_of(args: argparse.Namespace) -> RefereeSettings:
 
 
 def _check(args, settings: RefereeSettings) -> int:
+    if args.launch is not None and args.kernel is None:
+        raise UsageError("--launch needs --kernel: the task's own reference and baseline use the task's launches")
+    launch = _launch(args.launch)
     task = load_task(args.task)
-    targets = targets_for(task, args.kernel, _launch(args.launch))
+    targets = targets_for(task, args.kernel, launch)
     refusal = sandbox_refusal(settings.confine)
     if refusal:
         print(f"kernel-referee: {refusal}", file=sys.stderr)
@@ -130,11 +138,31 @@ def _check(args, settings: RefereeSettings) -> int:
     return run_check(task, targets, settings.run.timing, sys.stdout, args.json, confine=settings.confine)
 
 
+def _run_folder(path: Path) -> Path:
+    """A folder that holds a run (run.json, lock.json or events.jsonl), or the usage error naming what it is."""
+    if not path.exists():
+        raise UsageError(f"{path}: no such run folder")
+    if not path.is_dir():
+        raise UsageError(f"{path}: not a folder (a run folder holds run.json, lock.json, events.jsonl...)")
+    if not any((path / name).exists() for name in ("run.json", "lock.json", "events.jsonl")):
+        raise UsageError(f"{path}: not a run folder (no run.json, lock.json or events.jsonl)")
+    return path
+
+
+def _verify(args) -> int:
+    return verify(_run_folder(args.run), sys.stdout)
+
+
 def _cost(args) -> int:
     inputs = CostInputs(engineer_hours=args.engineer_hours, hourly_rate=args.hourly_rate, model_cost=args.model_cost,
                         gpu_hour_cost=args.gpu_hour_cost, invocations_per_month=args.invocations_per_month,
                         ms_saved_end_to_end=args.ms_saved_end_to_end)
-    wall, busy, kernel_saved = run_hours(args.run)
+    run_dir = _run_folder(args.run)
+    report = verify_run(run_dir)
+    if not report.ok:
+        raise UsageError(f"refused: {run_dir} does not verify ({report.problems[0] if report.problems else '?'}; "
+                         f"`kernel-referee verify {run_dir}` lists every problem), so its hours cannot be trusted")
+    wall, busy, kernel_saved = run_hours(run_dir)
     print(render(cost_sheet(inputs, wall, busy, kernel_saved)), file=sys.stdout)  # the report, not MCP
     return 0
 
@@ -146,35 +174,39 @@ def _report(args) -> int:
         print(f"kernel-referee: the cost sheet needs all six cost options; missing {missing}", file=sys.stderr)
         return 2
     inputs = CostInputs(**given) if all(v is not None for v in given.values()) else None
-    for path in write_report(args.run, inputs):
+    for path in write_report(_run_folder(args.run), inputs):
         print(path, file=sys.stdout)
     return 0
 
 
+def _dispatch(args, settings: RefereeSettings) -> int:
+    if args.command == "check":
+        return _check(args, settings)
+    if args.command == "serve":
+        return serve(settings, args.task, args.run, start_new=args.new_run)
+    if args.command == "demo":
+        return run_demo(settings, sys.stdout, args.task)
+    if args.command == "verify":
+        return _verify(args)
+    if args.command == "cost":
+        return _cost(args)
+    if args.command == "replay":
+        return replay(_run_folder(args.run), sys.stdout, repeats=args.repeats, attempt=args.attempt,
+                      confine=settings.confine, sandbox_refusal=lambda: sandbox_refusal(settings.confine))
+    if args.command == "report":
+        return _report(args)
+    raise UsageError(f"unknown command {args.command!r}")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Every failure ends here as one line on stderr and its exit code (README, "Exit codes"), never a traceback."""
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
-    settings = settings_of(args)
+    prog = f"kernel-referee {args.command}"
     try:
-        if args.command == "check":
-            return _check(args, settings)
-        if args.command == "serve":
-            return serve(settings, args.task, args.run, start_new=args.new_run)
-        if args.command == "demo":
-            return run_demo(settings, sys.stdout, args.task)
-        if args.command == "verify":
-            return verify(args.run, sys.stdout)
-        if args.command == "cost":
-            return _cost(args)
-        if args.command == "replay":
-            return replay(args.run, sys.stdout, repeats=args.repeats, attempt=args.attempt,
-                          confine=settings.confine, sandbox_refusal=lambda: sandbox_refusal(settings.confine))
-        if args.command == "report":
-            return _report(args)
-    except (TaskError, CompileRefused, OSError, ValidationError, KeyError, ValueError) as exc:
-        print(f"kernel-referee: {exc}", file=sys.stderr)
-        return 2
-    return 2
+        return _dispatch(args, settings_of(args))
+    except BaseException as exc:  # noqa: BLE001 - sorted below; SystemExit passes through
+        return failed(prog, exc)
 
 
 if __name__ == "__main__":

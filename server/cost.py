@@ -56,11 +56,29 @@ def cost_sheet(inputs: CostInputs, run_wall_hours: float, run_gpu_busy_hours: fl
                      payback_months=pilot / monthly if monthly > 0 else None, kernel_ms_saved=kernel_ms_saved)
 
 
+class CostError(ValueError):
+    """A run folder whose files cannot give the cost sheet its hours; the message names the file and field."""
+
+
+def _time(value: object, where: str) -> datetime:
+    try:
+        return datetime.fromisoformat(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise CostError(f"{where} is {'missing' if value is None else f'not an ISO time ({str(value)[:40]!r})'}; "
+                        "the cost sheet needs it for the run's wall-clock hours") from None
+
+
 def run_hours(run_dir: Path) -> tuple[float, float, float | None]:
     """(wall-clock hours from creation to the last summary, GPU-busy hours, kernel ms saved per call)."""
-    created = datetime.fromisoformat(json.loads((run_dir / "run.json").read_text())["created"])
-    summary = read_summary(run_dir)
-    wall = (datetime.fromisoformat(summary.updated) - created).total_seconds() / 3600
+    try:
+        run_json = json.loads((run_dir / "run.json").read_text())
+        summary = read_summary(run_dir)
+    except (OSError, ValueError) as exc:  # a pydantic ValidationError is a ValueError
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CostError(f"{run_dir}: run.json or summary.json cannot be read ({first})") from None
+    created = _time(run_json.get("created") if isinstance(run_json, dict) else None, f"{run_dir}/run.json `created`")
+    updated = _time(summary.updated, f"{run_dir}/summary.json `updated`")
+    wall = (updated - created).total_seconds() / 3600
     baseline, best = (summary.baseline or {}).get("score_ms"), (summary.best or {}).get("score_ms")
     saved = baseline - best if baseline is not None and best is not None else None
     return wall, (summary.gpu_seconds or 0.0) / 3600, saved

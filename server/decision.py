@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from harness.stats import Speedup
+from harness.stats import FASTER_BEYOND_NOISE, Speedup, significance
 
 # The facts of the fingerprint a replay must match (as lock.json records them). driver_cuda_version
 # is the driver's CUDA version, nvrtc the compiler's; the SM clock and the sandbox are reported, not decisive.
@@ -94,6 +94,10 @@ def _check_reasons(checks: list[CheckResult]) -> list[str]:
     return reasons
 
 
+def _significance(s: Speedup) -> str:
+    return significance(s.low, s.high, s.beyond_noise)
+
+
 def _interval(s: Speedup) -> str:
     return f"{s.ratio:.3g}x [{s.low:.3g}, {s.high:.3g}]"
 
@@ -106,10 +110,11 @@ def _repeat_reasons(repeats: list[RepeatResult]) -> list[str]:
         if r.reasons or r.speedup is None:
             reasons.append(f"repeat {r.repeat}: no speedup measured: {'; '.join(r.reasons) or 'no timing'}"[:600])
         elif not r.speedup.beyond_noise:
-            noisy = [name for name, s in r.cases.items() if not s.beyond_noise]
-            where = f" (not beyond noise in {', '.join(noisy)})" if noisy else ""
-            reasons.append(f"repeat {r.repeat}: speedup over the baseline {_interval(r.speedup)} is not beyond "
-                           f"noise{where}")
+            said = {name: _significance(s) for name, s in r.cases.items()}
+            cases = "; ".join(f"{name}: {words}" for name, words in said.items() if words != FASTER_BEYOND_NOISE)
+            reasons.append(f"repeat {r.repeat}: speedup over the baseline {_interval(r.speedup)} is "
+                           f"{_significance(r.speedup)}, where GO needs {FASTER_BEYOND_NOISE}"
+                           + (f" ({cases})" if cases else ""))
     return reasons
 
 

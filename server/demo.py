@@ -25,7 +25,7 @@ from harness.device import gpu_absent_reason
 from harness.task import load_task
 from harness.task_model import TaskError
 from harness.worker_side.nvrtc import compile_kernel
-from server.demo_table import attempt_line, compile_line, ms_text, render_table
+from server.demo_table import attempt_line, compile_line, ms_text, render_table, speedup_text
 from server.settings import RefereeSettings, sandbox_refusal
 
 KERNELS = Path(__file__).with_name("demo_kernels")
@@ -168,8 +168,8 @@ async def _step(client: Client, prefix: str, step: Step, say: Say) -> Outcome:
             say(f"{prefix}: time_kernel: {timed}")
         else:
             outcome.timed, s = timed, timed["speedup_vs_baseline"]
-            say(f"{prefix}: time_kernel: {timed['score_ms']:.3f} ms (geometric mean), {s['ratio']:.2f}x the baseline "
-                f"[{s['low']:.2f}, {s['high']:.2f}] ({outcome.seconds['time_kernel']:.1f} s)")
+            say(f"{prefix}: time_kernel: {timed['score_ms']:.3f} ms (geometric mean), vs baseline {speedup_text(s)} "
+                f"({outcome.seconds['time_kernel']:.1f} s)")
     outcome.attempt, outcome.seconds["record_attempt"] = await _call(client, "record_attempt", {
         "candidate_id": candidate, "rationale": step.rationale or step.label,
         "usage": {"model": "kernel-referee demo (scripted)", "calls": len(outcome.seconds) + 1}}, say, prefix)

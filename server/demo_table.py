@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from harness.stats import significance
 from server.records import Verdict
 
 DASH = "-"
@@ -34,9 +35,11 @@ def reasons_text(answer: dict, limit: int = 2) -> str:
 
 
 def speedup_text(speedup: dict | None) -> str:
+    """The ratio, its 95% interval and what the interval says (harness.stats.significance)."""
     if not speedup:
         return DASH
-    return f"{speedup['ratio']:.2f}x [{speedup['low']:.2f}, {speedup['high']:.2f}]"
+    words = significance(speedup.get("low"), speedup.get("high"), speedup.get("beyond_noise"))
+    return f"{speedup['ratio']:.2f}x [{speedup['low']:.2f}, {speedup['high']:.2f}] {words}"
 
 
 def attempt_line(answer: dict) -> str:
@@ -44,8 +47,8 @@ def attempt_line(answer: dict) -> str:
     line = f"attempt {answer['attempt']} {answer['verdict']}"
     if answer["verdict"] == Verdict.REJECTED:
         return f"{line}: {reasons_text(answer)}"
-    return (f"{line}, {answer['score_ms']:.3f} ms, {speedup_text(answer.get('speedup_vs_baseline'))} vs baseline, "
-            f"{speedup_text(answer.get('speedup_vs_best'))} vs the best before it")
+    return (f"{line}, {answer['score_ms']:.3f} ms; vs baseline {speedup_text(answer.get('speedup_vs_baseline'))}; "
+            f"vs the best before it {speedup_text(answer.get('speedup_vs_best'))}")
 
 
 def _geomean_ratio(numerators: dict[str, float], denominators: dict[str, float], cases: list[str]) -> float | None:
@@ -89,7 +92,8 @@ def render_table(description: dict, attempts: list[tuple[str, dict]], summary: d
         rows.append(row(DASH, vendor.get("name", "vendor"), "(yardstick)", DASH, vendor_ms,
                         _ratio_text(_geomean_ratio(baseline, vendor_ms, cases))))
     lines = _columns(header, rows)
-    lines.append("* the run's best attempt. vs baseline: the referee's interleaved timing, 95% interval in brackets."
+    lines.append("* the run's best attempt. vs baseline: the referee's interleaved timing, 95% interval in brackets, "
+                 "and what the interval says."
                  + ("" if vendor else " vs cuBLAS: no cuBLAS timing in describe_task (-)."))
     lines += _footer(summary)
     return "\n".join(lines)
@@ -113,8 +117,7 @@ def _footer(summary: dict | None) -> list[str]:
     lines = []
     best, speedup = summary.get("best_attempt"), summary.get("speedup_vs_baseline")
     if best:
-        noise = "beyond noise" if speedup and speedup.get("beyond_noise") else "not beyond noise"
-        lines.append(f"best: attempt {best}, {speedup_text(speedup)} the baseline ({noise})")
+        lines.append(f"best: attempt {best}, vs the baseline {speedup_text(speedup)}")
     else:
         lines.append("best: the baseline (no attempt beat it beyond noise)")
     holdout = summary.get("holdout")

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 from harness.compare import OutputCheck
-from harness.stats import LatencyStats, Speedup
+from harness.stats import WITHIN_NOISE, LatencyStats, Significance, Speedup, significance
 from harness.results import Reason
 from server.records import Verdict
 
@@ -41,6 +41,22 @@ class CompileAnswer(BaseModel):
     cache_hit: bool
 
 
+class SpeedupAnswer(Speedup):
+    """A speedup as the tools answer it: with what its interval says, in the report's and the demo's words."""
+
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="strings", from_attributes=True)
+
+    significance: Significance = Field(WITHIN_NOISE, description=(
+        "what the 95% interval [low, high] says against 1.0: faster beyond noise, slower beyond noise, or within "
+        "noise"))
+
+    @model_validator(mode="after")
+    def _say_what_the_interval_says(self) -> "SpeedupAnswer":
+        # Always from the interval, whatever was passed: one rule (harness.stats.significance) for every answer.
+        object.__setattr__(self, "significance", significance(self.low, self.high, self.beyond_noise))
+        return self
+
+
 class CaseStatus(BaseModel):
     case: str
     passed: bool
@@ -64,8 +80,8 @@ class CaseLatency(BaseModel):
     roofline_ms: float | None = None        # max(bytes / bandwidth, flops / peak), the device's measured peaks
     roofline_fraction: float | None = None  # roofline_ms / median: 1 is at the limit
     baseline_median_ms: float | None = None
-    speedup_vs_baseline: Speedup | None = None
-    speedup_vs_best: Speedup | None = None
+    speedup_vs_baseline: SpeedupAnswer | None = None
+    speedup_vs_best: SpeedupAnswer | None = None
     inputs: str | None = None               # "fresh": every timed launch drew new inputs from a secret key
     audited_launches: int | None = None     # timed launches compared in full with the reference's output
 
@@ -74,8 +90,8 @@ class TimeAnswer(BaseModel):
     candidate: str
     cases: list[CaseLatency]
     score_ms: float
-    speedup_vs_baseline: Speedup
-    speedup_vs_best: Speedup
+    speedup_vs_baseline: SpeedupAnswer
+    speedup_vs_best: SpeedupAnswer
     budget: Budget
 
 
@@ -86,8 +102,8 @@ class AttemptAnswer(BaseModel):
     reasons: list[Reason]
     cases: list[CaseLatency] = []
     score_ms: float | None = None
-    speedup_vs_baseline: Speedup | None = None
-    speedup_vs_best: Speedup | None = None
+    speedup_vs_baseline: SpeedupAnswer | None = None
+    speedup_vs_best: SpeedupAnswer | None = None
     best_attempt: int
     budget: Budget
     holdout: dict[str, Any] | None = None

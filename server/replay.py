@@ -24,7 +24,7 @@ import numpy as np
 from harness.device import gpu_absent_reason
 from harness.settings import CompiledKernel, TimingSettings, input_seed
 from harness.side_by_side import TimingFailed, time_side_by_side
-from harness.stats import geomean_speedup, speedup
+from harness.stats import geomean_speedup, significance, speedup
 from harness.task_model import Case, LaunchSpec, Task
 from harness.results import CheckReport
 from server import lock as locking
@@ -35,6 +35,7 @@ from server.decision import (CheckResult, Decision, RepeatResult, decide, enviro
                              other_environment_differences)
 from server.executor import Executor, GpuExecutor
 from server.replay_record import RunFolderError, RunRecord, Subject, load_record
+from server.report_files import REPORT_NAME, write_report_files
 from server.run import expected_path, now_iso
 
 log = logging.getLogger(__name__)
@@ -255,21 +256,21 @@ def replay(run_dir: Path, out: TextIO, *, repeats: int = 3, attempt: int | None 
         return EXIT_BAD_RUN
     report = verify_run(run_dir)
     if not report.ok:
-        print(f"{run_dir}: refused: the run folder does not verify, so nothing in it can be replayed", file=out)
-        for problem in report.problems:
-            print(f"  {problem}", file=out)
+        print(f"kernel-referee replay: refused: {run_dir} does not verify ({report.problems[0] if report.problems else '?'}"
+              f"; `kernel-referee verify {run_dir}` lists every problem), so nothing in it can be replayed",
+              file=sys.stderr)
         return EXIT_BAD_RUN
     print(f"{run_dir}: verified ({report.records} records, chain head {report.head})", file=out)
     try:
         record = load_record(run_dir, attempt)
     except (RunFolderError, OSError, ValueError, KeyError) as exc:
-        print(f"{run_dir}: cannot be replayed: {exc}", file=out)
+        print(f"kernel-referee replay: {run_dir} cannot be replayed: {exc}", file=sys.stderr)
         return EXIT_BAD_RUN
     if make_executor is None:
         absent = gpu_absent_reason()
         if absent is not None:
-            print(f"replay needs an NVIDIA GPU: {absent}. The run folder verifies; nothing was replayed and no "
-                  f"{output_name(attempt)} was written.", file=out)
+            print(f"kernel-referee replay needs an NVIDIA GPU: {absent}. The run folder verifies; nothing was "
+                  f"replayed and no {output_name(attempt)} was written.", file=sys.stderr)
             return EXIT_NO_GPU
         refusal = sandbox_refusal() if sandbox_refusal else None
         if refusal:
@@ -281,6 +282,9 @@ def replay(run_dir: Path, out: TextIO, *, repeats: int = 3, attempt: int | None 
     write_json_atomic(path, document)
     print_report(document, out)
     print(f"wrote {path}", file=out)
+    if attempt is None and (run_dir / REPORT_NAME).exists():  # its "Replay decision" shows this replay
+        write_report_files(run_dir)
+        print(f"wrote {run_dir / REPORT_NAME} again", file=out)
     return EXIT_GO if document["decision"] == "GO" else EXIT_NO_GO
 
 
@@ -298,7 +302,7 @@ def print_report(document: dict, out: TextIO) -> None:
         s = r["speedup"]
         said = "; ".join(r["reasons"]) if s is None else (
             f"{s['ratio']:.3g}x [{s['low']:.3g}, {s['high']:.3g}] over the baseline, "
-            + ("beyond noise" if s["beyond_noise"] else "not beyond noise"))
+            + significance(s["low"], s["high"], s["beyond_noise"]))
         print(f"repeat {r['repeat']}: {said}", file=out)
     differences = document["environment"]["differences"]
     print("environment: " + ("matches the run's" if not differences else "differs from the run's: " + "; ".join(

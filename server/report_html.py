@@ -11,9 +11,10 @@ import json
 import shlex
 from html import escape
 
-from server.records import Verdict
-from server.records import SpeedupRecord
+from harness.stats import significance
+from server.records import SpeedupRecord, Verdict
 from server.report import AttemptView, CaseRow, RunReport
+from server.report_environment import environment_rows
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 CAVEAT = ("Kernel latency is not the end-to-end saving: the sheet uses the milliseconds saved END TO END per "
@@ -78,7 +79,7 @@ def fmt_speedup(s: SpeedupRecord | None) -> str:
     if s is None:
         return "—"
     interval = "" if s.low is None or s.high is None else f" [{s.low:.2f}–{s.high:.2f}]"
-    return f"{s.ratio:.2f}×{interval}, {'beyond noise' if s.beyond_noise else 'within noise'}"
+    return f"{s.ratio:.2f}×{interval}, {significance(s.low, s.high, s.beyond_noise)}"
 
 
 def fmt_seconds(seconds: float | None) -> str:
@@ -127,7 +128,7 @@ def _facts(r: RunReport) -> Safe:
             ("timing rounds (interleaved)", r.settings.get("timing_rounds", "—"))]
     lock = [("task and expected outputs", f"{r.lock.get('files_sha256') or '—'} ({r.lock.get('files')} files)"),
             ("referee source", f"{r.lock.get('referee_source_sha256') or '—'} ({r.lock.get('referee_source_modules')} modules)")]
-    env = [(k, fmt_value(v)) for k, v in r.environment.items()]
+    env = environment_rows(r.environment)
     return join([tag("h2", "Run", id="facts"), facts(rows), tag("h3", "Lock (sha256, lock.json)"), facts(lock),
                  tag("h3", "Environment"), facts(env) if env else tag("p", "not recorded", class_="muted")])
 

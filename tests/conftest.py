@@ -1,6 +1,16 @@
+import os
+
 import pytest
+from hypothesis import settings
 
 from harness.device import gpu_absent_reason
+
+# Property tests draw the same examples on every run and keep nothing between runs: a failure in CI is a
+# failure on any machine, and none depends on a database a previous run left behind (a failure prints the
+# blob to reproduce it). HYPOTHESIS_PROFILE=explore draws new examples each run, to look for bugs.
+settings.register_profile("repeatable", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, database=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
 def pytest_collection_modifyitems(config, items):

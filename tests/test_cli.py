@@ -49,6 +49,9 @@ def test_a_broken_task_is_a_clear_error(tmp_path, capsys):
     assert str(tmp_path / "task.toml") in err
 
 
-def test_a_bad_launch_is_a_clear_error(capsys):
-    with pytest.raises(SystemExit, match="--launch is not a valid launch geometry"):
-        main(["check", str(MATMUL), "--launch", json.dumps({"grid": [1]})])
+def test_a_bad_launch_is_a_clear_error(tmp_path, capsys):
+    kernel = tmp_path / "k.cu"
+    kernel.write_text((MATMUL / "initial.cu").read_text())
+    assert main(["check", str(MATMUL), "--kernel", str(kernel), "--launch", json.dumps({"grid": [1]})]) == 2
+    assert capsys.readouterr().err == ("kernel-referee check: --launch is not a valid launch geometry: LaunchSpec: "
+                                       "block: Field required\n")

@@ -82,15 +82,15 @@ def test_a_repeat_within_noise_is_no_go_naming_the_repeat_and_the_case():
                         **{"square-256": FAST, "rect-384x256x320": NOISY})
     decision = decide(good_checks(), repeats, ENV, ENV)
     assert decision.decision == "NO-GO"
-    assert decision.reasons == ["repeat 2: speedup over the baseline 1.4x [0.99, 1.8] is not beyond noise "
-                                "(not beyond noise in rect-384x256x320)"]
+    assert decision.reasons == ["repeat 2: speedup over the baseline 1.4x [0.99, 1.8] is within noise, where GO "
+                                "needs faster beyond noise (rect-384x256x320: within noise)"]
 
 
 def test_a_slower_best_is_no_go():
     slower = Speedup(ratio=0.5, low=0.45, high=0.55, beyond_noise=False)
     decision = decide(good_checks(), [repeat(1, slower, only=slower)], ENV, ENV)
-    assert decision.reasons == ["repeat 1: speedup over the baseline 0.5x [0.45, 0.55] is not beyond noise "
-                                "(not beyond noise in only)"]
+    assert decision.reasons == ["repeat 1: speedup over the baseline 0.5x [0.45, 0.55] is slower beyond noise, "
+                                "where GO needs faster beyond noise (only: slower beyond noise)"]
 
 
 def test_a_repeat_whose_timing_failed_is_no_go_with_its_reason():

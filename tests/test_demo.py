@@ -4,6 +4,7 @@ the fake executor: real MCP, real NVRTC, verdicts from markers)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from mcp import StdioServerParameters
 from harness.worker_side.nvrtc import compile_kernel
 from harness.device import gpu_absent_reason
 from server import demo
+from server import demo_table
 from server.demo_table import render_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,13 +129,27 @@ def test_the_table_shows_each_attempt_against_the_baseline_and_cublas():
     by_attempt = rows(table)
     # vs cuBLAS: the geometric mean of cuBLAS's median over the row's, sqrt(0.5 / 4 * 0.2 / 1) for the baseline
     assert by_attempt["0"][3:] == ["baseline", "-", "4.000", "1.000", "1.00x", "0.16x"]
-    assert by_attempt["1*"][-6:] == ["1.000", "0.250", "4.00x", "[3.92,", "4.08]", "0.63x"]
+    assert by_attempt["1*"][-9:] == ["1.000", "0.250", "4.00x", "[3.92,", "4.08]", "faster", "beyond", "noise", "0.63x"]
     assert by_attempt["2"][3:] == ["rejected", "mismatch", "[odd-31x37x29]", "-", "-", "-", "-"]
     assert by_attempt["3"][2:] == ["rejected", "compile_error", "-", "-", "-", "-"]
     assert by_attempt["-"][1:] == ["cuBLAS", "(yardstick)", "-", "0.500", "0.200", "6.32x", "1.00x"]
-    assert "best: attempt 1, 4.00x [3.92, 4.08] the baseline (beyond noise)" in table
+    assert "best: attempt 1, vs the baseline 4.00x [3.92, 4.08] faster beyond noise" in table
     assert "holdout (hidden cases holdout-97x83x61): attempt 1 passed" in table
     assert "status: finished (budget exhausted)" in table
+
+
+def test_the_table_says_slower_beyond_noise_where_the_whole_interval_is_below_one():
+    slower = {"ratio": 0.74, "low": 0.74, "high": 0.74, "beyond_noise": False}
+    level = {"ratio": 1.001, "low": 0.99, "high": 1.01, "beyond_noise": False}
+    attempts = [("naive", dict(answer(1, "valid-not-faster", {"square-2048": 5.4, "rect-2000x1500x1000": 1.35}),
+                               speedup_vs_baseline=slower)),
+                ("same", dict(answer(2, "valid-not-faster", {"square-2048": 4.0, "rect-2000x1500x1000": 1.0}),
+                              speedup_vs_baseline=level))]
+    by_attempt = rows(render_table(DESCRIPTION, attempts, None))
+    assert by_attempt["1"][-7:] == ["0.74x", "[0.74,", "0.74]", "slower", "beyond", "noise", "-"]
+    assert " ".join(by_attempt["2"][-5:-1]) == "[0.99, 1.01] within noise"
+    assert demo_table.attempt_line(attempts[0][1]).endswith("vs baseline 0.74x [0.74, 0.74] slower beyond noise; "
+                                                            "vs the best before it -")
 
 
 def test_without_a_vendor_timing_cublas_is_a_dash():
@@ -145,19 +161,41 @@ def test_without_a_vendor_timing_cublas_is_a_dash():
 
 # ------------------------------------------------------------------- the scripted agent
 
+@dataclasses.dataclass(frozen=True)
+class MarkedStep(demo.Step):
+    """A demo step whose source carries a fake executor's marker (tests/fake_executor.py)."""
+
+    marker: str = ""
+
+    @property
+    def source(self) -> str:
+        return super().source + f"\n// fake: {self.marker}\n"
+
+
+# The fake executor runs nothing: it judges by markers in the source. The real referee rejects edge_bug.cu
+# for a mismatch on odd-31x37x29 (tests/gpu/test_demo.py checks that on a GPU); here its step carries the
+# marker that makes the fake say the same, so this test claims of each kernel what the real referee says.
+FAKE_AGREES = tuple(MarkedStep(**vars(step), marker="wrong") if step.file == "edge_bug.cu" else step
+                    for step in demo.PLAN)
+EDGE_BUG, BROKEN = 3, 4
+
+
 def test_the_scripted_agent_spends_the_budget_over_stdio(tmp_path):
     params = StdioServerParameters(command=sys.executable, args=[str(REPO / "tests" / "fake_server.py"),
                                                                  str(tmp_path)])
     lines: list[str] = []
-    played = anyio.run(demo.session, params, demo.PLAN, lines.append)
+    played = anyio.run(demo.session, params, FAKE_AGREES, lines.append)
     attempts = [o.attempt for o in played.outcomes]
     assert [a["attempt"] for a in attempts] == list(range(1, 8))
-    broken = played.outcomes[4]
+    broken = played.outcomes[BROKEN]
     assert broken.validated is None and broken.timed is None
-    assert attempts[4]["verdict"] == "rejected" and attempts[4]["reasons"][0]["code"] == "compile_error"
-    # the fake executor judges by source markers: the demo's correct kernels carry none, so all pass
-    assert all(a["verdict"].startswith("valid") for i, a in enumerate(attempts) if i != 4)
-    assert all(o.validated["passed"] and o.timed for i, o in enumerate(played.outcomes) if i != 4)
+    assert attempts[BROKEN]["verdict"] == "rejected" and attempts[BROKEN]["reasons"][0]["code"] == "compile_error"
+    edge = played.outcomes[EDGE_BUG]
+    assert edge.step.file == "edge_bug.cu" and not edge.validated["passed"] and edge.timed is None
+    assert attempts[EDGE_BUG]["verdict"] == "rejected" and attempts[EDGE_BUG]["reasons"][0]["code"] == "mismatch"
+    assert all(a["verdict"].startswith("valid") for i, a in enumerate(attempts) if i not in (EDGE_BUG, BROKEN))
+    assert all(o.validated["passed"] and o.timed for i, o in enumerate(played.outcomes)
+               if i not in (EDGE_BUG, BROKEN))
     assert played.summary["status"] == "finished" and played.summary["stop_reason"] == "budget exhausted"
     assert any(line.startswith("[3/7] register-blocked 128x128: record_attempt: attempt 3 valid") for line in lines)
     assert any("... checking fresh inputs from secret seeds" in line for line in lines)  # progress reached us

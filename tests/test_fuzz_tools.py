@@ -25,7 +25,7 @@ from server.run import Run
 from tests.server_support import HOLDOUT, REPO, VISIBLE, kernel, new_run
 
 TOOLS = ("describe_task", "compile_kernel", "run_cases", "validate", "time_kernel", "record_attempt", "finish")
-FUZZ = settings(max_examples=60, deadline=None, database=None, derandomize=False,
+FUZZ = settings(max_examples=60, deadline=None,  # derandomized, no database: the profile in tests/conftest.py
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.large_base_example, HealthCheck.filter_too_much])
 BARE = re.compile(r"Error executing tool [A-Za-z0-9_]*:?\s*")

@@ -14,7 +14,9 @@ from server.attempt import finish, record_attempt
 from server.verify import verify_run
 from server.cli import main
 from server.replay import replay
+from server.report_files import write_report
 from tests.fake_executor import H200_ENVIRONMENT, FakeExecutor
+from tests.report_support import Page
 from tests.server_support import HOLDOUT, VISIBLE, kernel, new_run, read_json
 
 no_gpu = pytest.mark.skipif(gpu_absent_reason() is None, reason="this machine has a GPU")
@@ -163,7 +165,7 @@ def test_a_best_that_is_the_baseline_is_no_go_for_every_repeat(tmp_path):
     code, document, _ = replayed(run_dir, repeats=2)
     assert code == 1
     assert [r.split(":")[0] for r in document["reasons"]] == ["repeat 1", "repeat 2"]
-    assert all("is not beyond noise" in r for r in document["reasons"])
+    assert all("is within noise, where GO needs faster beyond noise" in r for r in document["reasons"])
 
 
 def test_a_failure_inside_the_referee_is_no_go_and_keeps_what_was_checked(good_run):
@@ -181,9 +183,10 @@ def test_a_tampered_run_is_refused_before_anything_runs(good_run, capsys):
     history = good_run / "history.json"
     history.write_text(history.read_text().replace('"valid-faster"', '"baseline"'))
     assert main(["replay", str(good_run)]) == 2
-    out = capsys.readouterr().out
-    assert "refused: the run folder does not verify" in out
-    assert "history.json: sha256 differs from the last recorded write" in out
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.count("\n") == 1  # one line, on stderr
+    assert said.err.startswith(f"kernel-referee replay: refused: {good_run} does not verify (history.json: sha256 "
+                               "differs from the last recorded write")
     assert not (good_run / "replay.json").exists()
 
 
@@ -192,7 +195,7 @@ def test_bad_arguments_are_exit_2(good_run, capsys):
     assert "--repeats must be at least 1" in capsys.readouterr().err
     out = io.StringIO()
     assert replay(good_run, out, attempt=99, make_executor=fake) == 2
-    assert "history.json has no attempt 99 (it has [0, 1])" in out.getvalue()
+    assert "history.json has no attempt 99 (it has [0, 1])" in capsys.readouterr().err
     assert main(["replay", str(good_run.parent / "run-404")]) == 2
     assert not list(good_run.glob("replay*.json"))
 
@@ -200,10 +203,20 @@ def test_bad_arguments_are_exit_2(good_run, capsys):
 @no_gpu
 def test_without_a_gpu_the_folder_is_verified_and_replay_says_it_needs_one(good_run, capsys):
     assert main(["replay", str(good_run)]) == 3
-    out = capsys.readouterr().out
-    assert f"{good_run}: verified (" in out
-    assert "replay needs an NVIDIA GPU: " in out and "nothing was replayed" in out
+    said = capsys.readouterr()
+    assert f"{good_run}: verified (" in said.out
+    assert "replay needs an NVIDIA GPU: " in said.err and "nothing was replayed" in said.err
     assert not (good_run / "replay.json").exists()
+
+
+def test_a_replay_writes_the_report_again_with_its_decision(good_run):
+    write_report(good_run)
+    assert "No replay.json yet" in (good_run / "report.html").read_text()
+    code, _, out = replayed(good_run, repeats=1)
+    assert code == 0 and f"wrote {good_run / 'report.html'} again" in out
+    page = Page((good_run / "report.html").read_text()).text
+    assert "No replay.json yet" not in page and "decision GO" in page
+    assert verify_run(good_run).ok
 
 
 def test_replay_json_is_strict_json(good_run):

@@ -110,15 +110,13 @@ def test_every_attempt_with_its_verdict_reasons_and_latency(run_dir):
 def test_rejections_by_kind_and_the_holdout(run_dir):
     report = load_report(run_dir)
     summary = read_json(run_dir / "summary.json")
-    if "rejections_by_reason" in summary:
-        assert report.rejections_by_kind == summary["rejections_by_reason"]
+    assert report.rejections_by_kind == summary["rejections_by_reason"] and report.rejections_by_kind
     text = Page(html_of(run_dir)).text
     for kind, count in report.rejections_by_kind.items():
         assert f"{kind} {count}" in text
-    if "holdout" in summary:
-        holdout = summary["holdout"]
-        assert ("Holdout: passed" if holdout["passed"] else "Holdout: FAILED") in text
-        assert all(case in text for case in holdout["cases"])
+    holdout = summary["holdout"]  # every run reported here has finished, so its holdout was checked
+    assert ("Holdout: passed" if holdout["passed"] else "Holdout: FAILED") in text
+    assert holdout["cases"] and all(case in text for case in holdout["cases"])
 
 
 def test_the_report_is_self_contained(run_dir):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -16,6 +15,7 @@ from server.verify import verify_run
 from server.cli import main
 from server.lifecycle import resume_run
 from server.run import RunError
+from tests.cli_support import run_cli
 from tests.server_support import (HOLDOUT, MATMUL, REPO, client, events, executor, kernel, new_run, ok,
                                   read_json, refused)
 
@@ -217,9 +217,7 @@ async def test_bad_tool_input_is_refused_without_spending_anything(tmp_path):
 
 @pytest.mark.skipif(gpu_absent_reason() is None, reason="this machine has a GPU")
 def test_serve_without_a_gpu_exits_3_and_says_why(tmp_path):
-    script = REPO / ".venv" / "bin" / "kernel-referee"
-    done = subprocess.run([str(script), "serve", "--task", str(MATMUL)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60)
+    done = run_cli("serve", "--task", MATMUL, cwd=tmp_path, timeout=60)
     assert (done.returncode, done.stdout) == (3, "")
     assert done.stderr.startswith("kernel-referee serve needs an NVIDIA GPU: ")
     assert not (tmp_path / "results").exists()

@@ -44,12 +44,20 @@ def test_blobs_too_large_for_the_region_go_by_pipe(region):
     assert header["blobs"] == 2 and got == blobs
 
 
-def test_a_trusted_reader_gets_large_blobs_as_views_into_the_region(region):
-    big = os.urandom(1 << 19)
-    lengths = region.place([b"head", big])
-    got = region.take(lengths, 1 << 30, copy=False)
-    assert got[0] == b"head" and isinstance(got[0], bytes)  # small blobs are copied anyway
-    assert isinstance(got[1], bytes) or bytes(got[1]) == big
+def test_a_trusted_reader_gets_large_blobs_as_views_into_the_region():
+    region = wire.Region.create("test", 4 << 20)
+    big = os.urandom((1 << 20) + 4096)  # above the 1 MiB under which blobs are copied anyway
+    try:
+        lengths = region.place([b"head", big])
+        got = region.take(lengths, 1 << 30, copy=False)
+        assert got[0] == b"head" and isinstance(got[0], bytes)  # small blobs are copied anyway
+        assert isinstance(got[1], memoryview) and got[1].obj is region._map  # no copy: the region's own bytes
+        assert bytes(got[1]) == big
+        got[1].release()
+        copied = region.take(lengths, 1 << 30, copy=True)
+        assert isinstance(copied[1], bytes) and copied[1] == big  # an untrusted reader's copy
+    finally:
+        region.close()
 
 
 def test_offsets_are_aligned_so_typed_views_stay_aligned(region):
