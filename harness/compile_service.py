@@ -2,8 +2,9 @@
 
 A source can `#include` any file the compiling process can read (its compiler errors then quote the
 file back to the agent), and a template-instantiation bomb can keep NVRTC busy for minutes. So the
-parent only checks the request (policy, size) and keeps the cache; NVRTC runs in
-`harness.worker_side.compile_worker_main`, which confines itself, and which the parent kills at the deadline. Whatever
+parent only checks the request (policy, size, includes) and keeps the cache; NVRTC runs in
+`harness.worker_side.compile_worker_main`, which confines itself and limits its memory, and which the
+parent kills at the deadline. Whatever
 happens to the worker, the caller gets a CompileResult (ok=False with a log saying what happened);
 only a request refused by policy raises CompileRefused.
 """
