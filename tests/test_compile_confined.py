@@ -206,6 +206,20 @@ def test_a_memory_bomb_fails_at_the_memory_limit_well_before_the_deadline():
         assert service.compile(GOOD, "scale").ok and service.worker.starts == 1
 
 
+def test_a_back_end_memory_bomb_is_reported_as_such_without_a_retry():
+    # A gigabyte of initialized device data: NVVM aborts ("LLVM ERROR: out of memory") at the limit.
+    source = '__device__ char big[1 << 30] = {1};\n' + GOOD
+    with CompileService(confine=CONFINE, deadline_s=120.0) as service:
+        service.start()
+        started = time.monotonic()
+        result = service.compile(source, "scale")
+        assert not result.ok and time.monotonic() - started < DEFAULT_DEADLINE_S
+        assert result.log.splitlines()[0] == out_of_memory_message(COMPILE_MEMORY_BYTES)
+        assert "the compiler process died" in result.log
+        assert service.worker.starts == 1  # the same source would only die again
+        assert service.compile(GOOD, "scale").ok
+
+
 # ---------------------------------------------------------------- deadlines, kills, crashes
 
 def test_a_compile_bomb_is_killed_at_its_deadline_and_the_next_compile_works_in_a_fresh_worker():

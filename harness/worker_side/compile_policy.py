@@ -188,8 +188,8 @@ def check_kernel_name(kernel_name: str) -> None:
 def out_of_memory_message(limit_bytes: int | None) -> str:
     """The first line of a compile that hit the worker's memory limit (None: no limit was set)."""
     limit = f"its {limit_bytes / (1 << 30):g} GiB memory limit" if limit_bytes else "memory"
-    return (f"the compiler ran out of {limit}: deep or wide template instantiation, large constexpr "
-            "tables or heavy unrolling can cause this")
+    return (f"the compiler ran out of {limit}: deep or wide template instantiation, large initialized "
+            "or constexpr tables, or heavy unrolling can cause this")
 
 
 def trim_log(log: str) -> str:
