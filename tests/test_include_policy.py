@@ -3,12 +3,13 @@ header NVRTC does not have: real NVRTC, in-process (no GPU needed)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 from harness.compile_service import CompileService
-from harness.worker_side.compile_policy import CompileRefused
+from harness.worker_side.compile_policy import MAX_SOURCE_BYTES, CompileRefused
 from harness.worker_side.include_policy import ADVICE, check_includes
 from harness.worker_side.nvrtc import compile_kernel
 
@@ -35,6 +36,8 @@ SPELLINGS = [
     ("#define STR(x) #x\n#include STR({path})\n", "not written out"),
     ('#define HAS __has_include\n#if HAS("{path}")\n#endif\n', "not written out"),
     ('#include "../../../../../..{path}"\n', "'..'"),
+    ('#include <cuda/std/{dots}../../../../../..{path}>\n', "'..'"),
+    ('#include "{path}\n', "not closed"),
     ('#include <cuda/../../../../../..{path}>\n', "'..'"),
 ]
 
@@ -51,7 +54,7 @@ def test_an_include_of_a_worker_file_is_refused_before_any_worker_starts(path):
 @pytest.mark.parametrize("spelling, why", SPELLINGS, ids=[s for s, _ in SPELLINGS])
 def test_every_spelling_of_an_include_outside_the_headers_is_refused(spelling, why):
     with pytest.raises(CompileRefused, match=why):
-        check_includes(spelling.format(path="/proc/self/environ") + KERNEL)
+        check_includes(spelling.format(path="/proc/self/environ", dots="./" * 1000) + KERNEL)
 
 
 ACCEPTED = [
@@ -67,6 +70,15 @@ ACCEPTED = [
 @pytest.mark.parametrize("source", ACCEPTED)
 def test_sources_that_only_mention_a_path_are_accepted(source):
     check_includes(source + KERNEL)
+
+
+@pytest.mark.parametrize("piece", ['R"(', 'R"abcdefghijklmnop(', "/*", '"', "defined(__has_include) ",
+                                   "#include <cuda_fp16.h>\n", "#if __has_include(<mma.h>)\n#endif\n"])
+def test_the_check_takes_linear_time_on_a_source_of_the_largest_size(piece):
+    source = piece * (MAX_SOURCE_BYTES // len(piece))
+    started = time.perf_counter()
+    check_includes(source)
+    assert time.perf_counter() - started < 2.0
 
 
 def test_every_shipped_kernel_passes_the_include_check():

@@ -26,45 +26,86 @@ import re
 
 from harness.worker_side.compile_policy import CompileRefused
 
-# Comments, and the literals inside which `/*`, `//` and `#include` are just text.
-_LEXEMES = re.compile(r"""
-      (?P<comment>//[^\n]*|/\*.*?\*/|/\*.*\Z)
-    | R"(?P<delim>[^()\\\s"]{0,16})\(.*?\)(?P=delim)"
-    | "(?:\\.|[^"\\\n])*"
-    | '(?:\\.|[^'\\\n])*'
-""", re.S | re.X)
+# Where a comment or a literal (inside which `/*`, `//` and `#include` are just text) may start.
+_LEXEME_START = re.compile(r"""//|/\*|R"|"|'""")
+_RAW_OPENING = re.compile(r'R"([^()\\\s"]{0,16})\(')
+_QUOTED = {'"': re.compile(r'"(?:\\.|[^"\\\n])*"?'), "'": re.compile(r"'(?:\\.|[^'\\\n])*'?")}
 _CONTINUATION = re.compile(r"\\[ \t]*\r?\n")
 _DIRECTIVE = re.compile(r"^[ \t]*(?:#|%:)[ \t]*(include_next|include|import|embed)\b[ \t]*", re.M)
 _OPERATOR = re.compile(r"\b(__has_include_next|__has_include|__has_embed)\b[ \t]*(\()?[ \t]*")
 # `#ifdef __has_include`, `defined(__has_include)`: asking whether the operator exists reads no file.
 _ASKS_WHETHER_DEFINED = re.compile(r"(\bdefined[ \t]*\(?|^[ \t]*(?:#|%:)[ \t]*(?:ifdef|ifndef|undef))[ \t]*$")
 _CLOSING = {'"': '"', "<": ">"}
+_MAX_NAME_CHARS = 4096   # PATH_MAX: a longer name is no header's
+_LOOK_BEHIND_CHARS = 80
 
 
 def _logical_text(source: str) -> tuple[str, str]:
     """The source as the preprocessor reads its directives (trigraphs of -std=c++11/14 replaced, continued
-    lines joined, each comment one space), and the same text with every literal's inside blanked out."""
-    text = source.replace("??=", "#").replace("??/", "\\")
-    text = _CONTINUATION.sub("", text)
-    text = _LEXEMES.sub(lambda m: " " if m.group("comment") is not None else m.group(0), text)
-    masked = _LEXEMES.sub(lambda m: m.group(0)[0] + re.sub(r"[^\n]", " ", m.group(0)[1:-1]) + m.group(0)[-1], text)
-    return text, masked
+    lines joined, each comment one space), and the same text with every literal's inside blanked out.
+    One pass, linear in the source's length: the parent runs this on every request."""
+    text = _CONTINUATION.sub("", source.replace("??=", "#").replace("??/", "\\"))
+    plain, masked, position = [], [], 0
+    while (found := _LEXEME_START.search(text, position)) is not None:
+        start, opener = found.start(), found.group()
+        if opener == 'R"' and not _RAW_OPENING.match(text, start):
+            start, opener = start + 1, '"'   # an R before an ordinary string
+        end = _lexeme_end(text, start, opener)
+        plain.append(text[position:start])
+        masked.append(text[position:start])
+        if opener in ("//", "/*"):
+            plain.append(" ")
+            masked.append(" ")
+        else:
+            lexeme = text[start:end]
+            plain.append(lexeme)
+            masked.append(_blanked(lexeme))
+        position = end
+    plain.append(text[position:])
+    masked.append(text[position:])
+    return "".join(plain), "".join(masked)
+
+
+def _lexeme_end(text: str, start: int, opener: str) -> int:
+    """Where the comment or literal starting at text[start] ends (the end of the text if it does not)."""
+    if opener == "//":
+        end = text.find("\n", start)
+        return len(text) if end < 0 else end
+    if opener == "/*":
+        end = text.find("*/", start + 2)
+        return len(text) if end < 0 else end + 2
+    if opener == 'R"':
+        delimiter = _RAW_OPENING.match(text, start)
+        closing = f'){delimiter.group(1)}"'
+        end = text.find(closing, delimiter.end())
+        return len(text) if end < 0 else end + len(closing)
+    return _QUOTED[opener].match(text, start).end()
+
+
+def _blanked(lexeme: str) -> str:
+    """A literal with its first and last characters kept and spaces between (its newlines kept too)."""
+    if len(lexeme) < 2:
+        return lexeme
+    inside = lexeme[1:-1]
+    return lexeme[0] + (re.sub(r"[^\n]", " ", inside) if "\n" in inside else " " * len(inside)) + lexeme[-1]
 
 
 def _header_name(text: str, start: int) -> str | None:
-    """The name in `"name"` or `<name>` at text[start], None when it is not written out."""
-    line = text[start:].split("\n", 1)[0]
-    closing = _CLOSING.get(line[:1])
+    """The name in `"name"` or `<name>` at text[start], None when it is not written out and closed."""
+    closing = _CLOSING.get(text[start:start + 1])
     if closing is None:
         return None
-    end = line.find(closing, 1)
-    return line[1:end] if end > 0 else line[1:]
+    window = text[start + 1:start + 1 + _MAX_NAME_CHARS]
+    end = window.find(closing)
+    if end < 0 or "\n" in window[:end]:
+        return None
+    return window[:end]
 
 
 def _why_refused(name: str | None) -> str | None:
     if name is None:
-        return ("the file name is not written out in quotes or angle brackets (it comes from a macro); "
-                "write the header's name, e.g. #include <cuda_fp16.h>")
+        return ("the file name is not written out between quotes or angle brackets (a macro makes it, or it "
+                "is not closed); write the header's name, e.g. #include <cuda_fp16.h>")
     if name.startswith("/"):
         return "it names a file by absolute path; only the CUDA headers can be included, by name (e.g. <cuda_fp16.h>)"
     if ".." in re.split(r"[/\\]", name):
@@ -80,17 +121,25 @@ def check_includes(source: str) -> None:
         if why is not None:
             raise CompileRefused(f"{_quoted(text, match.start())} is refused: {why}")
     for match in _OPERATOR.finditer(masked):
-        line_start = masked.rfind("\n", 0, match.start()) + 1
-        if match.group(2) is None and _ASKS_WHETHER_DEFINED.search(masked[line_start:match.start()]):
+        if match.group(2) is None and _asks_whether_defined(masked, match.start()):
             continue
         why = _why_refused(_header_name(text, match.end()) if match.group(2) else None)
         if why is not None:
             raise CompileRefused(f"{_quoted(text, match.start())} is refused: {why}")
 
 
+def _asks_whether_defined(masked: str, start: int) -> bool:
+    """Whether what precedes the operator on its line is `defined(` or `#ifdef` (read within a few words)."""
+    behind = masked[max(0, start - _LOOK_BEHIND_CHARS):start]
+    line = behind.rsplit("\n", 1)
+    # A look-behind that does not reach the line's start cannot see a directive there.
+    return _ASKS_WHETHER_DEFINED.search(line[-1] if len(line) > 1 or start <= _LOOK_BEHIND_CHARS
+                                        else "x" + line[-1]) is not None
+
+
 def _quoted(text: str, start: int) -> str:
-    """The directive or operator and the rest of its line, as the preprocessor reads them."""
-    return repr(text[start:].split("\n", 1)[0].strip()[:120])
+    """The directive or operator and what follows it on its line, as the preprocessor reads them."""
+    return repr(text[start:start + 120].split("\n", 1)[0].strip())
 
 
 # ---------------------------------------------------------------- headers NVRTC does not have
