@@ -9,8 +9,8 @@ defence in depth, and an answer the agent can act on instead of a compiler error
 Seen: the #include, #include_next, #import and #embed directives (also spelled with the `%:` digraph
 or the `??=` trigraph, split by line continuations, or with comments inside) and the
 __has_include, __has_include_next and __has_embed operators. Refused: an absolute path, a path with
-a `..` component, and a header name that is not written out in quotes or angle brackets (a macro or
-a stringized token: a computed include). Not seen: `__has_include` assembled by token pasting
+a `..` component, and a header name that is not written out and closed in quotes or angle brackets
+(a macro or a stringized token: a computed include). The source is read in one linear pass. Not seen: `__has_include` assembled by token pasting
 (`a##b`); it answers one bit, whether a file exists, and the confinement hides every file outside
 the header folders from it.
 
