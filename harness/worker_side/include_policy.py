@@ -10,9 +10,9 @@ Seen: the #include, #include_next, #import and #embed directives (also spelled w
 or the `??=` trigraph, split by line continuations, or with comments inside) and the
 __has_include, __has_include_next and __has_embed operators. Refused: an absolute path, a path with
 a `..` component, and a header name that is not written out and closed in quotes or angle brackets
-(a macro or a stringized token: a computed include). The source is read in one linear pass. Not seen: `__has_include` assembled by token pasting
-(`a##b`); it answers one bit, whether a file exists, and the confinement hides every file outside
-the header folders from it.
+(a macro or a stringized token: a computed include). The source is read in one linear pass. Not
+seen: `__has_include` assembled by token pasting (`a##b`); it answers one bit, whether a file
+exists, and the confinement hides every file outside the header folders from it.
 
 `missing_header_advice` turns NVRTC's "cannot open source file" into one line per header saying what
 to write instead (NVRTC has no C or C++ standard library headers; libcu++ has most of them as
