@@ -2,8 +2,9 @@
 
 A source can `#include` any file the compiling process can read (its compiler errors then quote the
 file back to the agent), and a template-instantiation bomb can keep NVRTC busy for minutes. So the
-parent only checks the request (policy, size) and keeps the cache; NVRTC runs in
-`harness.worker_side.compile_worker_main`, which confines itself, and which the parent kills at the deadline. Whatever
+parent only checks the request (policy, size, includes) and keeps the cache; NVRTC runs in
+`harness.worker_side.compile_worker_main`, which confines itself and limits its memory, and which the
+parent kills at the deadline. Whatever
 happens to the worker, the caller gets a CompileResult (ok=False with a log saying what happened);
 only a request refused by policy raises CompileRefused.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import threading
 import time
@@ -21,7 +23,8 @@ from typing import Sequence
 from pydantic import ValidationError
 
 from harness.compile_cache import CompileCache
-from harness.worker_side.compile_policy import CompileRefused, CompileRequest, CompileResult, trim_log
+from harness.worker_side.compile_policy import (COMPILE_MEMORY_BYTES, CompileRefused, CompileRequest, CompileResult,
+                                                out_of_memory_message, trim_log)
 from harness.worker_side.nvrtc import check_request
 from sandbox.pool import JobTimeout, Worker, WorkerCrashed, WorkerError
 from sandbox.answers import Status
@@ -35,6 +38,8 @@ MAX_CUBIN_BYTES = 32 << 20
 MAX_FULL_LOG_CHARS = 16 << 20
 MAX_WORKER_DETAIL_CHARS = 2000
 ELF_MAGIC = b"\x7fELF"
+# What NVRTC's back end (NVVM, ptxas) or the C++ runtime writes on stderr before aborting at the memory limit.
+_OUT_OF_MEMORY = re.compile(r"out of memory|std::bad_alloc|Memory allocation failure")
 _RESULT_FIELDS = frozenset(CompileResult.model_fields) - {"cubin"}
 
 
@@ -125,6 +130,9 @@ class CompileService:
             except WorkerCrashed as exc:
                 if self._interrupted.is_set():
                     return request.failed("compile interrupted: the call was cancelled", started)
+                if _OUT_OF_MEMORY.search(str(exc)):  # the same source would only hit the limit again
+                    return request.failed(f"{out_of_memory_message(COMPILE_MEMORY_BYTES)}\n"
+                                          f"the compiler process died ({_short(exc)})", started)
                 if retries:
                     retries -= 1
                     continue

@@ -26,8 +26,9 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["ConfinementError", "Confinement", "landlock_abi", "unavailable_reason", "apply",
-           "python_paths", "cuda_paths", "gpu_worker_confinement", "compile_worker_confinement"]
+__all__ = ["ConfinementError", "Confinement", "landlock_abi", "unavailable_reason", "apply", "narrow",
+           "limit_address_space", "python_paths", "cuda_paths", "gpu_worker_confinement",
+           "compile_worker_confinement", "compile_worker_loaded_confinement"]
 
 
 class ConfinementError(RuntimeError):
@@ -128,14 +129,7 @@ def unavailable_reason() -> str | None:
 # -- applying -------------------------------------------------------------------------------
 def apply(confinement: Confinement) -> list[str]:
     """Confine the calling process for good; returns notes on what could not be done as asked."""
-    abi = landlock_abi()
-    if abi == 0:
-        raise ConfinementError(unavailable_reason())
-    threads = _thread_names()
-    if len(threads) != 1:
-        raise ConfinementError(f"confinement must be applied before a second thread starts (Landlock "
-                               f"restricts only the calling thread); {len(threads)} threads are running: "
-                               f"{', '.join(threads)}")
+    abi = _single_threaded_abi()
     _set_limits(confinement)
     notes = []
     in_new_network = False
@@ -149,6 +143,31 @@ def apply(confinement: Confinement) -> list[str]:
         notes.append(f"TCP is not handled by Landlock ABI {abi}; the new network namespace blocks it")
     _restrict(confinement, abi)
     return notes
+
+
+def narrow(confinement: Confinement) -> None:
+    """Add a Landlock layer to an already confined process: from now on it reaches only what both
+    layers grant (rulesets stack and can only narrow). Limits and network are left as they are."""
+    _restrict(confinement, _single_threaded_abi())
+
+
+def limit_address_space(limit_bytes: int) -> None:
+    """RLIMIT_AS, soft and hard, so that the limit cannot be raised again (by this process or its code)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    value = limit_bytes if hard == resource.RLIM_INFINITY else min(limit_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (value, value))
+
+
+def _single_threaded_abi() -> int:
+    abi = landlock_abi()
+    if abi == 0:
+        raise ConfinementError(unavailable_reason())
+    threads = _thread_names()
+    if len(threads) != 1:
+        raise ConfinementError(f"confinement must be applied before a second thread starts (Landlock "
+                               f"restricts only the calling thread); {len(threads)} threads are running: "
+                               f"{', '.join(threads)}")
+    return abi
 
 
 def _thread_names() -> list[str]:
@@ -343,12 +362,25 @@ def gpu_worker_confinement(scratch: Path) -> Confinement:
 
 
 def compile_worker_confinement(scratch: Path) -> Confinement:
-    """What an NVRTC compile needs: Python, the CUDA headers and libraries, the system libraries.
+    """What loading NVRTC needs: Python, the CUDA headers and libraries, the system libraries.
 
     No /etc beyond the loader's cache, no /usr/include, no /proc beyond the worker's own entry, no
-    devices but /dev/null and /dev/urandom.
+    devices but /dev/null and /dev/urandom. The worker narrows this with
+    compile_worker_loaded_confinement once NVRTC is loaded, before it compiles a candidate.
     """
     system = _existing(("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib") + _ETC_LOADER)
     read_only = tuple(dict.fromkeys(list(python_paths()) + list(cuda_paths()) + system)) + ("/proc/self",)
     return Confinement(read_only=read_only, read_write=(str(scratch),),
+                       devices=tuple(p for p in ("/dev/null", "/dev/urandom") if os.path.exists(p)))
+
+
+def compile_worker_loaded_confinement(scratch: Path, header_folders: tuple[str, ...]) -> Confinement:
+    """What an NVRTC compile needs once NVRTC is loaded and has compiled once: the header folders on its
+    include path, and the scratch folder (its working directory, where `#include "x.h"` looks first).
+
+    Nothing of /proc, /etc, the system or CUDA library folders nor the Python install: an `#include` of
+    /proc/self/environ, /etc/os-release or /etc/ld.so.cache cannot be read (seen with strace: after its
+    first compile NVRTC opens only the headers a source includes, and stats /etc/localtime for __DATE__).
+    """
+    return Confinement(read_only=tuple(_existing(header_folders)), read_write=(str(scratch),),
                        devices=tuple(p for p in ("/dev/null", "/dev/urandom") if os.path.exists(p)))

@@ -5,16 +5,19 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from harness.worker_side.compile_policy import MAX_SOURCE_BYTES, CompileRefused
+from harness.worker_side.compile_policy import (COMPILE_MEMORY_BYTES, MAX_SOURCE_BYTES, CompileRefused,
+                                                out_of_memory_message)
 from harness.worker_side.nvrtc import compile_kernel
-from harness.compile_service import CompileService
+from harness.compile_service import DEFAULT_DEADLINE_S, CompileService
 from sandbox.confine import unavailable_reason
+from sandbox.pool import Worker
 
 ELF_MAGIC = b"\x7fELF"
 NO_LANDLOCK = unavailable_reason()
@@ -37,6 +40,21 @@ extern "C" __global__ void scale(__half* x, float f) {
 # tens of seconds of NVRTC front-end time (25 s at 50 per side on the development machine).
 BOMB = r"""
 template <int A, int B, int C> struct T {
+    enum : unsigned { v = T<A - 1, B, C>::v + T<A, B - 1, C>::v + T<A, B, C - 1>::v };
+};
+template <int B, int C> struct T<0, B, C> { enum : unsigned { v = 1 }; };
+template <int A, int C> struct T<A, 0, C> { enum : unsigned { v = 1 }; };
+template <int A, int B> struct T<A, B, 0> { enum : unsigned { v = 1 }; };
+extern "C" __global__ void scale(unsigned* x, float) { x[0] = T<60, 60, 60>::v; }
+"""
+
+# Distinct class instantiations, each with 32 members: 2 GiB in about 5 s of CPU time on the
+# development machine, where BOMB grows at about 0.15 GB/s.
+MEMORY_BOMB = r"""
+#define M(i) static constexpr unsigned m##i = A * 64 + B * 8 + C + i;
+#define M8(i) M(i##0) M(i##1) M(i##2) M(i##3) M(i##4) M(i##5) M(i##6) M(i##7)
+template <int A, int B, int C> struct T {
+    M8(1) M8(2) M8(3) M8(4)
     enum : unsigned { v = T<A - 1, B, C>::v + T<A, B - 1, C>::v + T<A, B, C - 1>::v };
 };
 template <int B, int C> struct T<0, B, C> { enum : unsigned { v = 1 }; };
@@ -94,26 +112,112 @@ def test_a_compile_error_comes_back_as_data(confined):
 
 # ---------------------------------------------------------------- what an include can reach
 
-@needs_landlock
-def test_an_include_of_etc_passwd_does_not_show_its_lines(confined):
+# The compile worker with its include policy turned off (harness/worker_side/include_policy.py), so
+# that a candidate's include of a host file reaches NVRTC: what it shows is up to the confinement.
+UNCHECKED_WORKER = (sys.executable, "-c", "import sys\n"
+                    "import harness.worker_side.include_policy as policy\n"
+                    "policy.check_includes = lambda source: None\n"
+                    "from harness.worker_side import compile_worker_main\n"
+                    "sys.exit(compile_worker_main.main(sys.argv))\n")
+# What the worker's own files showed through #include before its confinement was narrowed (issue 20),
+# with a piece of each file's contents (the files in /etc start as they do for this process).
+WORKER_FILES = {"/proc/self/environ": "PATH=", "/proc/self/maps": " r-xp ", "/proc/self/mounts": " /proc proc ",
+                "/proc/self/cmdline": f"{sys.executable} -c",
+                **{path: Path(path).read_bytes()[:8].decode("ascii", "replace")
+                   for path in ("/etc/os-release", "/etc/ld.so.cache") if Path(path).exists()}}
+
+
+@pytest.fixture(scope="module")
+def unchecked():
+    """A confined compile worker that compiles whatever it is sent."""
+    if NO_LANDLOCK is not None:
+        pytest.skip(f"needs Landlock: {NO_LANDLOCK}")
+    with Worker("compile", command=UNCHECKED_WORKER, confine=True, startup_timeout_s=60) as worker:
+        assert worker.ensure_started()["confined"] is True
+        yield worker
+
+
+def _unchecked_log(worker: Worker, source: str) -> str:
+    job = {"op": "compile", "source": source, "kernel_name": "scale", "options": [], "arch": "sm_90"}
+    answer, _ = worker.call(job, [], 60, 64 << 20)
+    assert answer["status"] == "ok", answer
+    assert not answer["result"]["ok"]
+    return answer["result"]["full_log"]
+
+
+@pytest.mark.parametrize("path", sorted(WORKER_FILES))
+def test_an_include_of_the_workers_own_files_is_refused_and_unreadable_when_not(confined, unchecked, path):
+    source = f'#include "{path}"\n' + GOOD
+    with pytest.raises(CompileRefused, match="absolute path"):
+        confined.compile(source, "scale")
+    log = _unchecked_log(unchecked, source)
+    assert f'cannot open source file "{path}"' in log
+    assert f"{path}(" not in log  # NVRTC parsed none of the file's lines
+    assert WORKER_FILES[path] not in log
+
+
+def test_the_same_includes_show_the_files_in_a_worker_that_is_not_confined():
+    with Worker("compile", command=UNCHECKED_WORKER, confine=False, startup_timeout_s=60) as worker:
+        for path, contents in WORKER_FILES.items():
+            log = _unchecked_log(worker, f'#include "{path}"\n' + GOOD)
+            assert f"{path}(1)" in log and contents in log, path
+
+
+def test_an_include_of_etc_passwd_is_refused_and_does_not_show_its_lines(confined, unchecked):
     passwd = Path("/etc/passwd").read_text()
-    result = confined.compile('#include "/etc/passwd"\n' + GOOD, "scale")
-    assert not result.ok
-    assert _leaked_lines(passwd, result) == []
-    assert "root:" not in result.log and "root:" not in result.full_log
+    with pytest.raises(CompileRefused, match="absolute path"):
+        confined.compile('#include "/etc/passwd"\n' + GOOD, "scale")
+    log = _unchecked_log(unchecked, '#include "/etc/passwd"\n' + GOOD)
+    assert [line for line in passwd.splitlines() if line.strip() and line in log] == []
+    assert "root:" not in log
 
 
-@needs_landlock
-def test_an_include_of_a_users_file_does_not_show_its_secret(confined, tmp_path):
+def test_an_include_of_a_users_file_does_not_show_its_secret(unchecked, tmp_path):
     secret = f"referee-secret-{secrets.token_hex(16)}"
     secret_file = tmp_path / "credentials.txt"
     secret_file.write_text(f"api_key = {secret}\n")
     source = f'#include "{secret_file.resolve()}"\n' + GOOD
-    # The same source compiled unconfined quotes the secret: the include is a real leak.
-    assert secret in compile_kernel(source, "scale").full_log
+    with pytest.raises(CompileRefused, match="absolute path"):
+        compile_kernel(source, "scale")
+    log = _unchecked_log(unchecked, source)
+    assert secret not in log and "cannot open source file" in log
+
+
+@needs_landlock
+def test_the_narrowed_worker_still_compiles_what_the_headers_offer(confined):
+    source = ("#include <cooperative_groups.h>\n#include <cuda/std/cstdint>\n#include <mma.h>\n" + HALF)
     result = confined.compile(source, "scale")
-    assert not result.ok
-    assert secret not in result.log and secret not in result.full_log
+    assert result.ok, result.log
+
+
+# ---------------------------------------------------------------- memory
+
+def test_a_memory_bomb_fails_at_the_memory_limit_well_before_the_deadline():
+    with CompileService(confine=CONFINE, deadline_s=120.0) as service:
+        service.start()
+        started = time.monotonic()
+        bomb = service.compile(MEMORY_BOMB, "scale")
+        elapsed = time.monotonic() - started
+        assert not bomb.ok and bomb.cubin == b""
+        assert bomb.log.splitlines()[0] == out_of_memory_message(COMPILE_MEMORY_BYTES)
+        assert "2 GiB memory limit" in bomb.log
+        assert elapsed < DEFAULT_DEADLINE_S
+        # The worker survives its compiler's failure and compiles the next source.
+        assert service.compile(GOOD, "scale").ok and service.worker.starts == 1
+
+
+def test_a_back_end_memory_bomb_is_reported_as_such_without_a_retry():
+    # A gigabyte of initialized device data: NVVM aborts ("LLVM ERROR: out of memory") at the limit.
+    source = '__device__ char big[1 << 30] = {1};\n' + GOOD
+    with CompileService(confine=CONFINE, deadline_s=120.0) as service:
+        service.start()
+        started = time.monotonic()
+        result = service.compile(source, "scale")
+        assert not result.ok and time.monotonic() - started < DEFAULT_DEADLINE_S
+        assert result.log.splitlines()[0] == out_of_memory_message(COMPILE_MEMORY_BYTES)
+        assert "the compiler process died" in result.log
+        assert service.worker.starts == 1  # the same source would only die again
+        assert service.compile(GOOD, "scale").ok
 
 
 # ---------------------------------------------------------------- deadlines, kills, crashes

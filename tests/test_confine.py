@@ -14,6 +14,7 @@ import pytest
 from sandbox import confine
 from sandbox.environment import worker_environment
 from harness.gpu_workers import GPU_WORKER_COMMAND
+from harness.worker_side.nvrtc import include_folders
 from sandbox.pool import Worker, WorkerError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,12 +48,19 @@ def write(path):
 def connect():
     socket.create_connection(("127.0.0.1", probe["port"]), timeout=2).close()
 
-def compile_a_kernel():
-    import numpy
-    from cuda.bindings import nvrtc
+def nvrtc_compile():
     from harness.worker_side.nvrtc import compile_kernel
     source = 'extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }'
     return compile_kernel(source, "twice", arch="sm_90").ok
+
+def compile_a_kernel():
+    import numpy  # a GPU worker's imports; numpy starts threads, so a narrowing child does without
+    from cuda.bindings import nvrtc
+    return nvrtc_compile()
+
+if probe["narrow"]:  # as the compile worker does: load NVRTC, then keep only what compiling reads
+    nvrtc_compile()
+    confine.narrow(confine.Confinement.from_json(probe["narrow"]))
 
 report = {
     "notes": notes,
@@ -64,7 +72,7 @@ report = {
     "fsize": resource.getrlimit(resource.RLIMIT_FSIZE),
     "nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
     "env": sorted(os.environ),
-    "compiled": compile_a_kernel() if probe["compile"] else None,
+    "compiled": (nvrtc_compile() if probe["narrow"] else compile_a_kernel()) if probe["compile"] else None,
 }
 print(json.dumps(report))
 """
@@ -90,7 +98,7 @@ def places(tmp_path, monkeypatch):
 
 
 def run_confined(spec: confine.Confinement, scratch: Path, **probe) -> dict:
-    probe = {"read": [], "list": [], "write": [], "port": 9, "compile": False, **probe}
+    probe = {"read": [], "list": [], "write": [], "port": 9, "compile": False, "narrow": None, **probe}
     done = subprocess.run([sys.executable, "-c", CHILD, spec.to_json(), json.dumps(probe)],
                           capture_output=True, text=True, timeout=120, cwd=scratch,
                           env=worker_environment(scratch))
@@ -137,6 +145,24 @@ def test_the_compile_worker_reaches_only_python_cuda_and_its_scratch(places, lis
     assert report["connect"] is False
     assert report["compiled"] is True
     _assert_limits_and_environment(report)
+
+
+@needs_landlock
+def test_the_compile_worker_narrowed_after_loading_nvrtc_reads_only_the_headers(places):
+    scratch = places / "scratch"
+    headers = include_folders()
+    loaded = confine.compile_worker_loaded_confinement(scratch, headers)
+    # A second layer cannot grant what the first did not: /etc/passwd stays out of reach.
+    widened = dataclasses.replace(loaded, read_only=loaded.read_only + ("/etc/passwd",))
+    worker_files = ["/proc/self/environ", "/proc/self/maps", "/proc/self/mounts", "/proc/self/cmdline",
+                    "/proc/self/status", "/etc/os-release", "/etc/ld.so.cache", "/etc/passwd", sys.executable]
+    header = str(Path(headers[0]) / "cuda_fp16.h")
+    report = run_confined(confine.compile_worker_confinement(scratch), scratch, compile=True,
+                          narrow=widened.to_json(), read=worker_files + [header],
+                          write=[str(scratch / "inside.txt")])
+    assert report["read"] == {**{path: False for path in worker_files}, header: True}
+    assert report["write"] == {str(scratch / "inside.txt"): True}
+    assert report["compiled"] is True
 
 
 @needs_landlock

@@ -23,6 +23,12 @@ MAX_KERNEL_NAME_CHARS = 512
 LOG_MAX_LINES = 60
 LOG_MAX_CHARS = 4000
 LOG_MAX_LINE_CHARS = 400
+# The compile worker's address-space limit (RLIMIT_AS). Measured with NVRTC 13.5 (docs/security.md):
+# the worker holds about 0.21 GiB once NVRTC is loaded; a shipped task's kernel peaks at 0.22 GiB,
+# the heaviest legitimate compiles tried (CUB block primitives with libcu++ and cooperative groups;
+# a 32,768-FMA fully unrolled loop) at 0.62 GiB. 2 GiB is over three times that, and a template
+# bomb growing at about 150 MB/s reaches it in seconds instead of running to the deadline.
+COMPILE_MEMORY_BYTES = 2 << 30
 # Bumped whenever the meaning of a cached entry changes.
 _CACHE_FORMAT = "kernel-referee-compile-v1"
 
@@ -178,6 +184,13 @@ def check_kernel_name(kernel_name: str) -> None:
 
 
 # ---------------------------------------------------------------- logs and reports
+
+def out_of_memory_message(limit_bytes: int | None) -> str:
+    """The first line of a compile that hit the worker's memory limit (None: no limit was set)."""
+    limit = f"its {limit_bytes / (1 << 30):g} GiB memory limit" if limit_bytes else "memory"
+    return (f"the compiler ran out of {limit}: deep or wide template instantiation, large initialized "
+            "or constexpr tables, or heavy unrolling can cause this")
+
 
 def trim_log(log: str) -> str:
     """First LOG_MAX_LINES lines / LOG_MAX_CHARS characters, with a marker for the rest."""

@@ -8,7 +8,11 @@ it reads its first job, and the parent owns the deadline. Messages use sandbox.w
 
 sandbox.pool.Worker asks with `--confine=JSON`, a spec built for GPU workers (device files, /etc,
 /proc). A compiler needs much less, and /etc would let `#include "/etc/passwd"` through, so the spec
-is not used: `--confine` in either form applies compile_worker_confinement.
+is not used: `--confine` in either form applies compile_worker_confinement, which is what loading
+NVRTC needs; once NVRTC is loaded and has compiled the warm-up kernel, a second Landlock layer
+(compile_worker_loaded_confinement) leaves only the header folders and the scratch folder, so that
+no candidate's `#include` reaches /proc/self or /etc. Confined or not, the address space is limited
+(COMPILE_MEMORY_BYTES): a template bomb fails with "out of memory" instead of running to its deadline.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from harness.worker_side.compile_policy import CompileRefused
+from harness.worker_side.compile_policy import COMPILE_MEMORY_BYTES, CompileRefused
 from sandbox import confine, wire
 from sandbox.answers import Status
 
@@ -40,7 +44,16 @@ def _warm_up() -> str:
     compiled = compile_kernel(_WARM_UP_SOURCE, "referee_warm_up")
     if not compiled.ok:
         raise RuntimeError(f"NVRTC cannot compile the referee's own warm-up kernel:\n{compiled.log}")
+    compiled.model_dump(mode="json")  # what answering a job loads, loaded before the narrowing
     return nvrtc_version()
+
+
+def _narrow(confined: bool) -> None:
+    """Once NVRTC is loaded: only the header folders and the scratch folder stay readable."""
+    from harness.worker_side.nvrtc import include_folders  # NVRTC: only once confined
+
+    if confined:
+        confine.narrow(confine.compile_worker_loaded_confinement(Path.cwd(), include_folders()))
 
 
 def _confine(wanted: bool) -> tuple[bool, list[str]]:
@@ -56,7 +69,9 @@ def _start(answers, wanted: bool) -> bool:
     """Confine, warm up, and send the 'ready' (or 'startup_error') message; True when ready."""
     try:
         confined, notes = _confine(wanted)
+        confine.limit_address_space(COMPILE_MEMORY_BYTES)
         version = _warm_up()
+        _narrow(confined)
     except Exception as exc:  # noqa: BLE001 - any startup failure is reported, then the process exits
         wire.send(answers, {"status": Status.STARTUP_ERROR, "error": type(exc).__name__, "detail": str(exc)})
         return False

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import resource
 import time
 from typing import Sequence
 
@@ -22,8 +23,9 @@ from cuda.bindings import nvrtc  # noqa: E402
 
 from harness.worker_side.compile_policy import (CompileRequest, CompileResult, cache_key,
                                                 check_arch, check_kernel_name, check_options, check_source,
-                                                parse_ptxas_report, trim_log)
+                                                out_of_memory_message, parse_ptxas_report, trim_log)
 from harness.worker_side.cuda_check import check
+from harness.worker_side.include_policy import check_includes, missing_header_advice
 
 
 # ---------------------------------------------------------------- NVRTC
@@ -36,7 +38,8 @@ def nvrtc_version() -> str:
 
 
 @functools.cache
-def _include_options() -> tuple[str, ...]:
+def include_folders() -> tuple[str, ...]:
+    """The CUDA runtime and CCCL header folders, the only include path a compile gets."""
     found = []
     for library in ("cudart", "cccl"):
         try:
@@ -46,8 +49,12 @@ def _include_options() -> tuple[str, ...]:
             # and their compile error says so.
             folder = None
         if folder:
-            found.append(f"-I{folder}")
+            found.append(folder)
     return tuple(found)
+
+
+def _include_options() -> tuple[str, ...]:
+    return tuple(f"-I{folder}" for folder in include_folders())
 
 
 def _nvrtc_options(user_options: tuple[str, ...], arch: str) -> list[bytes]:
@@ -104,9 +111,19 @@ def _failure_log(status, log: str, kernel_name: str) -> str:
                  f"e.g. '{kernel_name}<float>')")
     if status == nvrtc.nvrtcResult.NVRTC_SUCCESS or _only_name_errors(log):
         return f"{not_found}\n{log}".strip()
+    if _out_of_memory(status, log):
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        return f"{out_of_memory_message(None if limit == resource.RLIM_INFINITY else limit)}\n{log}".strip()
     if status != nvrtc.nvrtcResult.NVRTC_ERROR_COMPILATION:
         return f"{log}\nnvrtcCompileProgram failed: {status.name}".strip()
-    return log
+    # What to write instead of a header NVRTC does not have, ahead of the log so the trimmed log shows it.
+    return "\n".join(missing_header_advice(log, include_folders()) + [log])
+
+
+def _out_of_memory(status, log: str) -> bool:
+    # The front end reports "catastrophic error: out of memory" and returns; NVRTC itself may say so by status.
+    return (status == nvrtc.nvrtcResult.NVRTC_ERROR_OUT_OF_MEMORY
+            or re.search(r"^\S.*: catastrophic error: out of memory\s*$", log, flags=re.MULTILINE) is not None)
 
 
 # ---------------------------------------------------------------- entry point
@@ -118,6 +135,7 @@ def check_request(source: str, kernel_name: str, options: Sequence[str] = (), ar
     check_arch(arch)
     check_kernel_name(kernel_name)
     source_bytes = check_source(source)
+    check_includes(source)
     version = nvrtc_version()
     return CompileRequest(source_bytes, kernel_name, user_options, arch, version,
                           cache_key(source_bytes, user_options, arch, kernel_name, version))
