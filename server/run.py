@@ -107,6 +107,7 @@ class Run:
         self.compile_rate = SlidingWindow(settings.compiles_per_minute)
         self.logged_attempts: set[int] = set()  # attempt slots whose source write is in the audit log
         self._mutex = threading.Lock()
+        self.folder_lock = None  # server/folder_lock.py's FolderLock: this process alone writes the folder
 
     # -- state ---------------------------------------------------------------------------------
     def load_state(self) -> None:
@@ -320,3 +321,5 @@ class Run:
 
     def close(self) -> None:
         self.audit.close()
+        if self.folder_lock is not None:
+            self.folder_lock.release()
