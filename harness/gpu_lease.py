@@ -195,9 +195,10 @@ class GpuLease:
     def _tell(self, holder: LeaseHolder | None, since: str) -> None:
         by = holder.describe() if holder else "a process that has not said who it is"
         message = f"waiting for GPU {self.gpu} (since {since}): another timing holds it, {by}"
-        log.warning("%s", message)
         if self.listener is not None:
             self.listener(message)
+        else:
+            log.warning("%s", message)
 
 
 def held(lease: GpuLease | None):

@@ -69,7 +69,7 @@ def _run(task: Task, targets: list[Target], settings: TimingSettings, out: TextI
         print(f"\nNo GPU: {absent}.\nCompiled {len(targets)} kernel(s) for {DEFAULT_ARCH} above; "
               "running, checking and timing need an NVIDIA GPU.", file=out)
         return EXIT_NO_GPU, None
-    executor = GpuExecutor(task, settings, confine=confine)
+    executor = GpuExecutor(task, settings, confine=confine, lease_what=f"check {task.name}")
     try:
         hello = executor.hello()
         _print_device(hello, out)

@@ -7,10 +7,13 @@ GPU seconds a probe window or the cost sheet counts leave it out.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from harness.gpu_lease import GpuLease
 from server.run import Progress
+
+log = logging.getLogger(__name__)
 
 
 def lease_of(executor: Any) -> GpuLease | None:
@@ -44,6 +47,7 @@ class LeaseWatch:
             self._progress(done, total, message)
 
     def _tell(self, message: str) -> None:
+        log.warning("%s", message)  # for a person reading the server's stderr too
         if self._progress is None:
             return
         self._told += 1
