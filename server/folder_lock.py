@@ -68,10 +68,6 @@ class FolderLock:
         os.pwrite(fd, json.dumps(stamp).encode() + b"\n", 0)
         return cls(run_dir, fd)
 
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
     def release(self) -> None:
         """Remove the file (while still holding it, so no one locks a file about to vanish) and drop the lock."""
         if self._fd is None:
@@ -97,14 +93,6 @@ def _same_file(fd: int, path: Path) -> bool:
     except FileNotFoundError:
         return False
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
-
-
-def holder_of(run_dir: Path) -> dict | None:
-    """Who holds `run_dir` now, as its lock file says (None: nobody has said)."""
-    try:
-        return _holder((Path(run_dir) / LOCK_NAME).read_bytes())
-    except OSError:
-        return None
 
 
 def _holder(raw: bytes) -> dict | None:

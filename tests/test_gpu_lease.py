@@ -7,6 +7,7 @@ or a real MCP server (tests/fake_server.py).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -25,9 +26,11 @@ from harness.settings import CompiledKernel, TimingSettings
 from harness.task import load_task
 from harness.worker_side.gpu import format_uuid
 from sandbox.pool import Worker
-from tests.fake_executor import FAKE_GPU_UUID
+from server.replay import replay
+from tests.fake_executor import FAKE_GPU_UUID, FakeExecutor
 from tests.lease_holder import LeaseHolder
 from tests.server_support import MATMUL, REPO, events, kernel, new_run, ok
+from tests.test_replay import make_run
 
 GPU = "GPU-0a1b2c3d-0000-4000-8000-00000000beef"
 
@@ -237,3 +240,20 @@ def test_a_run_names_itself_on_its_gpu_lease(tmp_path):
         assert json.loads((run.dir / "lock.json").read_text())["environment"]["gpu_uuid"] == FAKE_GPU_UUID
     finally:
         run.close()
+
+
+def test_a_replay_waits_for_another_process_timing_and_replay_json_says_whom_for(tmp_path, capsys):
+    run_dir = make_run(tmp_path, kernel("latency_us=50"))
+    holder = LeaseHolder(FAKE_GPU_UUID, "serve run-004")
+    try:
+        releaser = threading.Timer(1.5, holder.release)
+        releaser.start()
+        out = io.StringIO()
+        assert replay(run_dir, out, repeats=1,
+                      make_executor=lambda task, timing: FakeExecutor(task, lease_what="replay run-001")) == 0
+        releaser.join()
+    finally:
+        holder.close()
+    [wait] = json.loads((run_dir / "replay.json").read_text())["gpu_lease_waits"]
+    assert [(h["pid"], h["what"]) for h in wait["holders"]] == [(holder.pid, "serve run-004")] and wait["waited_s"] >= 1
+    assert f"waiting for GPU {FAKE_GPU_UUID}" in capsys.readouterr().err
