@@ -99,10 +99,10 @@ def open_run(results: Path, run_settings: RunSettings, task_dir: Path | None, ru
              make_executor: MakeExecutor, folder: FolderLock | None = None) -> Run:
     """A new run of `task_dir` under `results` (run_dir None), or `run_dir` resumed with its own settings;
     its folder held by this process (`folder` when already taken). Raises RunError (FolderHeld among them)."""
-    task = load_task(task_dir if run_dir is None else run_dir / "task")
-    # a resumed run keeps its own budget and protocol
-    settings = run_settings if run_dir is None else RunSettings.of_run(run_dir)
     try:
+        task = load_task(task_dir if run_dir is None else run_dir / "task")
+        # a resumed run keeps its own budget and protocol
+        settings = run_settings if run_dir is None else RunSettings.of_run(run_dir)
         executor = make_executor(task, settings.timing)
     except BaseException:
         if folder is not None:
