@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -83,14 +84,19 @@ class Bench:
         self.results: dict = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "settings": {}}
         self.executors: dict[str, GpuExecutor] = {}
         self.kernels: dict[str, tuple[CompiledKernel, Case, str]] = {}
+        # The GPU's lease (harness/gpu_lease.py), held from the first executor's start to the end: nothing else of
+        # the referee times on the GPU during the bench, its ncu, direct and triton steps included.
+        self.lease = ExitStack()
 
     def save(self) -> None:
         (self.out / "timing.json").write_text(json.dumps(self.results, indent=1, default=str))
 
     def executor(self, task_name: str) -> GpuExecutor:
         if task_name not in self.executors:
-            executor = GpuExecutor(load_task(CASES / task_name), TimingSettings())
+            executor = GpuExecutor(load_task(CASES / task_name), TimingSettings(), lease_what="bench")
             facts = executor.start()
+            if not self.executors and executor.gpu_lease is not None:
+                self.lease.enter_context(executor.gpu_lease.held())
             self.results.setdefault("environment", {k: facts.get(k) for k in (
                 "gpu", "driver_cuda_version", "nvrtc", "cuda_bindings", "sm_clock_khz", "gpu_state", "nvml_note")})
             self.results["settings"] = TimingSettings().model_dump()
@@ -207,7 +213,8 @@ class Bench:
         try:
             for label, (kernel, case, task_name) in self.kernels.items():
                 if task_name not in rotated:
-                    rotated[task_name] = GpuExecutor(load_task(CASES / task_name), TimingSettings(fresh_inputs=False))
+                    rotated[task_name] = GpuExecutor(load_task(CASES / task_name), TimingSettings(fresh_inputs=False),
+                                                     lease_what="bench")
                     rotated[task_name].start()
                 runs = {"fresh": [], "rotated": []}
                 for r in range(rounds):
@@ -272,7 +279,7 @@ class Bench:
         executor.compile(source, ())  # the same source again: the cache answers
         hit_ms = (time.perf_counter() - started) * 1e3
 
-        run_executor = GpuExecutor(load_task(CASES / "matmul_f32"), TimingSettings())
+        run_executor = GpuExecutor(load_task(CASES / "matmul_f32"), TimingSettings(), lease_what="bench")
         busy = {"s": 0.0}
         timed = run_executor.time
 
@@ -321,6 +328,7 @@ class Bench:
     def close(self) -> None:
         for executor in self.executors.values():
             executor.close()
+        self.lease.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,6 +109,11 @@ class Nvml:
     def available(self) -> bool:
         return self._handle is not None
 
+    def uuid(self) -> str | None:
+        """The device's UUID (GPU-...), as the worker's driver also gives it; None without NVML."""
+        value = _try(self._nvml.nvmlDeviceGetUUID, self._handle) if self.available else None
+        return value.decode() if isinstance(value, bytes) else value
+
     def read(self) -> GpuState:
         if not self.available:
             return GpuState()

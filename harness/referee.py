@@ -16,6 +16,7 @@ import numpy as np
 
 from harness import jobs
 from harness.compare import Agreement, agreement, compare_output
+from harness.gpu_lease import GpuLease
 from harness.judging import integrity_reasons, mismatch_detail, still_poisoned
 from harness.nvml import Nvml
 from harness.oracle import run_oracle
@@ -39,6 +40,7 @@ class Referee(TimingProtocol):
         self.settings = settings or TimingSettings()
         self.peaks: DevicePeaks | None = None  # measured (harness/peaks.py): each timing's roofline fraction
         self.nvml: Nvml | None = None  # clocks, throttling and other processes read around each timing
+        self.lease: GpuLease | None = None  # the GPU's host-wide lease, held around every timing job
         # Inputs of a case's fixed seeds (its own and its rotation sets'), with their hashes: made once.
         self._inputs: dict[tuple[str, int], tuple[dict[str, np.ndarray], dict[str, str]]] = {}
         self._expected: dict[tuple[str, int], dict[str, np.ndarray]] = {}

@@ -15,6 +15,7 @@ import numpy as np
 
 from harness import jobs
 from harness.compare import compare_output
+from harness.gpu_lease import held
 from harness.judging import integrity_reasons, mismatch_detail, poison_count
 from harness.nvml import GpuWatch, judge
 from harness.peaks import roofline_fraction, roofline_ms
@@ -29,10 +30,12 @@ from sandbox.pool import Worker
 
 class TimingProtocol:
     def _time_cases(self, cases: list[Case], make_job, worker: Worker) -> TimingReport:
-        """Each case in turn. The audited outputs of fresh-input timings are compared on other threads
-        while the next jobs run on the GPU; every comparison is done before this returns."""
+        """Each case in turn, holding the GPU's lease (harness/gpu_lease.py). The audited outputs of fresh-input
+        timings are compared on other threads while the next jobs run on the GPU; every comparison is done
+        before this returns."""
         audits: list[tuple[str, Future]] = []  # (case, its comparison under way)
-        timings = [self._time_case(case, make_job, worker, audits) for case in cases]
+        with held(self.lease):
+            timings = [self._time_case(case, make_job, worker, audits) for case in cases]
         timings = [_with_audits(t, [f for name, f in audits if name == t.case]) for t in timings]
         passed = all(t.passed for t in timings)
         score = geometric_mean([t.stats.median_ms for t in timings]) if passed and timings else None

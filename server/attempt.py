@@ -19,6 +19,7 @@ from harness.results import Reason, ReasonCode
 from server import probes, suspicion
 from server.models import AttemptAnswer, CaseLatency, FinishAnswer
 from server.holdout import holdout_verdict
+from server.lease_waits import LeaseWatch
 from server.records import AttemptRecord, EventKind, Verdict
 from server.run import Candidate, Progress, Refusal, Run, now_iso
 from server.summary import attempt_entry, best_attempt, set_best, write_history, write_summary
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 
 
 def record_baseline(run: Run, progress: Progress | None) -> None:
+    watch = LeaseWatch(run.executor, progress)
+    progress = watch.report
     baseline = run.register_candidate(run.task.source("initial"), (), run.task.own_launch("initial"))
     run.claim_slot(0, baseline.source)
     run.audit.append(EventKind.ATTEMPT_STARTED, {"attempt": 0, "candidate": baseline.id})
@@ -35,10 +38,11 @@ def record_baseline(run: Run, progress: Progress | None) -> None:
         raise RuntimeError("the task's baseline initial.cu fails the protocol: "
                            + "; ".join(str(r.detail) for r in entry.reasons)[:2000])
     entry.verdict = Verdict.BASELINE
-    gpu_seconds += _record_vendor(run, entry, progress)
+    gpu_seconds += _record_vendor(run, entry, progress) - watch.waited_s()
     run.add_entry(entry)
     run.add_gpu_seconds(gpu_seconds)
-    run.audit.append(EventKind.BASELINE_DONE, {"gpu_seconds": round(gpu_seconds, 6), "score_ms": entry.score_ms})
+    run.audit.append(EventKind.BASELINE_DONE, {"gpu_seconds": round(gpu_seconds, 6), "score_ms": entry.score_ms,
+                                               **watch.record()})
     set_best(run, 0)
     write_history(run)
     write_summary(run, status="running")
@@ -66,6 +70,8 @@ def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict |
         raise Refusal("the attempt budget is spent; the run is finished. Read referee://summary.json.")
     best = best_attempt(run)
     number = max(run.claimed_attempts()) + 1
+    watch = LeaseWatch(run.executor, progress)  # a wait for another process's timing is told and recorded
+    progress = watch.report
     run.claim_slot(number, candidate.source)
     try:
         # From the claim until history.json holds the attempt, a failure records it as rejected (interrupted).
@@ -76,13 +82,14 @@ def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict |
         references = ({"best": best, "baseline": run.history[0]} if best.attempt != 0
                       else {"baseline": run.history[0]})
         entry, gpu_seconds = _evaluate(run, number, candidate, references, fresh=True, progress=progress)
+        gpu_seconds -= watch.waited_s()
         entry.update(rationale=rationale, usage=usage, parent=best.attempt)
         if not entry.rejected:
             entry.verdict = Verdict.VALID_FASTER if entry.speedup_vs_best.beyond_noise else Verdict.VALID_NOT_FASTER
         run.add_entry(entry)
         run.add_gpu_seconds(gpu_seconds)
         run.audit.append(EventKind.ATTEMPT_DONE, {"attempt": number, "verdict": entry.verdict,
-                                                  "gpu_seconds": round(gpu_seconds, 6)})
+                                                  "gpu_seconds": round(gpu_seconds, 6), **watch.record()})
         if entry.verdict == Verdict.VALID_FASTER:
             set_best(run, number)
         write_history(run)

@@ -69,7 +69,7 @@ def _run(task: Task, targets: list[Target], settings: TimingSettings, out: TextI
         print(f"\nNo GPU: {absent}.\nCompiled {len(targets)} kernel(s) for {DEFAULT_ARCH} above; "
               "running, checking and timing need an NVIDIA GPU.", file=out)
         return EXIT_NO_GPU, None
-    executor = GpuExecutor(task, settings, confine=confine)
+    executor = GpuExecutor(task, settings, confine=confine, lease_what=f"check {task.name}")
     try:
         hello = executor.hello()
         _print_device(hello, out)
@@ -92,6 +92,8 @@ def _run(task: Task, targets: list[Target], settings: TimingSettings, out: TextI
         yardsticks["vendor"] = vendor.model_dump(mode="json") if vendor else None
         print_vendor(vendor, targets, out)
     finally:
+        if executor.gpu_lease is not None:  # waits for another process's timing on this GPU, and whose
+            yardsticks["gpu_lease_waits"] = [w.model_dump(mode="json") for w in executor.gpu_lease.waits]
         executor.close()
     return (EXIT_OK if all(t.passed for t in targets) else EXIT_FAILED), hello
 

@@ -17,7 +17,8 @@ from server.check import run_check, targets_for
 from server.cost import CostInputs, cost_sheet, render, run_hours
 from server.demo import run_demo
 from server.replay import replay
-from server.report_files import write_report
+from server.folder_lock import EXIT_HELD, FolderHeld
+from server.report_files import write_report_held
 from server.run import RunSettings
 from server.serve import serve, verify
 from server.settings import RefereeSettings, sandbox_refusal
@@ -174,7 +175,12 @@ def _report(args) -> int:
         print(f"kernel-referee: the cost sheet needs all six cost options; missing {missing}", file=sys.stderr)
         return 2
     inputs = CostInputs(**given) if all(v is not None for v in given.values()) else None
-    for path in write_report(_run_folder(args.run), inputs):
+    try:
+        written = write_report_held(_run_folder(args.run), inputs)
+    except FolderHeld as held:
+        print(f"kernel-referee: {held}", file=sys.stderr)
+        return EXIT_HELD
+    for path in written:
         print(path, file=sys.stdout)
     return 0
 

@@ -20,6 +20,7 @@ from harness.worker_side.compile_policy import CompileResult
 from harness.worker_side.nvrtc import nvrtc_version
 from harness.referee import Referee
 from harness.settings import CompiledKernel, TimingSettings
+from harness.gpu_lease import GpuLease, gpu_key, held
 from harness.nvml import Nvml, driver_build
 from harness.peaks import device_peaks
 from harness.task_model import Case, Task
@@ -57,7 +58,7 @@ def package_version(name: str) -> str | None:
 
 class GpuExecutor:
     def __init__(self, task: Task, settings: TimingSettings | None = None, cache: CompileCache | None = None,
-                 confine: bool = True, compile_deadline_s: float = DEFAULT_DEADLINE_S):
+                 confine: bool = True, compile_deadline_s: float = DEFAULT_DEADLINE_S, lease_what: str = "serve"):
         self.task = task
         self.settings = settings or TimingSettings()
         self.cache = cache or CompileCache()
@@ -69,6 +70,8 @@ class GpuExecutor:
         self.facts: dict | None = None
         self._lock = threading.Lock()
         self.peaks_cache_dir: Path | None = None  # None: harness.peaks.cache_dir() ($KERNEL_REFEREE_CACHE_DIR, XDG)
+        self.lease_what = lease_what  # what this process is, for another waiting for the GPU's lease
+        self.gpu_lease: GpuLease | None = None  # known once started: the GPU's host-wide lease (harness/gpu_lease.py)
 
     def hello(self) -> dict:
         """The candidate worker's greeting (its device and arch); starts it."""
@@ -86,10 +89,14 @@ class GpuExecutor:
         kernel = CompiledKernel("reference", reference.cubin, reference.lowered_name, self.task.own_launch("reference"))
         self.referee = Referee(self.task, self.pool, kernel, self.settings)
         self.referee.nvml = Nvml(hello.get("pci_bus_id"))
+        gpu_uuid = hello.get("gpu_uuid") or self.referee.nvml.uuid()
+        key = gpu_key(gpu_uuid, hello.get("pci_bus_id"))
+        self.gpu_lease = self.referee.lease = GpuLease(key, self.lease_what) if key else None
         device = hello["device"]
         driver = device["driver_version"]
         self.facts = {
-            "gpu": device["name"], "compute_capability": device["compute_capability"], "arch": hello["arch"],
+            "gpu": device["name"], "gpu_uuid": gpu_uuid, "compute_capability": device["compute_capability"],
+            "arch": hello["arch"],
             "sm_count": device["sm_count"], "l2_bytes": device["l2_bytes"],
             "total_memory_bytes": device["total_memory_bytes"], "sm_clock_khz": device["sm_clock_khz"],
             "memory_clock_khz": device["memory_clock_khz"], "memory_bus_bits": device["memory_bus_bits"],
@@ -106,7 +113,8 @@ class GpuExecutor:
 
     def _peaks(self, device: dict) -> dict:
         """The device's measured peaks (cached per device fingerprint), for every timing's roofline fraction."""
-        peaks, notes = device_peaks(self.pool.reference, device, self.peaks_cache_dir)
+        with held(self.gpu_lease):  # measured rates are timings too
+            peaks, notes = device_peaks(self.pool.reference, device, self.peaks_cache_dir)
         self.referee.peaks = peaks
         return {"peaks": peaks.model_dump(mode="json") if peaks else None, "peaks_notes": notes}
 
@@ -136,6 +144,8 @@ class GpuExecutor:
     def abort(self) -> None:
         self.compiler.interrupt()
         self.pool.candidate.interrupt()
+        if self.gpu_lease is not None:
+            self.gpu_lease.abort()
 
     def fresh_worker(self) -> None:
         """Stop the candidate worker: the next candidate job starts a new process with a new CUDA context."""

@@ -18,11 +18,14 @@ from harness.settings import input_seed
 from harness.task import load_task
 from server import lock as locking
 from server.attempt import record_baseline, settle_interrupted
-from server.audit import write_bytes_atomic
+from server.audit import LOG_NAME, write_bytes_atomic
 from server.executor import Executor
+from server.folder_lock import FolderLock
+from server.lease_waits import name_lease
 from server.records import EventKind
 from server.report_files import write_report_files
 from server.run import Progress, Run, RunError, RunSettings, TaskDoesNotFit, expected_path, now_iso
+from server.verify import chain_break
 
 
 def new_run(task_dir: Path, results: Path, settings: RunSettings, executor: Executor,
@@ -33,11 +36,18 @@ def new_run(task_dir: Path, results: Path, settings: RunSettings, executor: Exec
     if problems:
         raise TaskDoesNotFit("the task does not fit on this GPU: " + "; ".join(problems))
     run_dir = _next_run_dir(results)
-    shutil.copytree(task_dir, run_dir / "task", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    _make_read_only(run_dir / "task")
-    task = load_task(run_dir / "task")
-    environment = executor.start()
-    run = Run(run_dir, task, settings, executor, environment)
+    folder = FolderLock.take(run_dir, "serve")  # a folder this process just made: nobody else holds it
+    try:
+        shutil.copytree(task_dir, run_dir / "task", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        _make_read_only(run_dir / "task")
+        task = load_task(run_dir / "task")
+        environment = executor.start()
+        run = Run(run_dir, task, settings, executor, environment)
+    except BaseException:
+        folder.release()
+        raise
+    run.folder_lock = folder
+    name_lease(executor, run_dir.name)
     run.audit.append(EventKind.RUN_CREATED, {"task": task.name, "settings": settings.model_dump(mode="json")})
     run.write_json("run.json", {"task": task.name, "created": now_iso(), "settings": settings.model_dump(mode="json")})
     _write_expected(run, progress)
@@ -47,20 +57,21 @@ def new_run(task_dir: Path, results: Path, settings: RunSettings, executor: Exec
     return run
 
 
-def resume_run(run_dir: Path, executor: Executor) -> Run:
-    """The run in `run_dir`, checked against its lock; attempts a stopped server left open are recorded as
+def resume_run(run_dir: Path, executor: Executor, folder: FolderLock | None = None) -> Run:
+    """The run in `run_dir`, checked against its lock and its audit chain, held by this process (`folder`, or
+    taken here: FolderHeld if another holds it); attempts a stopped server left open are recorded as
     interrupted (a run that spent its budget that way finishes, and its report is written)."""
-    lock_record = locking.read_lock(run_dir)
-    problems = locking.tampered_files(run_dir, lock_record)
-    if problems:
-        raise RunError(f"{run_dir} was tampered with: {'; '.join(problems)}")
-    changed = locking.referee_changes(lock_record)
-    if changed:
-        raise RunError(f"the referee's code changed since {run_dir.name} began ({', '.join(changed[:5])}); "
-                       "judge it with the version that started it")
-    task = load_task(run_dir / "task")
-    environment = executor.start()
-    run = Run(run_dir, task, RunSettings.of_run(run_dir), executor, environment)
+    if folder is None and not (run_dir / "lock.json").is_file():
+        raise RunError(f"{run_dir} holds no run to resume (no lock.json)")
+    folder = folder or FolderLock.take(run_dir, "serve")
+    try:
+        lock_record, environment = _checked_for_resume(run_dir, executor)
+        run = Run(run_dir, load_task(run_dir / "task"), RunSettings.of_run(run_dir), executor, environment)
+    except BaseException:
+        folder.release()
+        raise
+    run.folder_lock = folder
+    name_lease(executor, run_dir.name)
     try:
         differences = locking.environment_changes(lock_record, environment)
         if any(d.startswith(("gpu:", "compute_capability:")) for d in differences):
@@ -76,6 +87,24 @@ def resume_run(run_dir: Path, executor: Executor) -> Run:
     if run.finished and not was_finished:
         write_report_files(run.dir)
     return run
+
+
+def _checked_for_resume(run_dir: Path, executor: Executor) -> tuple[dict, dict]:
+    """(lock.json, the environment now) of a run that may be resumed: its chain holds, its files are those
+    it locked, the referee's code is the one that began it. Nothing is written before these hold."""
+    broken = chain_break(run_dir / LOG_NAME)
+    if broken:
+        raise RunError(f"{run_dir.name} cannot be resumed: its audit log does not verify (first broken record: "
+                       f"{broken}); `kernel-referee verify {run_dir}` lists every problem")
+    lock_record = locking.read_lock(run_dir)
+    problems = locking.tampered_files(run_dir, lock_record)
+    if problems:
+        raise RunError(f"{run_dir} was tampered with: {'; '.join(problems)}")
+    changed = locking.referee_changes(lock_record)
+    if changed:
+        raise RunError(f"the referee's code changed since {run_dir.name} began ({', '.join(changed[:5])}); "
+                       "judge it with the version that started it")
+    return lock_record, executor.start()
 
 
 def _write_expected(run: Run, progress: Progress | None) -> None:

@@ -11,6 +11,7 @@ from harness.stats import geometric_mean, geomean_speedup, speedup
 from harness.results import CheckReport
 from server.models import (CaseLatency, CaseStatus, CheckAnswer, CompileAnswer, Resources, TaskCase,
                            TaskDescription, TimeAnswer)
+from server.lease_waits import LeaseWatch
 from server.run import Candidate, Progress, Refusal, Run
 from server.summary import best_attempt, entry_of
 
@@ -94,6 +95,8 @@ def time_candidate(run: Run, make_candidate: Callable[[], Candidate], case_names
     cases = run.cases_named(case_names, performance_only=True)
     candidate = make_candidate()
     kernel = _compiled_kernel(run, "time_kernel", candidate)
+    watch = LeaseWatch(run.executor, progress)  # a wait for another process's timing is told and recorded
+    progress = watch.report
     started = time.perf_counter()
     try:
         if progress:
@@ -113,7 +116,8 @@ def time_candidate(run: Run, make_candidate: Callable[[], Candidate], case_names
         details = "; ".join(f"{r.code.value}: {r.detail}" for r in failed.reasons[:3])
         raise Refusal(f"timing rejected candidate {candidate.id}: {details}") from None
     finally:
-        run.probe_done("time_kernel", time.perf_counter() - started, {"candidate": candidate.id})
+        run.probe_done("time_kernel", time.perf_counter() - started - watch.waited_s(),
+                       {"candidate": candidate.id, **watch.record()})
     return _time_answer(run, candidate, measured)
 
 

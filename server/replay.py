@@ -34,6 +34,7 @@ from server.verify import verify_run
 from server.decision import (CheckResult, Decision, RepeatResult, decide, environment_differences,
                              other_environment_differences)
 from server.executor import Executor, GpuExecutor
+from server.folder_lock import EXIT_HELD, FolderHeld, FolderLock
 from server.replay_record import RunFolderError, RunRecord, Subject, load_record
 from server.report_files import REPORT_NAME, write_report_files
 from server.run import expected_path, now_iso
@@ -58,10 +59,13 @@ def replay_run(record: RunRecord, make_executor: MakeExecutor, repeats: int = 3,
     timings: list[tuple[RepeatResult, dict]] = []
     env_now: dict = {}
     executor: Executor | None = None
+    waits: list = []  # waits for the GPU's lease (harness/gpu_lease.py): another process was timing on it
     try:
         executor = make_executor(record.task, record.settings.timing)
         with _no_bytecode():
             env_now = executor.start()
+            if (lease := getattr(executor, "gpu_lease", None)) is not None:
+                lease.listener, waits = say, lease.waits
             _preload(executor, record)
             _replay(executor, record, repeats, say, checks, timings, env_now)
     except Exception as exc:  # noqa: BLE001 - reported as the replay's failure, and logged
@@ -73,7 +77,8 @@ def replay_run(record: RunRecord, make_executor: MakeExecutor, repeats: int = 3,
             executor.close()
     env_run = record.lock.get("environment") or {}
     decision = decide(checks, [r for r, _ in timings], env_run, env_now)
-    return _document(record, repeats, chain_head, checks, timings, env_run, env_now, decision)
+    return {**_document(record, repeats, chain_head, checks, timings, env_run, env_now, decision),
+            "gpu_lease_waits": [w.model_dump(mode="json") for w in waits]}
 
 
 @contextmanager
@@ -249,8 +254,23 @@ def output_name(attempt: int | None) -> str:
 
 def replay(run_dir: Path, out: TextIO, *, repeats: int = 3, attempt: int | None = None, confine: bool = True,
            make_executor: MakeExecutor | None = None, sandbox_refusal: Callable[[], str | None] | None = None) -> int:
-    """The command: verify, load, replay, write, print. Without `make_executor`, a GpuExecutor on this GPU."""
+    """The command, holding the run folder from the verification to the last write (server/folder_lock.py): a
+    folder a server or another replay holds is refused (EXIT_HELD)."""
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():  # nothing to hold: the verification says what is missing
+        return _replay_held(run_dir, out, repeats, attempt, confine, make_executor, sandbox_refusal)
+    try:
+        folder = FolderLock.take(run_dir, "replay")
+    except FolderHeld as held:
+        print(f"kernel-referee: {held}", file=sys.stderr)
+        return EXIT_HELD
+    with folder:
+        return _replay_held(run_dir, out, repeats, attempt, confine, make_executor, sandbox_refusal)
+
+
+def _replay_held(run_dir: Path, out: TextIO, repeats: int, attempt: int | None, confine: bool,
+                 make_executor: MakeExecutor | None, sandbox_refusal: Callable[[], str | None] | None) -> int:
+    """Verify, load, replay, write, print. Without `make_executor`, a GpuExecutor on this GPU."""
     if repeats < 1:
         print(f"kernel-referee replay: --repeats must be at least 1 (got {repeats})", file=sys.stderr)
         return EXIT_BAD_RUN
@@ -276,7 +296,8 @@ def replay(run_dir: Path, out: TextIO, *, repeats: int = 3, attempt: int | None 
         if refusal:
             print(f"kernel-referee: {refusal}", file=sys.stderr)
             return EXIT_BAD_RUN
-        make_executor = lambda task, timing: GpuExecutor(task, timing, confine=confine)  # noqa: E731
+        make_executor = lambda task, timing: GpuExecutor(task, timing, confine=confine,  # noqa: E731
+                                                         lease_what=f"replay {run_dir.name}")
     document = replay_run(record, make_executor, repeats, report.head, _say)
     path = run_dir / output_name(attempt)
     write_json_atomic(path, document)

@@ -1,7 +1,8 @@
 """Writing report.html, heatmap.svg and heatmap.png into a run folder: derived files, not in the audit log.
 
 A finished run's report is written after the call that finished it has answered (server/app.py), or by
-`kernel-referee report RUN`; rendering never runs inside an MCP tool call.
+`kernel-referee report RUN` (`write_report_held`, which holds the run folder as a server does); rendering
+never runs inside an MCP tool call.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from server.audit import write_bytes_atomic
 from server.cost import CostInputs
+from server.folder_lock import FolderLock
 from server import heatmap
 from server.report import load_report
 from server.report_html import render_report
@@ -32,6 +34,16 @@ def write_report(run_dir: Path, cost_inputs: CostInputs | None = None) -> list[P
         write_bytes_atomic(run_dir / name, data)
         written.append(run_dir / name)
     return written
+
+
+def write_report_held(run_dir: Path, cost_inputs: CostInputs | None = None) -> list[Path]:
+    """`write_report` for `kernel-referee report`: the run folder held while it is read and written
+    (server/folder_lock.py; FolderHeld when a server or a replay holds it)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():  # nothing to hold: write_report says what is missing
+        return write_report(run_dir, cost_inputs)
+    with FolderLock.take(run_dir, "report"):
+        return write_report(run_dir, cost_inputs)
 
 
 def write_report_files(run_dir: Path) -> None:

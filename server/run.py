@@ -113,6 +113,7 @@ class Run:
         # run's mutex, so that those reads need neither the mutex nor the gate (server/probes.py publish).
         self.published: Any = None
         self._mutex = threading.Lock()
+        self.folder_lock = None  # server/folder_lock.py's FolderLock: this process alone writes the folder
 
     @property
     def lock_record(self) -> dict | None:
@@ -341,3 +342,5 @@ class Run:
 
     def close(self) -> None:
         self.audit.close()
+        if self.folder_lock is not None:
+            self.folder_lock.release()

@@ -5,22 +5,26 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Callable, TextIO
 
 from harness.device import gpu_absent_reason
+from harness.settings import TimingSettings
 from harness.task import load_task
+from harness.task_model import Task
 from server import transport
 from server.app import build_server
 from server.audit import sha256_file
 from server.verify import verify_run
-from server.executor import GpuExecutor
+from server.executor import Executor, GpuExecutor
+from server.folder_lock import EXIT_HELD, FolderHeld, FolderLock
 from server.lifecycle import new_run, resume_run
 from server.record_files import HISTORY, SUMMARY, read_summary
-from server.run import RunError, RunSettings, TaskDoesNotFit
+from server.run import Run, RunError, RunSettings, TaskDoesNotFit
 from server.settings import RefereeSettings, sandbox_refusal
 
 log = logging.getLogger(__name__)
 EXIT_NO_GPU = 3
+MakeExecutor = Callable[[Task, TimingSettings], Executor]
 
 
 def serve(settings: RefereeSettings, task_dir: Path | None, run_dir: Path | None, start_new: bool = False) -> int:
@@ -35,37 +39,83 @@ def serve(settings: RefereeSettings, task_dir: Path | None, run_dir: Path | None
     if refusal:
         print(f"kernel-referee: {refusal}", file=sys.stderr)
         return 2
-    if run_dir is None and not start_new:
-        run_dir = latest_unfinished_run(settings.results, task_dir)
-        if run_dir is not None:
-            _say(f"resuming {run_dir}: an unfinished run of this same task (--new-run starts another)")
-    started_from = task_dir
-    task_dir = task_dir if run_dir is None else run_dir / "task"
-    task = load_task(task_dir)
     token, generated = transport.resolve_token() if settings.transport == "http" else (None, False)
-    # a resumed run keeps its own budget and protocol
-    run_settings = settings.run if run_dir is None else RunSettings.of_run(run_dir)
-    executor = GpuExecutor(task, run_settings.timing, confine=settings.confine,
-                           compile_deadline_s=settings.compile_deadline_s)
-    try:
-        if run_dir is None:
-            _say(f"starting a run of {task.name}: reference outputs and the baseline (attempt 0)...")
-            run = new_run(task_dir, settings.results, run_settings, executor,
-                          lambda done, total, message: _say(f"  {message}"))
-        else:
-            run = resume_run(run_dir, executor)
-        _say(f"run folder: {run.dir} (attempts used {run.attempts_used} of {run.settings.max_attempts})")
+
+    def make_executor(task: Task, timing: TimingSettings) -> Executor:
+        return GpuExecutor(task, timing, confine=settings.confine, compile_deadline_s=settings.compile_deadline_s)
+
+    def served(run: Run) -> None:
         options = transport.http_auth(token, settings.host, settings.port) if settings.transport == "http" else {}
         transport.run(build_server(run, **options), settings.transport, host=settings.host, port=settings.port,
                       token=token, token_generated=generated)
+
+    return serve_run(settings.results, settings.run, task_dir, run_dir, start_new, make_executor, served)
+
+
+def serve_run(results: Path, run_settings: RunSettings, task_dir: Path | None, run_dir: Path | None, start_new: bool,
+              make_executor: MakeExecutor, served: Callable[[Run], None]) -> int:
+    """Open the run (`serve`'s rules), hold its folder while `served(run)` serves it; the exit status.
+
+    A run folder another process holds is refused (EXIT_HELD); with `--task`, a newest unfinished run that
+    is held is left to its server and a new run starts instead."""
+    folder = None
+    if run_dir is None and not start_new:
+        run_dir, folder = _unfinished_run_to_resume(results, task_dir)
+    try:
+        run = open_run(results, run_settings, task_dir, run_dir, make_executor, folder)
+    except FolderHeld as held:
+        print(f"kernel-referee: {held}", file=sys.stderr)
+        return EXIT_HELD
     except RunError as exc:
         hint = (" (or pass --new-run to start a new run of this task)"
-                if started_from is not None and not isinstance(exc, TaskDoesNotFit) else "")
+                if task_dir is not None and not isinstance(exc, TaskDoesNotFit) else "")
         print(f"kernel-referee: {exc}{hint}", file=sys.stderr)
         return 2
+    try:
+        _say(f"run folder: {run.dir} (attempts used {run.attempts_used} of {run.settings.max_attempts})")
+        served(run)
     finally:
-        executor.close()
+        run.close()
+        run.executor.close()
     return 0
+
+
+def _unfinished_run_to_resume(results: Path, task_dir: Path) -> tuple[Path | None, FolderLock | None]:
+    """The newest unfinished run of this task, held by this process; (None, None) if there is none or another
+    process holds it (then a new run starts, and this says so)."""
+    run_dir = latest_unfinished_run(results, task_dir)
+    if run_dir is None:
+        return None, None
+    try:
+        folder = FolderLock.take(run_dir, "serve")
+    except FolderHeld as held:
+        _say(f"{held}: starting a new run of this task instead")
+        return None, None
+    _say(f"resuming {run_dir}: an unfinished run of this same task (--new-run starts another)")
+    return run_dir, folder
+
+
+def open_run(results: Path, run_settings: RunSettings, task_dir: Path | None, run_dir: Path | None,
+             make_executor: MakeExecutor, folder: FolderLock | None = None) -> Run:
+    """A new run of `task_dir` under `results` (run_dir None), or `run_dir` resumed with its own settings;
+    its folder held by this process (`folder` when already taken). Raises RunError (FolderHeld among them)."""
+    try:
+        task = load_task(task_dir if run_dir is None else run_dir / "task")
+        # a resumed run keeps its own budget and protocol
+        settings = run_settings if run_dir is None else RunSettings.of_run(run_dir)
+        executor = make_executor(task, settings.timing)
+    except BaseException:
+        if folder is not None:
+            folder.release()
+        raise
+    try:
+        if run_dir is None:
+            _say(f"starting a run of {task.name}: reference outputs and the baseline (attempt 0)...")
+            return new_run(task_dir, results, settings, executor, lambda done, total, message: _say(f"  {message}"))
+        return resume_run(run_dir, executor, folder)
+    except BaseException:
+        executor.close()
+        raise
 
 
 def _task_files(folder: Path) -> dict[str, str]:

@@ -14,6 +14,9 @@ from server.audit import (GENESIS, LOG_NAME, RECORD_FIELDS, canonical_json, insi
                           sha256_file)
 
 
+TORN = "torn (no trailing newline; reopening the log repairs it)"
+
+
 class VerifyReport(BaseModel):
     ok: bool
     records: int
@@ -85,7 +88,7 @@ def _read_chain(path: Path) -> tuple[VerifyReport, list[tuple[int, dict]]]:
             problems.append((n, why))
         before = record
     if torn:
-        problems.append((len(lines) + 1, "torn (no trailing newline; reopening the log repairs it)"))
+        problems.append((len(lines) + 1, TORN))
     head = parsed[-1][1]["hash"] if parsed and parsed[-1][0] == len(lines) else None
     return VerifyReport(ok=not problems, records=len(parsed), head=head,
                         problems=[f"{name} line {n}: {why}" for n, why in problems],
@@ -104,6 +107,13 @@ def verify_chain(path: Path, *, expected_head: str | None = None) -> VerifyRepor
                                "(records removed from the end)")
         report.ok = False
     return report
+
+
+def chain_break(path: Path) -> str | None:
+    """The log's first broken record ("events.jsonl line 5: ..."), or None where the chain holds. A torn last
+    line is no break: a server killed mid-write leaves one, and reopening the log sets it aside."""
+    report, _ = _read_chain(Path(path))
+    return next((p for p in report.problems if not p.endswith(TORN)), None)
 
 
 def _file_state(run_dir: Path, relative: str, sha256: str) -> str | None:

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import settings
 
 from harness.device import gpu_absent_reason
+from harness.gpu_lease import LEASE_DIR_ENV
 
 # Property tests draw the same examples on every run and keep nothing between runs: a failure in CI is a
 # failure on any machine, and none depends on a database a previous run left behind (a failure prints the
@@ -21,3 +22,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _gpu_leases_of_this_session(tmp_path_factory):
+    """GPU leases (harness/gpu_lease.py) in a folder of this test session's own: tests running beside each other on
+    one host never wait for each other's fake GPU, and no lease file outlives the session's temporary folder."""
+    folder = tmp_path_factory.mktemp("gpu-leases")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(LEASE_DIR_ENV, str(folder))
+        yield folder

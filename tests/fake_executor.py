@@ -24,6 +24,7 @@ import numpy as np
 
 from harness.vendor_yardstick import VendorReport
 from harness.compile_cache import CompileCache
+from harness.gpu_lease import GpuLease, held
 from harness.worker_side.nvrtc import compile_kernel
 from harness.settings import CompiledKernel
 from harness.stats import geometric_mean, summarize
@@ -49,11 +50,19 @@ H200_ENVIRONMENT = {"compute_capability": [9, 0], "sm_count": 132, "sm_clock_khz
                     "peaks": H200_PEAKS}
 
 
+# The fake device's UUID: its timings hold the host-wide lease of this name (harness/gpu_lease.py), in the folder
+# $KERNEL_REFEREE_GPU_LEASES names (tests/conftest.py gives each test session its own).
+FAKE_GPU_UUID = "GPU-fa4e0000-0000-4000-8000-000000000001"
+
+
 class FakeExecutor:
     def __init__(self, task: Task, gpu: str = "Fake GPU", vendor_latency_us: float | None = 20.0,
-                 environment: dict | None = None, default_latency_us: float = 100.0):
+                 environment: dict | None = None, default_latency_us: float = 100.0,
+                 gpu_uuid: str | None = FAKE_GPU_UUID, lease_what: str = "serve"):
         self.task = task
         self.gpu = gpu
+        self.gpu_uuid = gpu_uuid
+        self.gpu_lease = GpuLease(gpu_uuid, lease_what) if gpu_uuid else None  # as GpuExecutor's, once started
         self.environment = environment or {}  # facts that replace or add to start()'s
         self.default_latency_us = default_latency_us  # a kernel without a latency_us marker (the baseline)
         self.vendor_latency_us = vendor_latency_us  # None: the vendor library "cannot be loaded"
@@ -67,7 +76,7 @@ class FakeExecutor:
         self.checked_seeds: list[dict | None] = []  # the seeds of each check() call
 
     def start(self) -> dict:
-        return {"gpu": self.gpu, "compute_capability": [9, 0], "arch": "sm_90", "driver_cuda_version": "13.0",
+        return {"gpu": self.gpu, "gpu_uuid": self.gpu_uuid, "compute_capability": [9, 0], "arch": "sm_90", "driver_cuda_version": "13.0",
                 "nvrtc": "13.x", "cuda_bindings": "13.x", "sm_clock_khz": 1980000, "event_overhead_ms": 0.002,
                 "peaks": FAKE_PEAKS, "peaks_notes": [], **self.environment}
 
@@ -113,6 +122,10 @@ class FakeExecutor:
         return CheckReport(passed=all(r.passed for r in results), cases=results)
 
     def time(self, kernel: CompiledKernel, cases: list[Case]) -> TimingReport:
+        with held(self.gpu_lease):  # as the Referee's timing protocol holds it around every timing job
+            return self._time(kernel, cases)
+
+    def _time(self, kernel: CompiledKernel, cases: list[Case]) -> TimingReport:
         self.abort_signal.clear()  # before the job is seen to start: an abort from then on ends it
         self.calls.append("time")
         marks = markers(self._source(kernel))
@@ -139,6 +152,10 @@ class FakeExecutor:
                             score_ms=geometric_mean([t.stats.median_ms for t in timings]) if passed else None)
 
     def time_vendor(self, cases: list[Case]) -> VendorReport | None:
+        with held(self.gpu_lease):
+            return self._time_vendor(cases)
+
+    def _time_vendor(self, cases: list[Case]) -> VendorReport | None:
         if self.task.vendor is None:
             return None
         if self.vendor_latency_us is None:
@@ -153,6 +170,8 @@ class FakeExecutor:
     def abort(self) -> None:
         self.aborted += 1
         self.abort_signal.set()
+        if self.gpu_lease is not None:
+            self.gpu_lease.abort()
 
     def fresh_worker(self) -> None:
         self.aborted += 1

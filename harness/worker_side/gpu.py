@@ -119,8 +119,25 @@ class Context:
         raw = raw if isinstance(raw, bytes) else bytes(raw)
         return raw.split(b"\0", 1)[0].decode(errors="replace") or None
 
+    def uuid(self) -> str | None:
+        """The device's UUID as NVML and nvidia-smi write it (GPU-8-4-4-4-12 hex digits): the name every process
+        on the host knows the device by (the parent's GPU lease is keyed by it); None where the driver cannot tell."""
+        call = getattr(driver, "cuDeviceGetUuid_v2", None) or getattr(driver, "cuDeviceGetUuid", None)
+        if call is None:
+            return None
+        err, raw = call(self.device)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return None
+        return format_uuid(bytes(raw.bytes))
+
     def synchronize(self) -> None:
         check(driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+
+def format_uuid(raw: bytes) -> str:
+    """16 bytes as NVML writes a GPU's UUID: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx."""
+    h = bytes(raw[:16]).hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 class Allocation:

@@ -77,7 +77,8 @@ def serve(jobs, answers, ordinal: int, confined: dict, regions=(None, None)) -> 
                                          "cupti_version": utilities.clock.version if utilities.clock else None,
                                          "tracing": utilities.clock.tracing if utilities.clock else None,
                                          "empty_kernel_ms": utilities.kernel_floor_ms},
-                        "pci_bus_id": context.pci_bus_id(), "shared_regions": regions[0] is not None, **confined})
+                        "pci_bus_id": context.pci_bus_id(), "gpu_uuid": context.uuid(),
+                        "shared_regions": regions[0] is not None, **confined})
     while True:
         try:
             header, blobs = wire.receive(jobs, MAX_JOB_BYTES, regions[0])
