@@ -110,7 +110,7 @@ class TimingProtocol:
 
         out_bytes = sum(a.nbytes for a in layout.outputs) * len(launches)
         answer, blobs, failure = call_worker(self.pool.reference, build, self.settings.run_deadline_s,
-                                            out_bytes + guard_bytes_of(layout, 1), case.name)
+                                            out_bytes + guard_bytes_of(layout, 1), case.name, self._deadline())
         if failure is not None:
             raise ReferenceFailed(f"reference kernel failed on case {case.name} (audited inputs): {failure.detail}")
         n = len(layout.outputs)
@@ -135,6 +135,9 @@ class TimingProtocol:
         timing = {"warmups": s.warmups, "iterations": s.iterations, "cold_l2": s.cold_l2,
                   "checked_launches": checked, "guard_seed": guard_seed, "clock": s.clock, "hashes": timed.sent_hashes,
                   "known_outputs": {slot: sorted(hashes) for slot, hashes in timed.verified.items() if hashes}}
+        limit = self._launch_limit(worker, case)
+        if limit is not None:
+            timing["launch_limit_s"] = limit
         sets = len(timed.input_sets)
         out_bytes = sum(a.nbytes for a in layout.outputs) * (len(checked) + sets)
         expected = None
@@ -151,11 +154,12 @@ class TimingProtocol:
 
         try:
             answer, blobs_back, failure = call_worker(worker, build, s.time_deadline_s,
-                                                     out_bytes + guard_bytes_of(layout, sets), case.name)
+                                                     out_bytes + guard_bytes_of(layout, sets), case.name,
+                                                     self._deadline())
         except Refused as refused:
             failure = refused.reason
         if failure is not None:
-            return CaseTiming(case=case.name, passed=False, reasons=[failure])
+            return CaseTiming(case=case.name, passed=False, reasons=[self._explained(failure)])
         if expected is not None:
             return self._judge_fresh_timing(timed, answer, blobs_back, checked, guard_seed, expected, built[0], audits)
         return self._judge_timing(timed, answer, blobs_back, checked, guard_seed)

@@ -18,7 +18,9 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from harness.worker_side.compile_policy import MAX_SOURCE_BYTES, CompileRefused
+from sandbox.deadline import Deadline
 from server import attempt, probes
+from server.call import CallProgress
 from server.models import (AttemptAnswer, CheckAnswer, CompileAnswer, FinishAnswer, LaunchInput, TaskDescription,
                            TimeAnswer, Usage)
 from server.report_files import write_report_files
@@ -86,16 +88,16 @@ def _probe_tools(server: MCPServer, run: Run, call: Callable, candidate: Callabl
                         cases: Cases = None) -> CheckAnswer:
         """Run a candidate once per chosen visible case and compare with the reference: pass/fail and a mismatch
         digest per case. A probe: costs no attempt, limited per attempt window."""
-        return await call(ctx, "run_cases", {"candidate": candidate_id, "cases": cases}, lambda _: probes.check_cases(
-            run, "run_cases", lambda: candidate(candidate_id, source, None, launch), cases))
+        return await call(ctx, "run_cases", {"candidate": candidate_id, "cases": cases}, lambda report: (
+            probes.check_cases(run, "run_cases", lambda: candidate(candidate_id, source, None, launch), cases, report)))
 
     @server.tool(annotations=PROBE)
     async def validate(ctx: Context, candidate_id: CandidateId = None, source: Source = None,
                        launch: Launch = None) -> CheckAnswer:
         """The full correctness protocol on every visible case: two runs with different poison, guard bands,
         input integrity. A probe."""
-        return await call(ctx, "validate", {"candidate": candidate_id}, lambda _: probes.check_cases(
-            run, "validate", lambda: candidate(candidate_id, source, None, launch), None))
+        return await call(ctx, "validate", {"candidate": candidate_id}, lambda report: probes.check_cases(
+            run, "validate", lambda: candidate(candidate_id, source, None, launch), None, report))
 
     @server.tool(annotations=PROBE)
     async def time_kernel(ctx: Context, candidate_id: CandidateId = None, source: Source = None,
@@ -165,14 +167,18 @@ def _gate(run: Run, reports: _FinishedReports) -> Callable:
     gate = anyio.Lock()
 
     async def call(ctx: Context | None, tool: str, arguments: dict, work: Callable, *, needs_budget=True):
+        deadline = Deadline(run.call_deadline_s)  # the whole call's, waiting for the gate included
         async with gate:
-            report = _progress_bridge(ctx)
+            report = CallProgress(_progress_bridge(ctx))
             was_finished = run.finished
 
             def in_thread():
-                with run.exclusive():
+                with run.exclusive(), run.within(deadline):
                     run.guard(tool, arguments, needs_budget=needs_budget)
-                    return work(report)
+                    try:
+                        return work(report)
+                    finally:
+                        report.finish("answered")
 
             try:
                 return await anyio.to_thread.run_sync(in_thread, abandon_on_cancel=True)

@@ -6,6 +6,7 @@ Every call goes through `check`, which names the call and the CUDA error.
 from __future__ import annotations
 
 import ctypes
+import time
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -36,6 +37,11 @@ _SCALAR_CTYPES = {
 
 
 _HALF_DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+class TooSlow(Exception):
+    """A launch ran past the job's launch limit. The kernel still runs (nothing stops a kernel from outside
+    but the end of its context): the worker answers "too_slow" and ends without touching the device again."""
 
 
 def is_sticky(error: CudaError) -> bool:
@@ -88,6 +94,7 @@ class Context:
         driver.cuCtxSetLimit(driver.CUlimit.CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)
         self.stream = check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
         self.info = self._describe(ordinal)
+        self.stuck = False  # a launch outran its limit: freeing or unloading anything would wait for it
 
     def _attribute(self, name: str) -> int:
         attr = getattr(driver.CUdevice_attribute, name)
@@ -121,6 +128,24 @@ class Context:
 
     def synchronize(self) -> None:
         check(driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    def wait(self, limit_s: float | None, what: str) -> None:
+        """The stream's work done. With `limit_s`, polled: still running after it, TooSlow (and the context
+        is marked stuck), so that a spinning kernel is stopped before more launches queue up behind it."""
+        if limit_s is None:
+            self.synchronize()
+            return
+        started, pause_s = time.monotonic(), 1e-4
+        while True:
+            result = driver.cuStreamQuery(self.stream)[0]
+            if result != driver.CUresult.CUDA_ERROR_NOT_READY:
+                check((result,), "cuStreamQuery")
+                return
+            if time.monotonic() - started > limit_s:
+                self.stuck = True
+                raise TooSlow(f"{what} was still running after {limit_s:.3g} s")
+            time.sleep(pause_s)
+            pause_s = min(2 * pause_s, 0.005)
 
 
 class Allocation:
