@@ -27,12 +27,11 @@ from harness.settings import CompiledKernel, ReferenceFailed, TimingSettings, in
 from harness.task_model import DTYPES, Case, Task
 from harness.task import make_inputs
 from harness.timing_protocol import TimingProtocol
-from harness.worker_calls import Refused, RunResult, call_worker, guard_bytes_of, launch_geometry, run_ahead
+from harness.worker_calls import (STOPS_A_SEQUENCE, Refused, RunResult, call_worker, guard_bytes_of, launch_geometry,
+                                  run_ahead)
 from harness.worker_side import buffers
 from sandbox.pool import Worker, WorkerPool
 
-_STOPS_A_CHECK = (ReasonCode.CUDA_FAULT, ReasonCode.TIMEOUT, ReasonCode.WORKER_CRASHED, ReasonCode.OUT_OF_MEMORY,
-                  ReasonCode.TOO_SLOW)
 
 class Referee(TimingProtocol):
     def __init__(self, task: Task, pool: WorkerPool, reference: CompiledKernel, settings: TimingSettings | None = None):
@@ -155,13 +154,13 @@ class Referee(TimingProtocol):
                 seed = (seeds or {}).get(case.name, case.seed)
                 expected, result = self._expected_and_run(kernel, case, seed, against_oracle)
                 put((case, expected, result))
-                if result.failure is not None and result.failure.code in _STOPS_A_CHECK:
+                if result.failure is not None and result.failure.code in STOPS_A_SEQUENCE:
                     return
 
         results = []
         for case, expected, result in run_ahead(produce):
             results.append(self._judge_check(case, expected, result))
-            if any(r.code in _STOPS_A_CHECK for r in results[-1].reasons):
+            if any(r.code in STOPS_A_SEQUENCE for r in results[-1].reasons):
                 break
         passed = len(results) == len(cases) and all(r.passed for r in results)
         return CheckReport(passed=passed, cases=results)

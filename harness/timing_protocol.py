@@ -22,7 +22,8 @@ from harness.results import CaseTiming, Reason, ReasonCode, TimingReport
 from harness.settings import ReferenceFailed, input_seed
 from harness.stats import StoppingRule, geometric_mean, summarize
 from harness.task_model import INTEGER_DTYPES, Case
-from harness.worker_calls import Refused, call_worker, clocked_samples, guard_bytes_of, launch_geometry
+from harness.worker_calls import (STOPS_A_SEQUENCE, Refused, call_worker, clocked_samples, guard_bytes_of,
+                                  launch_geometry)
 from harness.worker_side import buffers, fresh_inputs
 from sandbox.pool import Worker
 
@@ -32,7 +33,11 @@ class TimingProtocol:
         """Each case in turn. The audited outputs of fresh-input timings are compared on other threads
         while the next jobs run on the GPU; every comparison is done before this returns."""
         audits: list[tuple[str, Future]] = []  # (case, its comparison under way)
-        timings = [self._time_case(case, make_job, worker, audits) for case in cases]
+        timings: list[CaseTiming] = []
+        for case in cases:  # no further case after one that stopped or lost the worker (too_slow, timeout...)
+            timings.append(self._time_case(case, make_job, worker, audits))
+            if any(r.code in STOPS_A_SEQUENCE for r in timings[-1].reasons):
+                break
         timings = [_with_audits(t, [f for name, f in audits if name == t.case]) for t in timings]
         passed = all(t.passed for t in timings)
         score = geometric_mean([t.stats.median_ms for t in timings]) if passed and timings else None
@@ -328,7 +333,6 @@ class TimingProtocol:
         return stale
 
 
-
 @dataclass
 class _TimedCase:
     """One case's timing state, shared by its batches."""
@@ -386,7 +390,6 @@ def _with_audits(timing: CaseTiming, audits: list[Future]) -> CaseTiming:
     if not reasons:
         return timing
     return timing.model_copy(update={"passed": False, "reasons": timing.reasons + reasons})
-
 
 
 def _secret_subset(iterations: int, count: int) -> list[int]:

@@ -23,6 +23,10 @@ from sandbox.pool import JobTimeout, Worker, WorkerCrashed
 # Answer statuses that are the candidate's failure, with the reason each one is.
 _FAILURES = {Status.FAULT: ReasonCode.CUDA_FAULT, Status.LAUNCH_ERROR: ReasonCode.LAUNCH_ERROR,
              Status.OUT_OF_MEMORY: ReasonCode.OUT_OF_MEMORY, Status.TOO_SLOW: ReasonCode.TOO_SLOW}
+# Failures after which a check or a timing runs no further case: the worker was lost or stopped (or the
+# device is full), and the next case would only spend the call's time the same way.
+STOPS_A_SEQUENCE = frozenset({ReasonCode.CUDA_FAULT, ReasonCode.TIMEOUT, ReasonCode.WORKER_CRASHED,
+                              ReasonCode.OUT_OF_MEMORY, ReasonCode.TOO_SLOW})
 
 
 def call_worker(worker: Worker, build: Callable[[frozenset[str]], tuple[dict, list]], deadline_s: float,

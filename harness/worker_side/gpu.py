@@ -135,17 +135,25 @@ class Context:
         if limit_s is None:
             self.synchronize()
             return
+        self.wait_until(lambda: _query(driver.cuStreamQuery(self.stream)[0], "cuStreamQuery"), limit_s, what)
+
+    def wait_until(self, done, limit_s: float, what: str) -> None:
+        """Poll `done()` until it is true; past `limit_s`, the context is stuck and TooSlow is raised."""
         started, pause_s = time.monotonic(), 1e-4
-        while True:
-            result = driver.cuStreamQuery(self.stream)[0]
-            if result != driver.CUresult.CUDA_ERROR_NOT_READY:
-                check((result,), "cuStreamQuery")
-                return
+        while not done():
             if time.monotonic() - started > limit_s:
                 self.stuck = True
                 raise TooSlow(f"{what} was still running after {limit_s:.3g} s")
             time.sleep(pause_s)
             pause_s = min(2 * pause_s, 0.005)
+
+
+def _query(result, call: str) -> bool:
+    """Whether the work a query asks about is done (CUDA_ERROR_NOT_READY: not yet); any error raised."""
+    if result == driver.CUresult.CUDA_ERROR_NOT_READY:
+        return False
+    check((result,), call)
+    return True
 
 
 class Allocation:
@@ -226,11 +234,7 @@ def copy(destination: int, source: int, nbytes: int, stream) -> None:
 
 def completed(event) -> bool:
     """Whether the work before `event` has finished (without waiting)."""
-    result = driver.cuEventQuery(event)[0]
-    if result == driver.CUresult.CUDA_ERROR_NOT_READY:
-        return False
-    check((result,), "cuEventQuery")
-    return True
+    return _query(driver.cuEventQuery(event)[0], "cuEventQuery")
 
 
 def fill(ptr: int, byte: int, nbytes: int, stream) -> None:

@@ -109,7 +109,7 @@ class TimedLoop:
         for i in range(self.warmups):
             self.ready(i, i % self.sets)
             self.job.launch(i % self.sets)
-            if i == 0:
+            if i == 0 and self.limit_s is not None:
                 self.context.wait(self.limit_s, "warm-up launch 1")
         self.context.wait(self._limit_of(self.warmups - 1), f"the {self.warmups} warm-up launches")
         gpu.reset_persisting_l2()
@@ -148,12 +148,16 @@ class TimedLoop:
         utilities.queued(self.iterations, perf_counter() - started, self.host_kept_up)
 
     def wait_for_timed_launches(self) -> None:
-        """Everything queued done: the hold, and the timed launches within their limits."""
-        hold_s = MAX_HOLD_NS / 1e9
-        limit = self._limit_of(self.iterations)
-        self.context.wait(None if limit is None else hold_s + limit, f"the {self.iterations} timed launches")
+        """Everything queued done. With a launch limit, each timed launch must end within it of the one before
+        (the first, of the hold): a launch that spins is stopped there, not after the whole loop."""
+        if self.limit_s is not None:
+            for i, pair in enumerate(self.pairs):
+                allowed = self.limit_s + (MAX_HOLD_NS / 1e9 if i == 0 else 0.0)
+                self.context.wait_until(lambda pair=pair: gpu.completed(pair.end), allowed, f"timed launch {i + 1}")
+        self.context.wait(self.limit_s, "the work after the timed launches")
 
     def _limit_of(self, launches: int) -> float | None:
+        """The limit of `launches` launches waited for together."""
         return None if self.limit_s is None else self.limit_s * max(launches, 1)
 
     def compare_rotated_snapshots(self) -> None:
