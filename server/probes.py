@@ -75,7 +75,7 @@ def check_cases(run: Run, tool: str, make_candidate: Callable[[], Candidate],
                        {"candidate": candidate.id, "passed": report.passed if report else None})
     if progress:
         codes = sorted({r.code.value for r in report.reasons})
-        progress(1, 1, "passed" if report.passed else f"failed: {', '.join(codes)}")
+        progress(1, 1, f"{len(report.cases)} case(s) checked: " + ("passed" if report.passed else ", ".join(codes)))
     return CheckAnswer(candidate=candidate.id, passed=report.passed, cases=_statuses(report), budget=run.budget())
 
 

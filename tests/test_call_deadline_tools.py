@@ -115,6 +115,22 @@ async def test_run_cases_validate_time_kernel_and_record_attempt_report_progress
             result, notes, _ = await _call(c, tool, source=kernel("latency_us=80"), **arguments)
             assert not result.is_error, result.content[0].text
             assert _reaches_its_total(notes), (tool, notes)
+        result, notes, _ = await _call(c, "finish", reason="done")
+        assert not result.is_error and _reaches_its_total(notes), notes
+        assert notes[-1][2] == "run finished; the best is attempt 1"
+
+
+@pytest.mark.anyio
+async def test_the_last_attempt_reports_its_holdout_check_and_ends_at_the_total(tmp_path):
+    run = new_run(tmp_path, max_attempts=1)
+    try:
+        async with client(run) as c:
+            result, notes, _ = await _call(c, "record_attempt", source=kernel("latency_us=80"), rationale="last")
+        assert not result.is_error and result.structured_content["budget"]["finished"]
+        assert _reaches_its_total(notes), notes
+        assert any(message.startswith("holdout cases for attempt") for _, _, message in notes)
+    finally:
+        run.close()
 
 
 @pytest.mark.anyio
