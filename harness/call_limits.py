@@ -32,10 +32,10 @@ class CallLimits:
 
     def too_slow_note(self, case: str | None) -> str:
         """Why the limit of `case` is what it is, for a too_slow reason."""
-        if case not in self.baseline_ms:
-            return ""
-        return (f"; the limit is {TOO_SLOW_FACTOR:g} times the baseline's launch ({self.baseline_ms[case]:.3f} ms) "
-                f"and at least {MIN_LAUNCH_LIMIT_S:g} s")
+        basis = "" if case not in self.baseline_ms else (
+            f"; the limit is {TOO_SLOW_FACTOR:g} times the baseline's launch ({self.baseline_ms[case]:.3f} ms) "
+            f"and at least {MIN_LAUNCH_LIMIT_S:g} s")
+        return basis + "; the worker was killed with its kernel"
 
 
 def launch_limit_s(baseline_ms: float) -> float:

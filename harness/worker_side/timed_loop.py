@@ -238,7 +238,7 @@ class TimedLoop:
         return inputs_host, blobs + lasts, time_slots(self.checked, self.sets, n_out)
 
     def close(self) -> None:
-        if self.context.stuck:
+        if self.context is not None and self.context.stuck:
             return  # a kernel still runs: releasing would wait for it, and the worker ends anyway
         for pair in self.pairs + ([self.queued] if self.queued else []):
             pair.destroy()
