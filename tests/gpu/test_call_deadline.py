@@ -20,7 +20,7 @@ from tests.server_support import client
 pytestmark = pytest.mark.gpu
 MATMUL = Path(__file__).resolve().parents[2] / "cases" / "matmul_f32"
 SPIN = (Path(__file__).with_name("kernels") / "spin_on_performance.cu").read_text()
-MALLOC_FLOOD = (Path(__file__).parents[1] / "exploits" / "malloc_flood.cu").read_text()
+EXPLOITS_DIR = Path(__file__).parents[1] / "exploits"
 
 
 @pytest.fixture
@@ -70,13 +70,21 @@ async def test_a_kernel_spinning_30_s_per_launch_is_too_slow_in_time_and_the_gpu
     assert verify_run(run.dir).ok
 
 
+# (exploit, the reasons it must be rejected for; None: any, in time)
+EXPLOITS = [("malloc_flood", None), ("infinite_loop", {"too_slow"})]
+
+
 @pytest.mark.anyio
-async def test_a_device_malloc_flood_is_rejected_in_time(run):
+@pytest.mark.parametrize("name, codes", EXPLOITS, ids=[e[0] for e in EXPLOITS])
+async def test_a_hostile_kernel_is_rejected_in_time_through_record_attempt(run, name, codes):
     used = run.attempts_used
+    source = (EXPLOITS_DIR / f"{name}.cu").read_text()
     async with client(run) as c:
-        result, seconds = await _timed(c, "record_attempt", source=MALLOC_FLOOD, rationale="malloc flood")
+        result, seconds = await _timed(c, "record_attempt", source=source, rationale=name)
     assert not result.is_error and seconds < CALL_DEADLINE_S, seconds
     answer = result.structured_content
     assert answer["verdict"] == "rejected" and answer["reasons"], answer
+    if codes is not None:
+        assert {r["code"] for r in answer["reasons"]} == codes, answer["reasons"]
     assert run.attempts_used == used + 1
     assert verify_run(run.dir).ok
