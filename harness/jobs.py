@@ -127,11 +127,15 @@ def _inputs_field(layout: Layout, input_sets: list[dict[str, np.ndarray]], hashe
 
 def make_run_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
                  inputs: dict[str, np.ndarray], poisons: tuple[int, ...], guard_seed: int,
-                 hashes: dict[str, str] | None = None, resident: frozenset[str] = frozenset()) -> tuple[RunJob, list]:
-    """`hashes`: the inputs' sha256, by which the worker keeps them; `resident`: the keys it holds."""
+                 hashes: dict[str, str] | None = None, resident: frozenset[str] = frozenset(),
+                 launch_limit_s: float | None = None) -> tuple[RunJob, list]:
+    """`hashes`: the inputs' sha256, by which the worker keeps them; `resident`: the keys it holds;
+    `launch_limit_s`: a launch still running after this is too slow (None: no limit)."""
     entries, blobs = _inputs_field(layout, [inputs], [hashes], resident)
     header: RunJob = {"op": "run", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
               "poisons": list(poisons), "guard_seed": guard_seed, "guard_bytes": GUARD_BYTES, "inputs": entries}
+    if launch_limit_s is not None:
+        header["launch_limit_s"] = launch_limit_s
     return header, [cubin] + blobs
 
 
@@ -161,16 +165,19 @@ def make_time_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeo
                   checked_launches: list[int], guard_seed: int,
                   known_outputs: dict[str, list[str]] | None = None, clock: str = "kernel",
                   hashes: list[dict | None] | None = None, resident: frozenset[str] = frozenset(),
-                  fresh: FreshDraws | None = None) -> tuple[TimeJob, list]:
+                  fresh: FreshDraws | None = None, launch_limit_s: float | None = None) -> tuple[TimeJob, list]:
     """`known_outputs`: by slot ("SET/OUTPUT"), the sha256 of outputs already found right, not to be sent again.
     `clock`: "kernel" times each launch on the kernel clock too, where the worker has it; "events" does not.
     `fresh`: every launch draws its drawn inputs anew (harness/worker_side/fresh_inputs.py); `input_sets` then hold only
-    the inputs that are not drawn, the same in every set, and `checked_launches` are the audited launches."""
+    the inputs that are not drawn, the same in every set, and `checked_launches` are the audited launches.
+    `launch_limit_s`: a launch still running after this is too slow (None: no limit)."""
     header: TimeJob = {"op": "time", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
               "sets": len(input_sets), "warmups": warmups, "iterations": iterations, "cold_l2": cold_l2,
               "poison": TIMING_POISON, "checked_launches": sorted(checked_launches),
               "guard_seed": guard_seed, "guard_bytes": GUARD_BYTES, "known_outputs": known_outputs or {},
               "clock": clock, "fresh": {"key": fresh.key} if fresh else None}
+    if launch_limit_s is not None:
+        header["launch_limit_s"] = launch_limit_s
     header["inputs"], blobs = _inputs_field(layout, input_sets, hashes, resident, fresh.draws if fresh else None)
     return header, [cubin] + blobs
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 
 import numpy as np
 
 from harness import jobs
+from harness.call_limits import CallLimits
 from harness.compare import Agreement, agreement, compare_output
 from harness.gpu_lease import GpuLease
 from harness.judging import integrity_reasons, mismatch_detail, still_poisoned
@@ -26,11 +28,11 @@ from harness.settings import CompiledKernel, ReferenceFailed, TimingSettings, in
 from harness.task_model import DTYPES, Case, Task
 from harness.task import make_inputs
 from harness.timing_protocol import TimingProtocol
-from harness.worker_calls import Refused, RunResult, call_worker, guard_bytes_of, launch_geometry, run_ahead
+from harness.worker_calls import (STOPS_A_SEQUENCE, Refused, RunResult, call_worker, guard_bytes_of, launch_geometry,
+                                  run_ahead)
 from harness.worker_side import buffers
 from sandbox.pool import Worker, WorkerPool
 
-_STOPS_A_CHECK = (ReasonCode.CUDA_FAULT, ReasonCode.TIMEOUT, ReasonCode.WORKER_CRASHED, ReasonCode.OUT_OF_MEMORY)
 
 class Referee(TimingProtocol):
     def __init__(self, task: Task, pool: WorkerPool, reference: CompiledKernel, settings: TimingSettings | None = None):
@@ -53,6 +55,32 @@ class Referee(TimingProtocol):
         self._preparing_lock = threading.Lock()
         self._preparer: ThreadPoolExecutor | None = None
         self._comparer: ThreadPoolExecutor | None = None  # audited outputs compared while the GPU goes on
+        self.limits: CallLimits | None = None  # the tool call in progress: its deadline and launch limits
+
+    @contextmanager
+    def within(self, limits: CallLimits) -> Iterator[None]:
+        """Every job sent meanwhile (by any thread) ends by the call's deadline; the candidate's launches
+        are limited per case (harness/call_limits.py)."""
+        self.limits = limits
+        try:
+            yield
+        finally:
+            self.limits = None
+
+    def _deadline(self):
+        return self.limits.deadline if self.limits is not None else None
+
+    def _launch_limit(self, worker: Worker, case: Case) -> float | None:
+        """The candidates' worker only: the reference (and the vendor library beside it) is the task's own."""
+        if self.limits is None or worker is not self.pool.candidate:
+            return None
+        return self.limits.launch_s.get(case.name)
+
+    def _explained(self, failure: Reason) -> Reason:
+        """A too_slow reason with the baseline's launch time its limit came from."""
+        if failure.code is not ReasonCode.TOO_SLOW or self.limits is None:
+            return failure
+        return failure.model_copy(update={"detail": failure.detail + self.limits.too_slow_note(failure.case)})
 
     # -- expected outputs --------------------------------------------------------------------
     def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
@@ -128,13 +156,13 @@ class Referee(TimingProtocol):
                 seed = (seeds or {}).get(case.name, case.seed)
                 expected, result = self._expected_and_run(kernel, case, seed, against_oracle)
                 put((case, expected, result))
-                if result.failure is not None and result.failure.code in _STOPS_A_CHECK:
+                if result.failure is not None and result.failure.code in STOPS_A_SEQUENCE:
                     return
 
         results = []
         for case, expected, result in run_ahead(produce):
             results.append(self._judge_check(case, expected, result))
-            if any(r.code in _STOPS_A_CHECK for r in results[-1].reasons):
+            if any(r.code in STOPS_A_SEQUENCE for r in results[-1].reasons):
                 break
         passed = len(results) == len(cases) and all(r.passed for r in results)
         return CheckReport(passed=passed, cases=results)
@@ -194,15 +222,16 @@ class Referee(TimingProtocol):
             return RunResult(layout, failure=failure)
         guard_seed = secrets.randbits(62)
         out_bytes = sum(a.nbytes for a in layout.outputs) * len(buffers.POISON_BYTES)
+        limit = self._launch_limit(worker, case)
 
         def build(resident: frozenset[str]):
             return jobs.make_run_job(kernel.cubin, kernel.symbol, layout, geometry, inputs, buffers.POISON_BYTES,
-                                guard_seed, hashes, resident)
+                                guard_seed, hashes, resident, limit)
 
         answer, answer_blobs, failure = call_worker(worker, build, self.settings.run_deadline_s,
-                                                   out_bytes + guard_bytes_of(layout, 1), case.name)
+                                                   out_bytes + guard_bytes_of(layout, 1), case.name, self._deadline())
         if failure is not None:
-            return RunResult(layout, failure=failure)
+            return RunResult(layout, failure=self._explained(failure))
         n = len(layout.outputs)
         outputs, guards = jobs.unpack_outputs(answer, answer_blobs, buffers.run_slots(len(buffers.POISON_BYTES), n), {})
         runs = [jobs.read_arrays(outputs[i * n:(i + 1) * n], layout.outputs) for i in range(len(buffers.POISON_BYTES))]

@@ -14,7 +14,8 @@ class ReasonCode(str, Enum):
     COMPILE_ERROR = "compile_error"
     LAUNCH_ERROR = "launch_error"          # launch refused: bad geometry, too much shared memory, wrong signature
     CUDA_FAULT = "cuda_fault"              # sticky error: illegal address, trap, misaligned access
-    TIMEOUT = "timeout"                    # killed at its deadline
+    TIMEOUT = "timeout"                    # killed at its deadline (the job's, or the tool call's)
+    TOO_SLOW = "too_slow"                  # a launch ran past 20x the baseline's on the case (at least 1 s): stopped
     WORKER_CRASHED = "worker_crashed"
     OUT_OF_MEMORY = "out_of_memory"        # no device memory left for the case's buffers: not judged, still counted
     MISMATCH = "mismatch"                  # outputs differ from the reference beyond tolerance

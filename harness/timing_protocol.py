@@ -23,7 +23,8 @@ from harness.results import CaseTiming, Reason, ReasonCode, TimingReport
 from harness.settings import ReferenceFailed, input_seed
 from harness.stats import StoppingRule, geometric_mean, summarize
 from harness.task_model import INTEGER_DTYPES, Case
-from harness.worker_calls import Refused, call_worker, clocked_samples, guard_bytes_of, launch_geometry
+from harness.worker_calls import (STOPS_A_SEQUENCE, Refused, call_worker, clocked_samples, guard_bytes_of,
+                                  launch_geometry)
 from harness.worker_side import buffers, fresh_inputs
 from sandbox.pool import Worker
 
@@ -34,8 +35,12 @@ class TimingProtocol:
         timings are compared on other threads while the next jobs run on the GPU; every comparison is done
         before this returns."""
         audits: list[tuple[str, Future]] = []  # (case, its comparison under way)
+        timings: list[CaseTiming] = []
         with held(self.lease):
-            timings = [self._time_case(case, make_job, worker, audits) for case in cases]
+            for case in cases:  # no further case after one that stopped or lost the worker (too_slow, timeout...)
+                timings.append(self._time_case(case, make_job, worker, audits))
+                if any(r.code in STOPS_A_SEQUENCE for r in timings[-1].reasons):
+                    break
         timings = [_with_audits(t, [f for name, f in audits if name == t.case]) for t in timings]
         passed = all(t.passed for t in timings)
         score = geometric_mean([t.stats.median_ms for t in timings]) if passed and timings else None
@@ -113,7 +118,7 @@ class TimingProtocol:
 
         out_bytes = sum(a.nbytes for a in layout.outputs) * len(launches)
         answer, blobs, failure = call_worker(self.pool.reference, build, self.settings.run_deadline_s,
-                                            out_bytes + guard_bytes_of(layout, 1), case.name)
+                                            out_bytes + guard_bytes_of(layout, 1), case.name, self._deadline())
         if failure is not None:
             raise ReferenceFailed(f"reference kernel failed on case {case.name} (audited inputs): {failure.detail}")
         n = len(layout.outputs)
@@ -138,6 +143,9 @@ class TimingProtocol:
         timing = {"warmups": s.warmups, "iterations": s.iterations, "cold_l2": s.cold_l2,
                   "checked_launches": checked, "guard_seed": guard_seed, "clock": s.clock, "hashes": timed.sent_hashes,
                   "known_outputs": {slot: sorted(hashes) for slot, hashes in timed.verified.items() if hashes}}
+        limit = self._launch_limit(worker, case)
+        if limit is not None:
+            timing["launch_limit_s"] = limit
         sets = len(timed.input_sets)
         out_bytes = sum(a.nbytes for a in layout.outputs) * (len(checked) + sets)
         expected = None
@@ -154,11 +162,12 @@ class TimingProtocol:
 
         try:
             answer, blobs_back, failure = call_worker(worker, build, s.time_deadline_s,
-                                                     out_bytes + guard_bytes_of(layout, sets), case.name)
+                                                     out_bytes + guard_bytes_of(layout, sets), case.name,
+                                                     self._deadline())
         except Refused as refused:
             failure = refused.reason
         if failure is not None:
-            return CaseTiming(case=case.name, passed=False, reasons=[failure])
+            return CaseTiming(case=case.name, passed=False, reasons=[self._explained(failure)])
         if expected is not None:
             return self._judge_fresh_timing(timed, answer, blobs_back, checked, guard_seed, expected, built[0], audits)
         return self._judge_timing(timed, answer, blobs_back, checked, guard_seed)
@@ -327,7 +336,6 @@ class TimingProtocol:
         return stale
 
 
-
 @dataclass
 class _TimedCase:
     """One case's timing state, shared by its batches."""
@@ -385,7 +393,6 @@ def _with_audits(timing: CaseTiming, audits: list[Future]) -> CaseTiming:
     if not reasons:
         return timing
     return timing.model_copy(update={"passed": False, "reasons": timing.reasons + reasons})
-
 
 
 def _secret_subset(iterations: int, count: int) -> list[int]:

@@ -11,32 +11,45 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness import jobs
+from harness.call_limits import OutOfTime
 from harness.results import Reason, ReasonCode
 from harness.settings import CompiledKernel, Unavailable
 from harness.task_model import Case
 from harness.worker_side import buffers
 from sandbox.answers import Status
+from sandbox.deadline import Deadline
 from sandbox.pool import JobTimeout, Worker, WorkerCrashed
 
 # Answer statuses that are the candidate's failure, with the reason each one is.
 _FAILURES = {Status.FAULT: ReasonCode.CUDA_FAULT, Status.LAUNCH_ERROR: ReasonCode.LAUNCH_ERROR,
-             Status.OUT_OF_MEMORY: ReasonCode.OUT_OF_MEMORY}
+             Status.OUT_OF_MEMORY: ReasonCode.OUT_OF_MEMORY, Status.TOO_SLOW: ReasonCode.TOO_SLOW}
+# Failures after which a check or a timing runs no further case: the worker was lost or stopped (or the
+# device is full), and the next case would only spend the call's time the same way.
+STOPS_A_SEQUENCE = frozenset({ReasonCode.CUDA_FAULT, ReasonCode.TIMEOUT, ReasonCode.WORKER_CRASHED,
+                              ReasonCode.OUT_OF_MEMORY, ReasonCode.TOO_SLOW})
 
 
 def call_worker(worker: Worker, build: Callable[[frozenset[str]], tuple[dict, list]], deadline_s: float,
-                max_bytes: int, case: str):
+                max_bytes: int, case: str, within: Deadline | None = None):
     """(answer, blobs, None) or (None, None, the candidate's failure as a Reason).
     `build(resident)` makes the job, leaving out the inputs the worker says it holds; if it no
-    longer holds one, the job goes again with all of them."""
+    longer holds one, the job goes again with all of them. `within`: the tool call's deadline, which
+    the job inherits; once it has passed, OutOfTime (a job it cut short had its worker killed)."""
+    within = within or Deadline.never()
+    if within.expired:
+        raise OutOfTime(f"the call's {within.seconds:g} s ran out before the job on case {case} could start")
     header, blobs = build(worker.resident_inputs)
     try:
-        answer, answer_blobs = worker.call(header, blobs, deadline_s, max_bytes + (1 << 20))
+        answer, answer_blobs = worker.call(header, blobs, deadline_s, max_bytes + (1 << 20), within)
         if answer.get("status") == Status.RESIDENT_MISSING:
             worker.resident_inputs = frozenset()
             header, blobs = build(worker.resident_inputs)
-            answer, answer_blobs = worker.call(header, blobs, deadline_s, max_bytes + (1 << 20))
+            answer, answer_blobs = worker.call(header, blobs, deadline_s, max_bytes + (1 << 20), within)
     except JobTimeout:
         worker.resident_inputs = frozenset()
+        if within.expired:
+            raise OutOfTime(f"the call's {within.seconds:g} s ran out during the job on case {case}; "
+                            "the worker was killed") from None
         return None, None, Reason(code=ReasonCode.TIMEOUT, case=case,
                                   detail=f"still running after {deadline_s:g} s; the worker was killed")
     except WorkerCrashed as exc:

@@ -13,6 +13,7 @@ class Status(StrEnum):
     FAULT = "fault"  # a sticky CUDA error: the worker exits after answering
     LAUNCH_ERROR = "launch_error"  # the candidate could not be launched or ran into an error
     OUT_OF_MEMORY = "out_of_memory"
+    TOO_SLOW = "too_slow"  # a launch ran past the job's launch limit: the kernel still runs, the worker ends
     UNAVAILABLE = "unavailable"  # an optional library (cuBLAS) does not load there
     RESIDENT_MISSING = "resident_missing"  # the job names a kept input the worker no longer holds
     REFUSED = "refused"  # the compile worker's policy refused the request

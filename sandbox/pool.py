@@ -2,7 +2,10 @@
 
 The parent owns every deadline: a job that outlives its deadline gets the worker's whole process
 group killed, and the next job starts a fresh worker. A worker that reported a sticky CUDA error
-exits by itself and is replaced the same way.
+exits by itself and is replaced the same way; one that reported a launch past its limit (too slow)
+is killed at once, its kernel still running. A job sent within a tool call's deadline
+(sandbox/deadline.py) never waits past it: not to start the worker, not for the answer, not to
+reap a worker that faulted.
 
 Workers are confined by default (sandbox/confine.py: Landlock, a new network namespace, rlimits),
 each to its own scratch folder; `confine=False` is the explicit opt-out, which the caller records.
@@ -22,12 +25,14 @@ from typing import Sequence
 
 from sandbox import wire
 from sandbox.confine import gpu_worker_confinement
+from sandbox.deadline import Deadline
 from sandbox.environment import worker_environment
 from sandbox.answers import Status
 
 log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 90.0
+REAP_S = 10.0  # how long a killed worker (or one that exits after a fault) is waited for
 # Each direction's shared memory region (sparse: only what a message touches is memory).
 REGION_BYTES = 1 << 30
 
@@ -41,7 +46,7 @@ class WorkerCrashed(WorkerError):
 
 
 class JobTimeout(Exception):
-    """The job outlived its deadline; the worker was killed."""
+    """The job outlived its deadline (or the worker could not start before the call's); the worker was killed."""
 
 
 class Worker:
@@ -76,8 +81,10 @@ class Worker:
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
-    def start(self) -> dict:
-        """Start the process and wait for its 'ready' message (device facts)."""
+    def start(self, within: Deadline | None = None) -> dict:
+        """Start the process and wait for its 'ready' message (device facts), never past `within`."""
+        within = within or Deadline.never()
+        timeout_s = within.cap(self.startup_timeout_s)
         self.stop()
         self.resident_inputs = frozenset()
         self._scratch = Path(tempfile.mkdtemp(prefix=f"kernel-referee-{self.name}-"))
@@ -108,8 +115,10 @@ class Worker:
         self._reader = wire.DeadlineReader(answers_read)
         self._answers_fd = answers_read
         try:
-            hello, _ = self._receive(time.monotonic() + self.startup_timeout_s, 1 << 20)
+            hello, _ = self._receive(time.monotonic() + timeout_s, 1 << 20, within.cap(REAP_S))
         except JobTimeout:
+            if timeout_s < self.startup_timeout_s:
+                raise JobTimeout(f"{self.name} worker did not start before the call's deadline") from None
             raise WorkerError(f"{self.name} worker did not start within {self.startup_timeout_s:.0f} s") from None
         if hello.get("status") != Status.READY:
             self.stop()
@@ -137,9 +146,9 @@ class Worker:
         for note in hello.get("confinement_notes", []):
             log.warning("%s worker: %s", self.name, note)
 
-    def ensure_started(self) -> dict:
+    def ensure_started(self, within: Deadline | None = None) -> dict:
         if not self.alive:
-            self.start()
+            self.start(within)
         return self.hello
 
     def interrupt(self) -> None:
@@ -151,14 +160,14 @@ class Worker:
             except ProcessLookupError:
                 pass
 
-    def kill(self) -> None:
-        """SIGKILL the worker's whole process group (it may be stuck in a kernel)."""
+    def kill(self, wait_s: float = REAP_S) -> None:
+        """SIGKILL the worker's whole process group (it may be stuck in a kernel); wait at most `wait_s` for it."""
         if self._process is not None and self._process.poll() is None:
             try:
                 os.killpg(self._process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        self._reap()
+        self._reap(wait_s)
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Ask the worker to exit; kill it if it does not."""
@@ -170,12 +179,12 @@ class Worker:
                 pass
         self.kill()
 
-    def _reap(self) -> None:
+    def _reap(self, wait_s: float = REAP_S) -> None:
         if self._process is not None:
             try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                log.error("%s worker %d did not die after SIGKILL", self.name, self._process.pid)
+                self._process.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:  # the Popen object reaps it later, when it goes
+                log.warning("%s worker %d did not die within %.1f s of SIGKILL", self.name, self._process.pid, wait_s)
         for closer in (self._jobs, self._reader, self._stderr):
             if closer is not None:
                 try:
@@ -203,9 +212,12 @@ class Worker:
         self.stop()
 
     # -- jobs -------------------------------------------------------------------------------
-    def call(self, header: dict, blobs: list, deadline_s: float, max_answer_bytes: int) -> tuple[dict, list[bytes]]:
-        """Send one job and wait for its answer, at most `deadline_s` seconds after sending."""
-        self.ensure_started()
+    def call(self, header: dict, blobs: list, deadline_s: float, max_answer_bytes: int,
+             within: Deadline | None = None) -> tuple[dict, list[bytes]]:
+        """Send one job and wait for its answer, at most `deadline_s` seconds after sending, and never past
+        `within` (the tool call's deadline: starting the worker and reaping it count too)."""
+        within = within or Deadline.never()
+        self.ensure_started(within)
         self.in_flight = True
         try:
             try:
@@ -214,18 +226,21 @@ class Worker:
                 detail = self._death_note()
                 self.kill()
                 raise WorkerCrashed(f"{self.name} worker died before taking the job ({exc}); {detail}") from None
-            answer, answer_blobs = self._receive(time.monotonic() + deadline_s, max_answer_bytes)
+            answer, answer_blobs = self._receive(time.monotonic() + within.cap(deadline_s), max_answer_bytes,
+                                                 within.cap(REAP_S))
         finally:
             self.in_flight = False
         if answer.get("status") == Status.FAULT:
-            self._reap_after_fault()
+            self._reap_after_fault(within.cap(REAP_S))
+        elif answer.get("status") == Status.TOO_SLOW:
+            self.kill(within.cap(REAP_S))  # its kernel still runs: the process must go for the GPU to be free
         return answer, answer_blobs
 
-    def _receive(self, deadline: float, max_bytes: int) -> tuple[dict, list[bytes]]:
+    def _receive(self, deadline: float, max_bytes: int, reap_s: float = REAP_S) -> tuple[dict, list[bytes]]:
         try:
             return self._reader.receive(deadline, max_bytes, self._regions[1] if self._shared else None)
         except wire.WireTimeout:
-            self.kill()
+            self.kill(reap_s)
             raise JobTimeout(f"{self.name} worker killed at its deadline") from None
         except wire.PeerClosed:
             detail = self._death_note()
@@ -235,13 +250,13 @@ class Worker:
             self.kill()
             raise WorkerError(f"{self.name} worker sent a malformed answer: {exc}") from None
 
-    def _reap_after_fault(self) -> None:
+    def _reap_after_fault(self, wait_s: float = REAP_S) -> None:
         """The worker exits by itself after a sticky error; wait briefly, then make sure."""
         try:
-            self._process.wait(timeout=10)
+            self._process.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
             pass
-        self.kill()
+        self.kill(wait_s)
 
     def _death_note(self) -> str:
         code = self._process.poll() if self._process else None

@@ -19,8 +19,10 @@ from mcp.types import Completion, CompletionArgument, ResourceTemplateReference,
 from pydantic import Field
 
 from harness.worker_side.compile_policy import MAX_SOURCE_BYTES, CompileRefused
+from sandbox.deadline import Deadline
 from server import attempt, probes
 from server.client_log import ClientLog
+from server.call import CallProgress
 from server.models import (AttemptAnswer, CheckAnswer, CompileAnswer, FinishAnswer, LaunchInput, TaskDescription,
                            TimeAnswer, Usage)
 from server.report_files import write_report_files
@@ -115,16 +117,16 @@ def _probe_tools(server: MCPServer, run: Run, call: Callable, candidate: Callabl
                         cases: Cases = None) -> CheckAnswer:
         """Run a candidate once per chosen visible case and compare with the reference: pass/fail and a mismatch
         digest per case. A probe: costs no attempt, limited per attempt window."""
-        return await call(ctx, "run_cases", {"candidate": candidate_id, "cases": cases}, lambda _: probes.check_cases(
-            run, "run_cases", lambda: candidate(candidate_id, source, None, launch), cases))
+        return await call(ctx, "run_cases", {"candidate": candidate_id, "cases": cases}, lambda report: (
+            probes.check_cases(run, "run_cases", lambda: candidate(candidate_id, source, None, launch), cases, report)))
 
     @_tool(server, "Validate a candidate", PROBE)
     async def validate(ctx: Context, candidate_id: CandidateId = None, source: Source = None,
                        launch: Launch = None) -> CheckAnswer:
         """The full correctness protocol on every visible case: two runs with different poison, guard bands,
         input integrity. A probe."""
-        return await call(ctx, "validate", {"candidate": candidate_id}, lambda _: probes.check_cases(
-            run, "validate", lambda: candidate(candidate_id, source, None, launch), None))
+        return await call(ctx, "validate", {"candidate": candidate_id}, lambda report: probes.check_cases(
+            run, "validate", lambda: candidate(candidate_id, source, None, launch), None, report))
 
     @_tool(server, "Time a candidate", PROBE)
     async def time_kernel(ctx: Context, candidate_id: CandidateId = None, source: Source = None,
@@ -206,15 +208,19 @@ def _gate(run: Run, reports: _FinishedReports, logs: ClientLog) -> Callable:
     async def call(ctx: Context | None, tool: str, arguments: dict, work: Callable, *, needs_budget=True):
         if tool in _READ_ONLY:
             return await _answered(tool, lambda: _read_only(run, tool, arguments, work))
+        deadline = Deadline(run.call_deadline_s)  # the whole call's, waiting for the gate included
         async with gate:
-            report = _progress_bridge(ctx, logs)
+            report = CallProgress(_progress_bridge(ctx, logs))
             was_finished = run.finished
 
             def in_thread():
-                with run.exclusive():
+                with run.exclusive(), run.within(deadline):
                     try:
                         run.guard(tool, arguments, needs_budget=needs_budget)
-                        return work(report)
+                        try:
+                            return work(report)
+                        finally:
+                            report.finish("answered")
                     finally:
                         probes.publish(run)
 

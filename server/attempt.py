@@ -11,12 +11,14 @@ import logging
 import secrets
 import time
 
+from harness.call_limits import OutOfTime
 from harness.vendor_yardstick import vendor_summary
 from harness.peaks import roofline_fraction
 from harness.side_by_side import SideBySide, TimingFailed, time_side_by_side
 from harness.stats import geomean_speedup, geometric_mean, speedup, summarize
 from harness.results import Reason, ReasonCode
 from server import probes, suspicion
+from server.call import part
 from server.models import AttemptAnswer, CaseLatency, FinishAnswer
 from server.holdout import holdout_verdict
 from server.lease_waits import LeaseWatch
@@ -98,9 +100,10 @@ def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict |
         raise
     holdout = None
     if run.attempts_used >= run.settings.max_attempts:
-        holdout = finish(run, "budget exhausted", progress).holdout
+        holdout = finish(run, "budget exhausted", part(progress, 3.5, 4, 4)).holdout
     else:
         write_summary(run, status="running")
+    _say(progress, 4, 4, f"attempt {number}: {entry.verdict}")
     return AttemptAnswer(attempt=number, candidate=candidate.id, verdict=entry.verdict,
                          reasons=[Reason.model_validate(r.to_json()) for r in entry.reasons], cases=_latencies(entry),
                          score_ms=entry.score_ms, speedup_vs_baseline=_answer(entry.speedup_vs_baseline),
@@ -110,9 +113,19 @@ def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict |
 
 def _evaluate(run: Run, number: int, candidate: Candidate, references: dict, *, fresh: bool,
               progress: Progress | None) -> tuple[AttemptRecord, float]:
-    """Compile, check (visible and, for attempts, fresh secret inputs), then time side by side."""
+    """Compile, check (visible and, for attempts, fresh secret inputs), then time side by side. A call whose
+    deadline runs out meanwhile gets its verdict: rejected, timeout (the worker that ran past it was killed)."""
     clock = GpuWaitStopwatch()
     entry = attempt_entry(run, number, candidate)
+    try:
+        return _judged(run, entry, candidate, references, clock, fresh=fresh, progress=progress), clock.seconds
+    except OutOfTime as out:
+        return _reject(entry, [Reason(code=ReasonCode.TIMEOUT, detail=str(out))]), clock.seconds
+
+
+def _judged(run: Run, entry: AttemptRecord, candidate: Candidate, references: dict, clock: GpuWaitStopwatch, *,
+            fresh: bool, progress: Progress | None) -> AttemptRecord:
+    number = entry.attempt
     visible = list(run.task.visible_cases)
     seeds = {case.name: secrets.randbits(31) for case in visible} if fresh else {}
     if fresh:
@@ -120,7 +133,7 @@ def _evaluate(run: Run, number: int, candidate: Candidate, references: dict, *, 
     kernel, compiled = run.kernel(candidate)
     entry.compile = _compile_summary(compiled)
     if kernel is None:
-        return _reject(entry, [Reason(code=ReasonCode.COMPILE_ERROR, detail=compiled.log)]), 0.0
+        return _reject(entry, [Reason(code=ReasonCode.COMPILE_ERROR, detail=compiled.log)])
     _say(progress, 1, 4, "checking the visible cases")
     check = clock.run(run.executor.check, kernel, visible)
     entry.validation = {"visible": check.model_dump(mode="json")}
@@ -131,16 +144,16 @@ def _evaluate(run: Run, number: int, candidate: Candidate, references: dict, *, 
         entry.validation = {**entry.validation, "fresh": {"seeds": seeds, **fresh_check.model_dump(mode="json")}}
         reasons += [r.model_copy(update={"detail": f"fresh inputs: {r.detail}"}) for r in fresh_check.reasons]
     if reasons or not check.passed:
-        return _reject(entry, reasons), clock.seconds
+        return _reject(entry, reasons)
     _say(progress, 3, 4, "timing side by side with the best and the baseline")
     timing, timing_reasons = _interleaved(run, kernel, references, clock)
     if timing_reasons:
-        return _reject(entry, timing_reasons), clock.seconds
+        return _reject(entry, timing_reasons)
     _fill_timing(run, entry, timing)
     impossible = suspicion.beyond_physical_limit(run, entry) if number > 0 else []
     if impossible:  # refused, not re-verified: re-timing an impossible result proves nothing
         run.audit.append(EventKind.BEYOND_PHYSICAL_LIMIT, {"attempt": number, "cases": [r.case for r in impossible]})
-        return _reject(entry, impossible), clock.seconds
+        return _reject(entry, impossible)
     suspicious = suspicion.flags(run, entry) if number > 0 else []
     if suspicious:
         _say(progress, 3.5, 4, "re-verifying a result that looks too good")
@@ -148,8 +161,8 @@ def _evaluate(run: Run, number: int, candidate: Candidate, references: dict, *, 
         entry.reverification, recheck_reasons = suspicion.reverify(run, kernel, clock)
         run.audit.append(EventKind.FLAGGED, {"attempt": number, "flags": suspicious, "reverified": not recheck_reasons})
         if recheck_reasons:
-            return _reject(entry, recheck_reasons), clock.seconds
-    return entry, clock.seconds
+            return _reject(entry, recheck_reasons)
+    return entry
 
 
 def _interleaved(run: Run, kernel, references: dict, clock) -> tuple[SideBySide | None, list[Reason]]:
@@ -290,4 +303,5 @@ def finish(run: Run, reason: str, progress: Progress | None) -> FinishAnswer:
     write_history(run)  # it may hold an attempt whose record a full disk kept from history.json
     run.audit.append(EventKind.FINISHED, {"reason": reason, "best_attempt": final, "disqualified": disqualified})
     write_summary(run, status="finished", stop_reason=reason, holdout=holdout, disqualified=disqualified)
+    _say(progress, 1, 1, f"run finished; the best is attempt {final}")
     return FinishAnswer(stop_reason=reason, best_attempt=final, disqualified=disqualified, holdout=holdout)

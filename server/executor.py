@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import threading
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
+from harness.call_limits import CallLimits
 from harness.vendor_yardstick import VendorReport, time_vendor
 from harness.compile_cache import CompileCache
 from harness.worker_side.compile_policy import CompileResult
@@ -44,6 +46,8 @@ class Executor(Protocol):
               against_oracle: bool = False) -> CheckReport: ...
     def time(self, kernel: CompiledKernel, cases: list[Case]) -> TimingReport: ...
     def time_vendor(self, cases: list[Case]) -> VendorReport | None: ...  # the task's [vendor] call; None without one
+    # A tool call's work: every job sent meanwhile ends by its deadline, the candidate's launches within their limits
+    def within(self, limits: CallLimits) -> AbstractContextManager[None]: ...
     def abort(self) -> None: ...                     # kill the candidate's job in flight (from another thread)
     def fresh_worker(self) -> None: ...              # the next candidate job starts in a new worker
     def close(self) -> None: ...
@@ -140,6 +144,9 @@ class GpuExecutor:
 
     def time_vendor(self, cases: list[Case]) -> VendorReport | None:
         return time_vendor(self.referee, cases)
+
+    def within(self, limits: CallLimits) -> AbstractContextManager[None]:
+        return self.referee.within(limits) if self.referee is not None else nullcontext()
 
     def abort(self) -> None:
         self.compiler.interrupt()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from harness.call_limits import OutOfTime
 from server.records import EventKind
 from server.run import Progress, Run
 
@@ -16,6 +17,9 @@ def check_holdout(run: Run, number: int) -> dict:
     cases = list(run.task.holdout_cases)
     try:
         return _check(run, number, cases)
+    except OutOfTime as out:  # the call's deadline: not checked in time is not checked
+        return {"attempt": number, "passed": False, "cases": [c.name for c in cases],
+                "reasons": [{"code": "timeout", "case": None, "detail": f"the holdout check did not finish: {out}"}]}
     except Exception as exc:  # noqa: BLE001 - reported as the attempt's holdout failure, and logged
         log.warning("holdout check of attempt %d failed", number, exc_info=True)
         return {"attempt": number, "passed": False, "cases": [c.name for c in cases],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from harness.call_limits import OutOfTime
 from harness.vendor_yardstick import describe_view
 from harness.side_by_side import SideBySide, TimingFailed, time_side_by_side
 from harness.stats import geometric_mean, geomean_speedup, speedup
@@ -72,7 +73,7 @@ def _statuses(report: CheckReport) -> list[CaseStatus]:
 
 
 def check_cases(run: Run, tool: str, make_candidate: Callable[[], Candidate],
-                case_names: list[str] | None) -> CheckAnswer:
+                case_names: list[str] | None, progress: Progress | None = None) -> CheckAnswer:
     """run_cases (chosen visible cases) and validate (all visible cases): the correctness protocol."""
     run.charge_probe()
     cases = run.cases_named(case_names)
@@ -81,11 +82,22 @@ def check_cases(run: Run, tool: str, make_candidate: Callable[[], Candidate],
     started = time.perf_counter()
     report = None
     try:
+        if progress:
+            progress(0, 1, f"checking {len(cases)} visible case(s)")
         report = run.executor.check(kernel, cases)
+    except OutOfTime as out:
+        raise Refusal(_out_of_time(tool, out)) from None
     finally:
         run.probe_done(tool, time.perf_counter() - started,
                        {"candidate": candidate.id, "passed": report.passed if report else None})
+    if progress:
+        codes = sorted({r.code.value for r in report.reasons})
+        progress(1, 1, f"{len(report.cases)} case(s) checked: " + ("passed" if report.passed else ", ".join(codes)))
     return CheckAnswer(candidate=candidate.id, passed=report.passed, cases=_statuses(report), budget=run.budget())
+
+
+def _out_of_time(tool: str, out: OutOfTime) -> str:
+    return f"{tool} stopped: {out}. The probe is counted."
 
 
 def time_candidate(run: Run, make_candidate: Callable[[], Candidate], case_names: list[str] | None,
@@ -110,6 +122,8 @@ def time_candidate(run: Run, make_candidate: Callable[[], Candidate], case_names
             progress(1, 3, "timing beside the best and the baseline")
         # One round: a probe is a quick look; an attempt times settings.timing_rounds rounds the same way.
         measured = time_side_by_side(run.executor.time, _side_by_side(run, kernel), cases, rounds=1)
+    except OutOfTime as out:
+        raise Refusal(_out_of_time("time_kernel", out)) from None
     except TimingFailed as failed:
         if failed.label != "candidate":
             raise RuntimeError(str(failed)) from None
@@ -118,6 +132,8 @@ def time_candidate(run: Run, make_candidate: Callable[[], Candidate], case_names
     finally:
         run.probe_done("time_kernel", time.perf_counter() - started - watch.waited_s(),
                        {"candidate": candidate.id, **watch.record()})
+    if progress:
+        progress(3, 3, "timed")
     return _time_answer(run, candidate, measured)
 
 

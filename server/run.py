@@ -16,14 +16,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from pydantic import BaseModel, ValidationError
 
+from harness.call_limits import call_limits
 from harness.worker_side.nvrtc import check_request
 from harness.settings import CompiledKernel, TimingSettings
 from harness.task_model import Case, LaunchSpec, Task
+from sandbox.deadline import Deadline
 from server.audit import AuditLog, write_bytes_atomic, write_json_atomic
+from server.call import CALL_DEADLINE_S, Progress
 from server.executor import Executor
 from server.locked_files import LockedFiles
 from server.models import Budget
@@ -32,7 +35,6 @@ from server.record_files import HISTORY, SUMMARY, iter_events, read_history, rea
 from server.records import AttemptRecord, EventKind, SummaryFile
 
 log = logging.getLogger(__name__)
-Progress = Callable[[float, float, str], None]
 # Calls before which every locked file is hashed, not only those whose stat identity changed: the official
 # steps (server/locked_files.py says what each check catches).
 FULLY_CHECKED = frozenset({"record_attempt", "finish"})
@@ -112,6 +114,7 @@ class Run:
         # What describe_task and referee://task answer: made by the call that last changed the run, under the
         # run's mutex, so that those reads need neither the mutex nor the gate (server/probes.py publish).
         self.published: Any = None
+        self.call_deadline_s = CALL_DEADLINE_S  # every tool call's, from its arrival (tests shorten it)
         self._mutex = threading.Lock()
         self.folder_lock = None  # server/folder_lock.py's FolderLock: this process alone writes the folder
 
@@ -142,6 +145,17 @@ class Run:
     def exclusive(self) -> Iterator[None]:
         """One call at a time changes the run."""
         with self._mutex:
+            yield
+
+    @contextmanager
+    def within(self, deadline: Deadline) -> Iterator[None]:
+        """A tool call's work: every job it sends ends by `deadline`, and the candidate's launches are limited
+        by the baseline's (harness/call_limits.py). A call whose time ran out waiting for another is refused."""
+        if deadline.expired:
+            raise Refusal(f"this call waited its whole {deadline.seconds:g} s for another call to finish; nothing "
+                          "was done or spent. Call it again.")
+        baseline = next((entry for entry in self.history if entry.attempt == 0), None)
+        with self.executor.within(call_limits(self.task, deadline, baseline.medians() if baseline else {})):
             yield
 
     def claim_slot(self, number: int, source: str) -> None:

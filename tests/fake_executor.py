@@ -10,6 +10,9 @@ Markers (in a comment anywhere in the source):
   fake: die            the process kills itself during timing (a server killed mid-attempt)
   fake: slow_s=N       timing takes N seconds, unless abort() kills the "worker" first (worker_crashed)
   fake: unwritten-on-retime   timing after abort() (a fresh worker) finds unwritten outputs
+  fake: spin_s=N       every launch on a performance case takes N seconds (in real time), bounded as the
+                       referee bounds it: past the case's launch limit, too_slow (the check stops there);
+                       past the call's deadline, OutOfTime
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ import os
 import re
 import signal
 import threading
+import time
+from contextlib import contextmanager
 
 import numpy as np
 
+from harness.call_limits import CallLimits, OutOfTime
 from harness.vendor_yardstick import VendorReport
 from harness.compile_cache import CompileCache
 from harness.gpu_lease import GpuLease, held
@@ -74,6 +80,39 @@ class FakeExecutor:
         self.abort_signal = threading.Event()  # set by abort(): a slow timing in flight ends as a killed worker would
         self.prepared: list[dict[str, int]] = []  # the seeds of each prepare() call
         self.checked_seeds: list[dict | None] = []  # the seeds of each check() call
+        self.limits: CallLimits | None = None  # the call in progress (within())
+        self.limits_seen: list[CallLimits] = []  # every call's, in order
+        self.job_limits: list[CallLimits | None] = []  # the limits in force at each check() and time()
+
+    @contextmanager
+    def within(self, limits: CallLimits):
+        self.limits = limits
+        self.limits_seen.append(limits)
+        try:
+            yield
+        finally:
+            self.limits = None
+
+    def _spin(self, case: Case, marks: dict, launches: int) -> Reason | None:
+        """`launches` launches of a spin_s kernel on a performance case: too_slow past the case's launch limit,
+        OutOfTime past the call's deadline."""
+        if "spin_s" not in marks or case.role != "performance":
+            return None
+        seconds = float(marks["spin_s"])
+        limit = self.limits.launch_s.get(case.name) if self.limits else None
+        if limit is not None and seconds > limit:
+            self._sleep(limit, case)
+            return Reason(code=ReasonCode.TOO_SLOW, case=case.name, detail=f"launch 1 was still running after {limit:.3g} s")
+        self._sleep(seconds * launches, case)
+        return None
+
+    def _sleep(self, seconds: float, case: Case) -> None:
+        deadline = self.limits.deadline if self.limits else None
+        if deadline is not None and seconds > deadline.remaining():
+            time.sleep(deadline.remaining())
+            raise OutOfTime(f"the call's {deadline.seconds:g} s ran out during the job on case {case.name}; "
+                            "the worker was killed")
+        time.sleep(seconds)
 
     def start(self) -> dict:
         return {"gpu": self.gpu, "gpu_uuid": self.gpu_uuid, "compute_capability": [9, 0], "arch": "sm_90", "driver_cuda_version": "13.0",
@@ -110,16 +149,22 @@ class FakeExecutor:
               against_oracle: bool = False) -> CheckReport:
         self.calls.append("check")
         self.checked_seeds.append(seeds)
+        self.job_limits.append(self.limits)
         marks = markers(self._source(kernel))
         results = []
         for case in cases:
+            slow = self._spin(case, marks, launches=2)
+            if slow is not None:
+                results.append(CaseCheck(case=case.name, role=case.role, passed=False, reasons=[slow]))
+                break  # the worker was stopped: the check ends there
             wrong = ("wrong" in marks or (seeds and "wrong-fresh" in marks)
                      or (case.role == "holdout" and "wrong-holdout" in marks))
             reasons = [Reason(code=ReasonCode.MISMATCH, case=case.name, detail="c: 12 of 100 elements beyond tolerance")] \
                 if wrong else []
             results.append(CaseCheck(case=case.name, role=case.role, passed=not wrong, reasons=reasons,
                                      agreement="identical"))
-        return CheckReport(passed=all(r.passed for r in results), cases=results)
+        passed = len(results) == len(cases) and all(r.passed for r in results)
+        return CheckReport(passed=passed, cases=results)
 
     def time(self, kernel: CompiledKernel, cases: list[Case]) -> TimingReport:
         with held(self.gpu_lease):  # as the Referee's timing protocol holds it around every timing job
@@ -128,6 +173,7 @@ class FakeExecutor:
     def _time(self, kernel: CompiledKernel, cases: list[Case]) -> TimingReport:
         self.abort_signal.clear()  # before the job is seen to start: an abort from then on ends it
         self.calls.append("time")
+        self.job_limits.append(self.limits)
         marks = markers(self._source(kernel))
         if "die" in marks:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -138,6 +184,10 @@ class FakeExecutor:
         rng = np.random.default_rng(len(self.calls))
         timings = []
         for case in cases:
+            slow = self._spin(case, marks, launches=1)
+            if slow is not None:
+                return TimingReport(passed=False, cases=timings + [CaseTiming(case=case.name, passed=False,
+                                                                              reasons=[slow])])
             samples = list(latency_ms * (1 + 0.003 * rng.standard_normal(50)))
             reasons = [Reason(code=ReasonCode.UNWRITTEN_OUTPUT, case=case.name, detail="3 of 50 timed launches left "
                               "output elements unwritten")] if "unwritten" in marks or (

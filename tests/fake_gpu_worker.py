@@ -18,6 +18,11 @@ by `--behaviour=NAME` on its command line (parsed out before the fds):
   out_of_memory  answers every job as the real worker does when device memory ran out, and stays up
   no_cublas      vendor_time jobs answer "unavailable" and peaks come without compute peaks
 
+A kernel whose CUBIN holds the bytes "fake: spin_s=N" (a `__device__` string in its source, or the test's
+own stand-in CUBIN) takes N seconds per launch, in real time, on performance-sized cases (m * n * k of
+at least SPIN_FROM): past the job's launch_limit_s the worker answers "too_slow" and exits, as the real
+one does; "fake: stall_s=N" takes as long but ignores the limit (only the parent's deadline stops it).
+
 "vendor_time" jobs compute what cublasGemmEx computes from the job's arguments (column-major, see
 `cublas_gemm`), so a wrong mapping gives wrong outputs; "peaks" jobs answer timings of a device
 with FAKE_PEAKS.
@@ -27,7 +32,9 @@ Only harness/ and sandbox/ are imported: the worker runs with PYTHONSAFEPATH fro
 
 import hashlib
 import os
+import re
 import sys
+import time
 
 import numpy as np
 
@@ -43,6 +50,9 @@ BEHAVIOURS = {"honest", "oob_after", "oob_before", "modify_input", "unwritten", 
 SAMPLE_SPREAD_MS = {"quiet_timing": 0.00001, "noisy_timing": 0.02}
 FAKE_PEAKS = {"memory_gbps": 4000.0, "fp32_tflops": 50.0, "tensor_bf16_tflops": 800.0}
 EXIT_STICKY = 3
+EXIT_TOO_SLOW = 5
+SPIN = re.compile(rb"fake: (spin|stall)_s=([0-9.]+)")
+SPIN_FROM = 1_000_000  # m * n * k from which a spinning kernel spins: the performance-sized cases
 
 DEVICE = {"ordinal": 0, "name": "Fake CPU matmul device", "compute_capability": [9, 0], "sm_count": 132,
           "l2_bytes": 50 * 1024 * 1024, "max_shared_per_block_optin": 232448, "sm_clock_khz": 1980000,
@@ -116,6 +126,22 @@ def _run(header, blobs, behaviour):
     hashes, guards = _evidence(header, [inputs], behaviour)
     fields, sent = pack_outputs(outputs, run_slots(len(outputs), 1), {})
     return {"status": "ok", "input_sha256": hashes, **fields}, sent + guards
+
+
+def _spin(header, cubin):
+    """A spinning kernel's launches on a performance-sized case, in real time: the "too_slow" answer where one
+    outruns the job's launch limit, else None once they are done."""
+    found = SPIN.search(cubin or b"")
+    scalars = {p["name"]: p["value"] for p in header["params"] if p["kind"] == "scalar"}
+    if found is None or scalars["m"] * scalars["n"] * scalars["k"] < SPIN_FROM:
+        return None
+    seconds, limit = float(found.group(2)), header.get("launch_limit_s")
+    if found.group(1) == b"spin" and limit is not None and seconds > limit:
+        time.sleep(limit)
+        return {"status": "too_slow", "error": "TOO_SLOW", "detail": f"launch 1 was still running after {limit:.3g} s"}
+    launches = len(header["poisons"]) if header["op"] == "run" else header["warmups"] + header["iterations"]
+    time.sleep(seconds * launches)
+    return None
 
 
 def _column_major(flat, rows, cols, ld):
@@ -257,6 +283,10 @@ def main(argv):
             wire.send(answers, {"status": "out_of_memory", "error": "CUDA_ERROR_OUT_OF_MEMORY",
                                 "detail": "cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (2) (3 MiB free of 81920 MiB)"})
             continue
+        slow = _spin(header, bytes(blobs[0])) if op in ("run", "time") else None
+        if slow is not None:
+            wire.send(answers, slow, [], regions[1])
+            return EXIT_TOO_SLOW
         if op == "run":
             answer, out = _run(header, blobs, behaviour)
         elif op == "time":

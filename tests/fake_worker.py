@@ -1,8 +1,9 @@
 """A stand-in GPU worker speaking the real wire protocol, for CPU tests of the pool.
 
 Jobs carry a "behaviour": echo (answer with the blobs reversed), hang, crash, spawn-and-hang
-(leaves a grandchild in the process group), fault (answers a sticky fault, then exits), probe
-(tries to read a path and to open a TCP connection, to check confinement from outside).
+(leaves a grandchild in the process group), fault (answers a sticky fault, then exits), too_slow
+(answers that a launch outran its limit, then hangs as its kernel would), probe (tries to read a
+path and to open a TCP connection, to check confinement from outside).
 
 Like the real worker it applies a --confine=JSON spec first, and says so in its 'ready' message.
 """
@@ -53,6 +54,9 @@ def main(argv):
             wire.send(answers, {"status": "ok", "read": _can_read(header["path"]),
                                 "connect": _can_connect(header["port"])})
             continue
+        if behaviour == "too_slow":
+            wire.send(answers, {"status": "too_slow", "error": "TOO_SLOW", "detail": "launch 1 ran on"})
+            time.sleep(3600)
         if behaviour == "fault":
             wire.send(answers, {"status": "fault", "error": "CUDA_ERROR_ILLEGAL_ADDRESS", "detail": "boom"})
             return 3

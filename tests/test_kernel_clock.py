@@ -173,7 +173,7 @@ def test_a_job_naming_an_input_the_worker_lost_goes_again_with_every_input():
         def __init__(self):
             self.jobs = []
 
-        def call(self, header, blobs, deadline_s, max_bytes):
+        def call(self, header, blobs, deadline_s, max_bytes, within=None):
             self.jobs.append(sorted(self.resident_inputs))
             if len(self.jobs) == 1:
                 return {"status": "resident_missing", "error": "RESIDENT_MISSING", "detail": "a:1"}, []

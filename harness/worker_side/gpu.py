@@ -6,6 +6,7 @@ Every call goes through `check`, which names the call and the CUDA error.
 from __future__ import annotations
 
 import ctypes
+import time
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -36,6 +37,11 @@ _SCALAR_CTYPES = {
 
 
 _HALF_DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+class TooSlow(Exception):
+    """A launch ran past the job's launch limit. The kernel still runs (nothing stops a kernel from outside
+    but the end of its context): the worker answers "too_slow" and ends without touching the device again."""
 
 
 def is_sticky(error: CudaError) -> bool:
@@ -88,6 +94,7 @@ class Context:
         driver.cuCtxSetLimit(driver.CUlimit.CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)
         self.stream = check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
         self.info = self._describe(ordinal)
+        self.stuck = False  # a launch outran its limit: freeing or unloading anything would wait for it
 
     def _attribute(self, name: str) -> int:
         attr = getattr(driver.CUdevice_attribute, name)
@@ -132,6 +139,32 @@ class Context:
 
     def synchronize(self) -> None:
         check(driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    def wait(self, limit_s: float | None, what: str) -> None:
+        """The stream's work done. With `limit_s`, polled: still running after it, TooSlow (and the context
+        is marked stuck), so that a spinning kernel is stopped before more launches queue up behind it."""
+        if limit_s is None:
+            self.synchronize()
+            return
+        self.wait_until(lambda: _query(driver.cuStreamQuery(self.stream)[0], "cuStreamQuery"), limit_s, what)
+
+    def wait_until(self, done, limit_s: float, what: str) -> None:
+        """Poll `done()` until it is true; past `limit_s`, the context is stuck and TooSlow is raised."""
+        started, pause_s = time.monotonic(), 1e-4
+        while not done():
+            if time.monotonic() - started > limit_s:
+                self.stuck = True
+                raise TooSlow(f"{what} was still running after {limit_s:.3g} s")
+            time.sleep(pause_s)
+            pause_s = min(2 * pause_s, 0.005)
+
+
+def _query(result, call: str) -> bool:
+    """Whether the work a query asks about is done (CUDA_ERROR_NOT_READY: not yet); any error raised."""
+    if result == driver.CUresult.CUDA_ERROR_NOT_READY:
+        return False
+    check((result,), call)
+    return True
 
 
 def format_uuid(raw: bytes) -> str:
@@ -218,11 +251,7 @@ def copy(destination: int, source: int, nbytes: int, stream) -> None:
 
 def completed(event) -> bool:
     """Whether the work before `event` has finished (without waiting)."""
-    result = driver.cuEventQuery(event)[0]
-    if result == driver.CUresult.CUDA_ERROR_NOT_READY:
-        return False
-    check((result,), "cuEventQuery")
-    return True
+    return _query(driver.cuEventQuery(event)[0], "cuEventQuery")
 
 
 def fill(ptr: int, byte: int, nbytes: int, stream) -> None:

@@ -25,6 +25,7 @@ from sandbox.answers import Status
 MAX_JOB_BYTES = 1 << 36
 EXIT_STICKY = 3
 EXIT_STARTUP = 4
+EXIT_TOO_SLOW = 5
 
 
 def _start(ordinal: int):
@@ -88,6 +89,11 @@ def serve(jobs, answers, ordinal: int, confined: dict, regions=(None, None)) -> 
             return 0
         try:
             answer, out = _answer(context, utilities, header, blobs)
+        except gpu.TooSlow as slow:
+            # The kernel still runs: no health check, no freeing (each would wait for it). Answer and end;
+            # the parent kills the process group at once, which ends the context and the kernel with it.
+            wire.send(answers, {"status": Status.TOO_SLOW, "error": "TOO_SLOW", "detail": str(slow)}, [], regions[1])
+            return EXIT_TOO_SLOW
         except JobFailed as failed:
             answer, out = {"status": failed.status, "error": failed.error, "detail": failed.detail}, []
         except ResidentMissing as missing:

@@ -231,6 +231,8 @@ class Job:
                     self.kept.add(id(buffer))
 
     def close(self) -> None:
+        if self.context.stuck:
+            return  # a kernel still runs: freeing would wait for it, and the worker ends anyway
         if self.state is not None:
             self.state.free()
         for row in self.buffers:

@@ -7,7 +7,7 @@ answer it uses (harness/jobs.py, harness/worker_calls.py). Statuses are sandbox/
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from sandbox.answers import Status
 
@@ -46,6 +46,9 @@ class _KernelJob(TypedDict):
     guard_seed: int  # the guard bands' canaries derive from it
     guard_bytes: int
     inputs: list[list[InputEntry]]  # per input set, per input
+    # A launch of the kernel still running after this many seconds is too slow: the worker answers "too_slow"
+    # and ends (the kernel holds the device). Absent: no limit but the job's deadline (the reference's jobs).
+    launch_limit_s: NotRequired[float]
 
 
 class RunJob(_KernelJob):

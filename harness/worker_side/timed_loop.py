@@ -22,7 +22,7 @@ import numpy as np
 from harness.worker_side import gpu
 from harness.worker_side.job import Job, Launcher
 from harness.worker_side.messages import TimeAnswer, TimeJob
-from harness.worker_side.utility_kernels import Utilities
+from harness.worker_side.utility_kernels import MAX_HOLD_NS, Utilities
 from harness.worker_side.buffers import audit_slots, digests_later, pack_outputs, time_slots
 from sandbox.answers import Status
 
@@ -37,7 +37,7 @@ def time_job(context: gpu.Context, utilities: Utilities, header: TimeJob, blobs:
         loop.warm_up()
         loop.queue_timed_launches()
         loop.compare_rotated_snapshots()
-        context.synchronize()
+        loop.wait_for_timed_launches()
         loop.phase("gpu")
         return loop.answer()
     finally:
@@ -52,6 +52,7 @@ class TimedLoop:
         self.clocked = header.get("clock", "kernel") == "kernel" and utilities.clock is not None
         self.checked = sorted(set(header["checked_launches"]))
         self.fresh_key = (header.get("fresh") or {}).get("key")  # None: the rotated fixed sets
+        self.limit_s = header.get("launch_limit_s")  # a launch still running after this is too slow
         cubin, self.input_blobs = (None, blobs) if launcher is not None else (blobs[0], blobs[1:])
         self.phases: dict[str, float] = {}
         self._mark = perf_counter()
@@ -102,11 +103,15 @@ class TimedLoop:
         self.job.poison(set_index, self.header["poison"])
 
     def warm_up(self) -> None:
+        """The first warm-up is waited for alone, within the launch limit: a kernel that spins is stopped
+        before more launches queue up behind it."""
         gpu.fill(self.counters.ptr, 0, self.counters.nbytes, self.context.stream)
         for i in range(self.warmups):
             self.ready(i, i % self.sets)
             self.job.launch(i % self.sets)
-        self.context.synchronize()
+            if i == 0 and self.limit_s is not None:
+                self.context.wait(self.limit_s, "warm-up launch 1")
+        self.context.wait(self._limit_of(self.warmups - 1), f"the {self.warmups} warm-up launches")
         gpu.reset_persisting_l2()
 
     def queue_timed_launches(self) -> None:
@@ -141,6 +146,19 @@ class TimedLoop:
         # Still inside the hold when everything is queued: the GPU never waited for the host.
         self.host_kept_up = not gpu.completed(self.queued.start)
         utilities.queued(self.iterations, perf_counter() - started, self.host_kept_up)
+
+    def wait_for_timed_launches(self) -> None:
+        """Everything queued done. With a launch limit, each timed launch must end within it of the one before
+        (the first, of the hold): a launch that spins is stopped there, not after the whole loop."""
+        if self.limit_s is not None:
+            for i, pair in enumerate(self.pairs):
+                allowed = self.limit_s + (MAX_HOLD_NS / 1e9 if i == 0 else 0.0)
+                self.context.wait_until(lambda pair=pair: gpu.completed(pair.end), allowed, f"timed launch {i + 1}")
+        self.context.wait(self.limit_s, "the work after the timed launches")
+
+    def _limit_of(self, launches: int) -> float | None:
+        """The limit of `launches` launches waited for together."""
+        return None if self.limit_s is None else self.limit_s * max(launches, 1)
 
     def compare_rotated_snapshots(self) -> None:
         """Rotated sets only: a re-checked output equal to its set's last one is not read back twice."""
@@ -220,6 +238,8 @@ class TimedLoop:
         return inputs_host, blobs + lasts, time_slots(self.checked, self.sets, n_out)
 
     def close(self) -> None:
+        if self.context is not None and self.context.stuck:
+            return  # a kernel still runs: releasing would wait for it, and the worker ends anyway
         for pair in self.pairs + ([self.queued] if self.queued else []):
             pair.destroy()
         for allocation in (self.counters, self.snapshots):
