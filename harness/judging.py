@@ -1,4 +1,5 @@
-"""How the parent judges a kernel's raw outputs: poison still in place, guard bands, mismatches."""
+"""How the parent judges a kernel's raw outputs (poison still in place, guard bands, mismatches) and its timed
+launches (uneven, or not the declared kernel)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,35 @@ def equals_pattern(array: np.ndarray, byte: int) -> np.ndarray:
     """Flat: whether each element's bytes are all `byte` (compared as unsigned integers of its size)."""
     return raw_words(array) == int.from_bytes(bytes([byte]) * array.dtype.itemsize, "little")
 
+
+# An honest kernel's launches take about the same time: on an H200 the mean of a case's samples was within
+# 1% of their median (its slowest launch within 13%). A kernel that does several launches' work in a few of
+# them and little in the rest keeps the mean (the work is the same) and moves the median, which is the score.
+UNEVEN_MEAN_OVER_MEDIAN = 1.5
+
+
+def uneven_launches(stats, case: str) -> list[Reason]:
+    """A job whose mean launch is far above its median one: work shifted between launches, beyond any noise."""
+    ratio = stats.mean_ms / stats.median_ms if stats.median_ms > 0 else 1.0
+    if ratio <= UNEVEN_MEAN_OVER_MEDIAN:
+        return []
+    return [Reason(code=ReasonCode.UNEVEN_LAUNCHES, case=case, detail=(
+        f"the mean timed launch ({stats.mean_ms * 1e3:.2f} us) is {ratio:.2f} times the median one "
+        f"({stats.median_ms * 1e3:.2f} us), beyond the {UNEVEN_MEAN_OVER_MEDIAN:g} allowed: some launches do "
+        "the work of others, which the median would not see"))]
+
+
+def undeclared_launches(records: list | None, header: dict, case: str) -> list[Reason]:
+    """Timed launches whose kernel records (the kernel clock's: name, grid, block per kernel) are not the
+    one declared kernel with its declared grid and block. None: no records (events alone, a library call)."""
+    if records is None or "kernel" not in header:
+        return []
+    declared = [header["kernel"], list(header["launch"]["grid"]), list(header["launch"]["block"])]
+    off = [(i, r) for i, r in enumerate(records) if r != [declared]]
+    if not off:
+        return []
+    i, got = off[0]
+    seen = "; ".join(f"{name} grid {tuple(grid)} block {tuple(block)}" for name, grid, block in got) or "no kernel"
+    return [Reason(code=ReasonCode.LAUNCH_NOT_AS_DECLARED, case=case, detail=(
+        f"{len(off)} timed launches did not run exactly the declared kernel {declared[0]} with grid "
+        f"{tuple(declared[1])} and block {tuple(declared[2])} (first: launch {i} ran {seen})"))]

@@ -16,7 +16,7 @@ import numpy as np
 from harness import jobs
 from harness.compare import compare_output
 from harness.gpu_lease import held
-from harness.judging import integrity_reasons, mismatch_detail, poison_count
+from harness.judging import integrity_reasons, mismatch_detail, poison_count, undeclared_launches, uneven_launches
 from harness.nvml import GpuWatch, judge
 from harness.peaks import roofline_fraction, roofline_ms
 from harness.results import CaseTiming, Reason, ReasonCode, TimingReport
@@ -236,7 +236,7 @@ class TimingProtocol:
         """A judged timing job: its samples' statistics (uneven launches refused), the worker's facts and
         `counts` (checked, audited, unwritten launches; which inputs)."""
         stats = summarize(samples)
-        reasons = reasons + _uneven_launches(stats, case.name)
+        reasons = reasons + uneven_launches(stats, case.name)
         kept_up = answer.get("host_kept_up")
         warnings = [] if kept_up is not False else [
             "the host could not queue the timed launches ahead of the GPU: samples may include idle gaps"]
@@ -278,7 +278,7 @@ class TimingProtocol:
                 f"{len(short)} of {iterations} timed launches left output elements unwritten "
                 f"(first: launch {short[0]}, {unwritten[short[0]] - allowed.get(short[0], 0)} elements)")))
         audits.append((case.name, self._comparing().submit(self._audit_reasons, timed, outputs, audited, expected)))
-        reasons += _undeclared_launches(answer.get("launch_records"), header, case.name)
+        reasons += undeclared_launches(answer.get("launch_records"), header, case.name)
         return self._case_timing(case, answer, clock, samples, events, reasons, checked_launches=len(audited),
                                  audited_launches=len(audited), inputs="fresh", unwritten_launches=len(short))
 
@@ -351,39 +351,6 @@ class _TimedCase:
     # Fresh inputs: how each drawn input is drawn, by name (None: the rotated fixed sets)
     draws: dict[str, dict] | None = None
     poison_is_a_value: bool = False
-
-
-# An honest kernel's launches take about the same time: on an H200 the mean of a case's samples was within
-# 1% of their median (its slowest launch within 13%). A kernel that does several launches' work in a few of
-# them and little in the rest keeps the mean (the work is the same) and moves the median, which is the score.
-UNEVEN_MEAN_OVER_MEDIAN = 1.5
-
-
-def _uneven_launches(stats, case: str) -> list[Reason]:
-    """A job whose mean launch is far above its median one: work shifted between launches, beyond any noise."""
-    ratio = stats.mean_ms / stats.median_ms if stats.median_ms > 0 else 1.0
-    if ratio <= UNEVEN_MEAN_OVER_MEDIAN:
-        return []
-    return [Reason(code=ReasonCode.UNEVEN_LAUNCHES, case=case, detail=(
-        f"the mean timed launch ({stats.mean_ms * 1e3:.2f} us) is {ratio:.2f} times the median one "
-        f"({stats.median_ms * 1e3:.2f} us), beyond the {UNEVEN_MEAN_OVER_MEDIAN:g} allowed: some launches do "
-        "the work of others, which the median would not see"))]
-
-
-def _undeclared_launches(records: list | None, header: dict, case: str) -> list[Reason]:
-    """Timed launches whose kernel records (the kernel clock's: name, grid, block per kernel) are not the
-    one declared kernel with its declared grid and block. None: no records (events alone, a library call)."""
-    if records is None or "kernel" not in header:
-        return []
-    declared = [header["kernel"], list(header["launch"]["grid"]), list(header["launch"]["block"])]
-    off = [(i, r) for i, r in enumerate(records) if r != [declared]]
-    if not off:
-        return []
-    i, got = off[0]
-    seen = "; ".join(f"{name} grid {tuple(grid)} block {tuple(block)}" for name, grid, block in got) or "no kernel"
-    return [Reason(code=ReasonCode.LAUNCH_NOT_AS_DECLARED, case=case, detail=(
-        f"{len(off)} timed launches did not run exactly the declared kernel {declared[0]} with grid "
-        f"{tuple(declared[1])} and block {tuple(declared[2])} (first: launch {i} ran {seen})"))]
 
 
 def _with_audits(timing: CaseTiming, audits: list[Future]) -> CaseTiming:

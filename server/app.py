@@ -147,8 +147,9 @@ def _attempt_tools(server: MCPServer, run: Run, call: Callable, candidate: Calla
         """Spend one attempt, irreversibly (the budget is fixed and cannot be reset; the last attempt ends the run):
         full validation on the visible cases and on fresh secret inputs, timing side by side with the best and the
         baseline, a verdict with reasons. Once the attempt has begun, a cancelled call or a source that does not
-        compile still spends it (recorded as rejected). Use it only for a candidate you believe is correct and
-        faster."""
+        compile still spends it (recorded as rejected). The call answers within 55 s: a launch more than 20 times
+        slower than the baseline's (at least 1 s) is stopped and rejected as too_slow. Use it only for a candidate
+        you believe is correct and faster."""
         usage_data = usage.model_dump(mode="json", exclude_none=True) if usage else None
         return await call(ctx, "record_attempt", {"candidate": candidate_id, "rationale": rationale},
                           lambda report: attempt.record_attempt(run, candidate(candidate_id, source, None, launch),

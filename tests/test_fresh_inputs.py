@@ -8,7 +8,8 @@ from harness.worker_side import buffers, fresh_inputs
 from harness import jobs
 from harness.worker_side.nvrtc import compile_kernel
 from harness.settings import TimingSettings
-from harness.timing_protocol import _undeclared_launches, _with_audits
+from harness.judging import undeclared_launches
+from harness.timing_protocol import _with_audits
 from harness.worker_side.utility_kernels import UTILITY_SOURCE
 from harness.worker_side.kernel_clock import KIND_CONCURRENT_KERNEL, KIND_EXTERNAL_CORRELATION, Activity, launch_records
 from harness.task import load_task
@@ -145,16 +146,16 @@ DECLARED = ["matmul_f32", [4, 2, 1], [32, 8, 1]]
     ([], "no kernel"),
 ])
 def test_a_timed_launch_that_is_not_the_declared_one_is_refused(second, seen):
-    reasons = _undeclared_launches([[DECLARED], second, [DECLARED]], HEADER, "square")
+    reasons = undeclared_launches([[DECLARED], second, [DECLARED]], HEADER, "square")
     assert [r.code for r in reasons] == [ReasonCode.LAUNCH_NOT_AS_DECLARED]
     assert "1 timed launches" in reasons[0].detail and "launch 1 ran" in reasons[0].detail
     assert seen in reasons[0].detail
 
 
 def test_the_declared_launch_or_no_records_pass():
-    assert _undeclared_launches([[DECLARED]] * 3, HEADER, "square") == []
-    assert _undeclared_launches(None, HEADER, "square") == []  # events alone, or a library call
-    assert _undeclared_launches([[]], {"vendor": {}}, "square") == []
+    assert undeclared_launches([[DECLARED]] * 3, HEADER, "square") == []
+    assert undeclared_launches(None, HEADER, "square") == []  # events alone, or a library call
+    assert undeclared_launches([[]], {"vendor": {}}, "square") == []
 
 
 class _Done:
@@ -174,14 +175,14 @@ def test_a_failed_audit_fails_its_case_once_whatever_the_batches():
 
 
 def test_launches_of_even_length_pass_and_work_shifted_between_launches_does_not():
-    from harness.timing_protocol import UNEVEN_MEAN_OVER_MEDIAN, _uneven_launches
+    from harness.judging import UNEVEN_MEAN_OVER_MEDIAN, uneven_launches
     from harness.stats import summarize
 
     honest = summarize([1.0 + 0.001 * (i % 7) for i in range(97)] + [1.13, 1.2, 1.1])  # a few slow launches
-    assert _uneven_launches(honest, "square") == []
+    assert uneven_launches(honest, "square") == []
     # three launches of four copy an answer the fourth computed for them: the same work, a quarter of the median
     shifted = summarize([4.0 if i % 4 == 0 else 0.01 for i in range(100)])
-    (reason,) = _uneven_launches(shifted, "square")
+    (reason,) = uneven_launches(shifted, "square")
     assert reason.code is ReasonCode.UNEVEN_LAUNCHES and reason.case == "square"
     assert f"beyond the {UNEVEN_MEAN_OVER_MEDIAN:g} allowed" in reason.detail
 
