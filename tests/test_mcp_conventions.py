@@ -126,10 +126,11 @@ async def test_progress_lines_are_sent_as_log_messages_once_the_client_sets_a_le
         assert not [w for w in caught if "/server/" in w.filename]  # no deprecation warning on the server's stderr
         assert [(m.level, m.logger, m.data) for m in received] == [
             ("info", "kernel-referee", "validating on the visible cases"),
-            ("info", "kernel-referee", "timing beside the best and the baseline")]
+            ("info", "kernel-referee", "timing beside the best and the baseline"),
+            ("info", "kernel-referee", "timed")]
         await c.set_logging_level("warning")  # above the progress lines' level: they stop
         await ok(c, "time_kernel", source=kernel("latency_us=40"))
-        assert len(received) == 2
+        assert len(received) == 3
 
 
 @pytest.mark.anyio
@@ -137,4 +138,5 @@ async def test_progress_lines_are_sent_as_log_messages_once_the_client_sets_a_le
 async def test_a_2026_client_gets_log_messages_by_its_request_level(run):
     assert await _timed_with_log(run) == []  # no level in the request's _meta
     received = await _timed_with_log(run, log_level="info")
-    assert [m.data for m in received] == ["validating on the visible cases", "timing beside the best and the baseline"]
+    assert [m.data for m in received] == ["validating on the visible cases", "timing beside the best and the baseline",
+                                          "timed"]
