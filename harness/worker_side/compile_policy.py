@@ -84,6 +84,8 @@ _ALLOWED = re.compile(
     r"|-default-device|--?(fmad|ftz|prec-div|prec-sqrt)=(true|false)"
     r"|--?extra-device-vectorization")
 
+_ARCH_PREFIXES = ("-arch", "--gpu-architecture", "-gencode", "--generate-code", "-code")
+
 # (prefixes, why) for options that are understood but deliberately refused.
 _REFUSED = [
     (("-rdc", "--relocatable-device-code"),
@@ -92,7 +94,7 @@ _REFUSED = [
     (("-I", "--include-path", "-include", "--pre-include"),
      "arbitrary include paths and pre-includes are not allowed; the CUDA headers "
      "(cuda_fp16.h, cuda_bf16.h, CUB/libcu++) are already on the include path"),
-    (("-arch", "--gpu-architecture", "-gencode", "--generate-code", "-code"),
+    (_ARCH_PREFIXES,
      "the referee picks the architecture of the device that runs the kernel"),
     (("-G", "--device-debug"),
      "debug builds are not comparable with optimized ones"),
@@ -164,8 +166,8 @@ def _check_option(option: object, arch: str | None = None) -> None:
         if not 1 <= int(m.group(1)) <= 255:
             raise CompileRefused(f"option {option!r}: the register count must be 1..255")
         return
-    if arch is not None and (m := _ARCH_OPTION.fullmatch(option)):
-        if m.group(1) == arch_specific(arch):
+    if arch is not None and option.startswith(_ARCH_PREFIXES):
+        if (m := _ARCH_OPTION.fullmatch(option)) and m.group(1) == arch_specific(arch):
             return
         raise CompileRefused(f"option {option!r} is refused: the referee compiles for this device ({arch}); the "
                              f"only architecture a candidate may ask for is its architecture-specific target, "
