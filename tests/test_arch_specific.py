@@ -19,6 +19,7 @@ from tests.fake_executor import FakeExecutor
 from tests.server_support import INITIAL, new_run, read_json
 
 ELF_MAGIC = b"\x7fELF"
+WGMMA_MATMUL = Path(__file__).resolve().parent / "gpu" / "kernels" / "wgmma_bf16.cu"
 PLAIN = 'extern "C" __global__ void plain(float* x) { x[threadIdx.x] *= 2.0f; }'
 # wgmma exists on sm_90a only: ptxas refuses it for the plain sm_90.
 WGMMA = r"""
@@ -66,6 +67,14 @@ def test_a_wgmma_kernel_compiles_with_sm_90a_and_fails_without_it_saying_how():
     plain = compile_kernel(WGMMA, "fenced", arch="sm_90")
     assert not plain.ok and "wgmma" in plain.full_log
     assert plain.log.splitlines()[0].endswith("compile with the option -arch=sm_90a")
+
+
+def test_the_gpu_tests_wgmma_matmul_compiles_with_sm_90a_only():
+    source = WGMMA_MATMUL.read_text()
+    compiled = compile_kernel(source, "matmul_bf16", options=["-arch=sm_90a"], arch="sm_90")
+    assert compiled.ok and compiled.resources.registers > 0, compiled.log
+    plain = compile_kernel(source, "matmul_bf16", arch="sm_90")
+    assert not plain.ok and "wgmma.mma_async" in plain.full_log
 
 
 def test_the_cache_key_includes_the_target():
