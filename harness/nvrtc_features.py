@@ -15,7 +15,7 @@ from harness.worker_side.nvrtc import compile_kernel, nvrtc_version, supported_a
 PROBE_KERNEL = "referee_arch_probe"
 PROBE_SOURCE = f'extern "C" __global__ void {PROBE_KERNEL}(int* x) {{ x[0] = 1; }}'
 
-# compile(source, kernel_name, options, arch): CompileService.compile, or compile_directly.
+# compiler(source, kernel_name, options, arch): CompileService.compile, or compile_directly.
 Compile = Callable[[str, str, tuple[str, ...], str], CompileResult]
 
 
@@ -34,10 +34,10 @@ def compile_directly(source: str, kernel_name: str, options: tuple[str, ...], ar
     return compile_kernel(source, kernel_name, options=options, arch=arch)
 
 
-def nvrtc_features(arch: str, compile: Compile = compile_directly) -> NvrtcFeatures:
+def nvrtc_features(arch: str, compiler: Compile = compile_directly) -> NvrtcFeatures:
     """The features of the NVRTC that compiles candidates for a device of architecture `arch` (e.g. "sm_90")."""
     option = arch_specific_option(arch)
-    probe = compile(PROBE_SOURCE, PROBE_KERNEL, (option,), arch)
+    probe = compiler(PROBE_SOURCE, PROBE_KERNEL, (option,), arch)
     note = None if probe.ok else (probe.log.strip().splitlines() or ["no compiler log"])[0][:300]
     return NvrtcFeatures(version=nvrtc_version(), supported_archs=list(supported_archs()), arch=arch,
                          arch_specific_target=arch_specific(arch), arch_specific_option=option,
