@@ -23,8 +23,8 @@ from typing import Sequence
 from pydantic import ValidationError
 
 from harness.compile_cache import CompileCache
-from harness.worker_side.compile_policy import (COMPILE_MEMORY_BYTES, CompileRefused, CompileRequest, CompileResult,
-                                                out_of_memory_message, trim_log)
+from harness.worker_side.compile_policy import (COMPILE_MEMORY_BYTES, DEFAULT_ARCH, CompileRefused, CompileRequest,
+                                                CompileResult, out_of_memory_message, trim_log)
 from harness.worker_side.nvrtc import check_request
 from sandbox.pool import JobTimeout, Worker, WorkerCrashed, WorkerError
 from sandbox.answers import Status
@@ -59,7 +59,7 @@ class _Request(CompileRequest):
     def failed(self, message: str, started: float) -> CompileResult:
         """ok=False with `message` as the log, for a compile the worker did not complete."""
         return CompileResult(
-            ok=False, kernel_name=self.kernel_name, lowered_name=None, arch=self.arch, options=self.options,
+            ok=False, kernel_name=self.kernel_name, lowered_name=None, arch=self.target, options=self.options,
             log=trim_log(message), full_log=message, resources=None,
             compile_ms=(time.perf_counter() - started) * 1000.0, cache_hit=False,
             nvrtc_version=self.nvrtc_version, key=self.key)
@@ -89,7 +89,7 @@ class CompileService:
             return self.worker.ensure_started()
 
     def compile(self, source: str, kernel_name: str, options: Sequence[str] = (),
-                arch: str = "sm_90") -> CompileResult:
+                arch: str = DEFAULT_ARCH) -> CompileResult:
         """Compile in the worker; CompileRefused for a request refused by policy, else a result."""
         request = _Request.checked(source, kernel_name, options, arch)
         if (hit := self.cache.get(request.key)) is not None:
@@ -186,7 +186,7 @@ def _parse_result(document: object) -> CompileResult:
 
 
 def _check_matches(request: _Request, result: CompileResult) -> None:
-    expected = {"kernel_name": request.kernel_name, "arch": request.arch, "options": request.options,
+    expected = {"kernel_name": request.kernel_name, "arch": request.target, "options": request.options,
                 "key": request.key, "nvrtc_version": request.nvrtc_version, "cache_hit": False}
     for name, value in expected.items():
         if getattr(result, name) != value:

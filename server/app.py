@@ -297,6 +297,11 @@ def _resources(server: MCPServer, run: Run) -> None:
     def task_resource() -> str:
         return probes.describe(run).model_dump_json(indent=2)
 
+    @server.resource("referee://device", mime_type="application/json",
+                     description="the GPU's facts: limits per SM and block, measured peaks, launch floor, NVRTC")
+    def device_resource() -> str:
+        return probes.device(run).model_dump_json(indent=2)
+
     @server.resource("referee://history.json", mime_type="application/json", description="every attempt")
     def history_resource() -> str:
         return read("history.json")

@@ -25,11 +25,19 @@ from harness.settings import CompiledKernel, TimingSettings
 from harness.gpu_lease import GpuLease, gpu_key, held
 from harness.nvml import Nvml, driver_build
 from harness.peaks import device_peaks
+from harness.nvrtc_features import nvrtc_features
 from harness.task_model import Case, Task
 from harness.results import CheckReport, TimingReport
 from harness.compile_service import CompileService, DEFAULT_DEADLINE_S
 from sandbox.confine import landlock_abi
 from harness.gpu_workers import gpu_worker_pool
+
+
+# The device's per-SM and per-block limits, as the GPU worker read them (harness/worker_side/gpu.py DeviceInfo):
+# what an agent sizes blocks, registers and shared memory against (referee://device).
+DEVICE_LIMITS = ("warp_size", "registers_per_sm", "registers_per_block", "shared_bytes_per_sm",
+                 "shared_bytes_per_block", "max_shared_per_block_optin", "reserved_shared_bytes_per_block",
+                 "max_threads_per_block", "max_threads_per_sm", "max_blocks_per_sm")
 
 
 class ExecutorError(RuntimeError):
@@ -111,6 +119,8 @@ class GpuExecutor:
             "sandbox": {"confined": self.confine, "landlock_abi": landlock_abi()},
             "gpu_state": self.referee.nvml.read().model_dump(mode="json") if self.referee.nvml.available else None,
             "nvml_note": self.referee.nvml.note,
+            "limits": {key: device.get(key) for key in DEVICE_LIMITS},
+            "nvrtc_features": nvrtc_features(hello["arch"], self.compiler.compile).model_dump(mode="json"),
         }
         self.facts.update(self._peaks(device))
         return self.facts

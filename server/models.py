@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 from harness.compare import OutputCheck
+from harness.nvrtc_features import NvrtcFeatures
 from harness.stats import WITHIN_NOISE, LatencyStats, Significance, Speedup, significance
 from harness.results import Reason
 from server.records import Verdict
@@ -34,6 +35,7 @@ class Resources(BaseModel):
 class CompileAnswer(BaseModel):
     candidate: str
     ok: bool
+    arch: str | None = None  # what it was compiled for: the device's sm_XY, or sm_XYa when asked (-arch=sm_XYa)
     log: str
     log_resource: str | None = None
     resources: Resources | None = None
@@ -124,6 +126,51 @@ class TaskCase(BaseModel):
     baseline_median_ms: float | None = None
 
 
+class MeasuredPeaks(BaseModel):
+    """What the device reached when the run started (harness/peaks.py): the roofline timings are placed under."""
+
+    memory_gbps: float | None = None      # device-to-device copies, bytes read + written, 1e9 bytes per second
+    fp32_tflops: float | None = None      # cuBLAS float32 GEMM on the CUDA cores
+    tensor_tflops: dict[str, float] = {}  # cuBLAS GEMM on the tensor cores by input type (float32 accumulation)
+    source: str | None = None             # "measured" at the run's start, or "cache" (an earlier measurement)
+    notes: list[str] = []                 # e.g. why a peak is missing
+
+
+class LaunchFloor(BaseModel):
+    """What an empty kernel measures: no timing of a real kernel reads less."""
+
+    kernel_clock_ms: float | None = None  # on the kernel clock, which the timings read (None: timed by events)
+    event_pair_ms: float | None = None    # between two CUDA events, the launch latency included
+
+
+class DeviceFacts(BaseModel):
+    """The run's GPU as its CUDA driver reported it when the run started, its measured peaks, the launch floor
+    and the features of the NVRTC that compiles candidates (None where a fact was not reported)."""
+
+    gpu: str | None = None
+    compute_capability: list[int] | None = None
+    sm_count: int | None = None
+    warp_size: int | None = None
+    registers_per_sm: int | None = None
+    registers_per_block: int | None = None
+    shared_bytes_per_sm: int | None = None
+    shared_bytes_per_block: int | None = None
+    shared_bytes_per_block_optin: int | None = None  # the most a launch's shared_bytes may be (the referee opts in)
+    reserved_shared_bytes_per_block: int | None = None
+    max_threads_per_block: int | None = None
+    max_threads_per_sm: int | None = None
+    max_blocks_per_sm: int | None = None
+    l2_bytes: int | None = None
+    total_memory_bytes: int | None = None
+    memory_bus_bits: int | None = None
+    memory_clock_khz: int | None = None
+    sm_clock_khz: int | None = None
+    driver_cuda_version: str | None = None
+    peaks: MeasuredPeaks | None = None
+    launch_floor: LaunchFloor = LaunchFloor()
+    nvrtc: NvrtcFeatures | None = None
+
+
 class TaskDescription(BaseModel):
     name: str
     description: str
@@ -139,6 +186,7 @@ class TaskDescription(BaseModel):
     best_score_ms: float | None
     budget: Budget
     vendor: dict | None = None  # {"name": "cuBLAS", "cases": {case: median_ms}}: the vendor library beside the baseline
+    device_facts: DeviceFacts | None = None  # what referee://device answers
 
 
 class LaunchInput(BaseModel):

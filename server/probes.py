@@ -10,7 +10,8 @@ from harness.vendor_yardstick import describe_view
 from harness.side_by_side import SideBySide, TimingFailed, time_side_by_side
 from harness.stats import geometric_mean, geomean_speedup, speedup
 from harness.results import CheckReport
-from server.models import (CaseLatency, CaseStatus, CheckAnswer, CompileAnswer, Resources, TaskCase,
+from server.device_facts import device_facts
+from server.models import (CaseLatency, CaseStatus, CheckAnswer, CompileAnswer, DeviceFacts, Resources, TaskCase,
                            TaskDescription, TimeAnswer)
 from server.lease_waits import LeaseWatch
 from server.run import Candidate, Progress, Refusal, Run
@@ -42,7 +43,12 @@ def _described_now(run: Run) -> TaskDescription:
         tolerances={k: v.model_dump() for k, v in task.tolerances.items()},
         launch_default=task.launch.model_dump(mode="json"), device=run.environment,
         baseline_score_ms=baseline.score_ms, best_attempt=best.attempt, best_score_ms=best.score_ms,
-        budget=run.budget(), vendor=describe_view(run.summary.vendor))
+        budget=run.budget(), vendor=describe_view(run.summary.vendor), device_facts=device_facts(run.environment))
+
+
+def device(run: Run) -> DeviceFacts:
+    """What referee://device answers: the device's facts as describe_task gives them."""
+    return describe(run).device_facts
 
 
 def compile_candidate(run: Run, make_candidate: Callable[[], Candidate]) -> CompileAnswer:
@@ -51,7 +57,7 @@ def compile_candidate(run: Run, make_candidate: Callable[[], Candidate]) -> Comp
     r = compiled.resources
     resources = None if r is None else Resources(registers=r.registers, spill_bytes=r.spill_store_bytes + r.spill_load_bytes,
                                                  shared_bytes=r.shared_bytes, stack_bytes=r.stack_bytes)
-    return CompileAnswer(candidate=candidate.id, ok=compiled.ok, log=compiled.log,
+    return CompileAnswer(candidate=candidate.id, ok=compiled.ok, arch=compiled.arch, log=compiled.log,
                          log_resource=f"referee://compile-logs/{candidate.id}", resources=resources,
                          compile_ms=compiled.compile_ms, cache_hit=compiled.cache_hit)
 

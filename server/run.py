@@ -21,6 +21,7 @@ from typing import Any, Iterator
 from pydantic import BaseModel, ValidationError
 
 from harness.call_limits import call_limits
+from harness.worker_side.compile_policy import DEFAULT_ARCH
 from harness.worker_side.nvrtc import check_request
 from harness.settings import CompiledKernel, TimingSettings
 from harness.task_model import Case, LaunchSpec, Task
@@ -315,7 +316,7 @@ class Run:
     def register_candidate(self, source: str, options: tuple[str, ...], launch: LaunchSpec, *,
                            charge_compile: bool = False) -> Candidate:
         # Refused by policy (CompileRefused) before anything is recorded or an attempt slot is claimed.
-        check_request(source, self.task.kernel_name, options)
+        check_request(source, self.task.kernel_name, options, self.environment.get("arch") or DEFAULT_ARCH)
         if charge_compile:
             self.charge_compile()  # a request the policy refused compiles nothing and is not counted
         identity = json.dumps({"source": source, "options": options, "launch": launch.model_dump(mode="json")},

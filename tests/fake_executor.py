@@ -17,6 +17,7 @@ Markers (in a comment anywhere in the source):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -31,6 +32,7 @@ from harness.call_limits import CallLimits, OutOfTime
 from harness.vendor_yardstick import VendorReport
 from harness.compile_cache import CompileCache
 from harness.gpu_lease import GpuLease, held
+from harness.nvrtc_features import nvrtc_features
 from harness.worker_side.nvrtc import compile_kernel
 from harness.settings import CompiledKernel
 from harness.stats import geometric_mean, summarize
@@ -54,6 +56,18 @@ FAKE_PEAKS = {"memory_gbps": 4300.0, "source": "measured"}
 H200_ENVIRONMENT = {"compute_capability": [9, 0], "sm_count": 132, "sm_clock_khz": 1980000,
                     "memory_clock_khz": 3201000, "memory_bus_bits": 6144, "l2_bytes": 60 * 2**20,
                     "peaks": H200_PEAKS}
+
+# An H200's per-SM and per-block limits as its driver reports them (server/executor.py DEVICE_LIMITS).
+H200_LIMITS = {"warp_size": 32, "registers_per_sm": 65536, "registers_per_block": 65536,
+               "shared_bytes_per_sm": 233472, "shared_bytes_per_block": 49152, "max_shared_per_block_optin": 232448,
+               "reserved_shared_bytes_per_block": 1024, "max_threads_per_block": 1024, "max_threads_per_sm": 2048,
+               "max_blocks_per_sm": 32}
+
+
+@functools.cache
+def fake_nvrtc_features() -> dict:
+    """The NVRTC features of this machine's NVRTC for sm_90: real (the fake compiles with the real NVRTC too)."""
+    return nvrtc_features("sm_90").model_dump(mode="json")
 
 
 # The fake device's UUID: its timings hold the host-wide lease of this name (harness/gpu_lease.py), in the folder
@@ -117,6 +131,7 @@ class FakeExecutor:
     def start(self) -> dict:
         return {"gpu": self.gpu, "gpu_uuid": self.gpu_uuid, "compute_capability": [9, 0], "arch": "sm_90", "driver_cuda_version": "13.0",
                 "nvrtc": "13.x", "cuda_bindings": "13.x", "sm_clock_khz": 1980000, "event_overhead_ms": 0.002,
+                "kernel_floor_ms": 0.0023, "limits": H200_LIMITS, "nvrtc_features": fake_nvrtc_features(),
                 "peaks": FAKE_PEAKS, "peaks_notes": [], **self.environment}
 
     def compile(self, source: str, options: tuple[str, ...]):

@@ -3,7 +3,10 @@ compile result and the ptxas report's parsing. Pure (no NVRTC): the parent check
 before any process starts, and the compile worker checks it again (nvrtc.py).
 
 The referee picks the architecture and the ptxas flags itself: candidates may only choose options
-that change code generation in ways that are comparable across attempts.
+that change code generation in ways that are comparable across attempts. The one architecture a
+candidate may ask for is the device's own architecture-specific target (`-arch=sm_90a` on a 9.0
+device), which enables instructions such as wgmma, TMA bulk copies and setmaxnreg that the plain
+target lacks; the CUBIN still runs only on that device's architecture.
 """
 
 from __future__ import annotations
@@ -73,13 +76,15 @@ _ALLOWED_HELP = (
     "-std=c++11|c++14|c++17|c++20, -lineinfo, --use_fast_math, -default-device, "
     "-maxrregcount=N (1..255), -DNAME or -DNAME=VALUE, --fmad=true|false, "
     "-ftz=true|false, -prec-div=true|false, -prec-sqrt=true|false, "
-    "--extra-device-vectorization"
+    "--extra-device-vectorization, -arch=sm_XYa (the device's own sm_XY, e.g. -arch=sm_90a on a 9.0 device)"
 )
 
 _ALLOWED = re.compile(
     r"--?std=c\+\+(11|14|17|20)|-lineinfo|--generate-line-info|--?use_fast_math"
     r"|-default-device|--?(fmad|ftz|prec-div|prec-sqrt)=(true|false)"
     r"|--?extra-device-vectorization")
+
+_ARCH_PREFIXES = ("-arch", "--gpu-architecture", "-gencode", "--generate-code", "-code")
 
 # (prefixes, why) for options that are understood but deliberately refused.
 _REFUSED = [
@@ -89,7 +94,7 @@ _REFUSED = [
     (("-I", "--include-path", "-include", "--pre-include"),
      "arbitrary include paths and pre-includes are not allowed; the CUDA headers "
      "(cuda_fp16.h, cuda_bf16.h, CUB/libcu++) are already on the include path"),
-    (("-arch", "--gpu-architecture", "-gencode", "--generate-code", "-code"),
+    (_ARCH_PREFIXES,
      "the referee picks the architecture of the device that runs the kernel"),
     (("-G", "--device-debug"),
      "debug builds are not comparable with optimized ones"),
@@ -105,21 +110,45 @@ _REFUSED = [
 _DEFINE = re.compile(r"-D([A-Za-z_][A-Za-z0-9_]*)(=[A-Za-z0-9_.+\-]*)?")
 _MAXRREG = re.compile(r"--?maxrregcount=(\d+)")
 _ARCH = re.compile(r"sm_\d+[a-z]?")
+_ARCH_OPTION = re.compile(r"(?:-arch|--gpu-architecture)=(\S+)")
+DEFAULT_ARCH = "sm_90"
 
 
-def check_options(options: Sequence[str]) -> tuple[str, ...]:
-    """Validate candidate options against the allow-list; return them as a tuple."""
+def arch_specific(arch: str) -> str:
+    """The architecture-specific target of a device's architecture: 'sm_90' -> 'sm_90a'."""
+    return arch if arch.endswith("a") else f"{arch}a"
+
+
+def arch_specific_option(arch: str) -> str:
+    """The option by which a candidate asks for the device's architecture-specific target."""
+    return f"-arch={arch_specific(arch)}"
+
+
+def target_arch(options: Sequence[str], arch: str) -> str:
+    """What NVRTC compiles for: `arch` (the device's), or its architecture-specific target when the checked
+    options ask for it."""
+    return arch_specific(arch) if any(_ARCH_OPTION.fullmatch(o) for o in options) else arch
+
+
+def without_arch_options(options: Sequence[str]) -> tuple[str, ...]:
+    """The options less the architecture request, which the referee turns into its own -arch."""
+    return tuple(o for o in options if not _ARCH_OPTION.fullmatch(o))
+
+
+def check_options(options: Sequence[str], arch: str | None = None) -> tuple[str, ...]:
+    """Validate candidate options against the allow-list; return them as a tuple. `arch`: the device's
+    architecture, whose architecture-specific target (`-arch=sm_90a` for sm_90) is then allowed."""
     if isinstance(options, (str, bytes)):
         raise CompileRefused("options must be a list of strings, not a single string")
     options = tuple(options)
     if len(options) > MAX_OPTIONS:
         raise CompileRefused(f"too many options ({len(options)}); at most {MAX_OPTIONS}")
     for option in options:
-        _check_option(option)
+        _check_option(option, arch)
     return options
 
 
-def _check_option(option: object) -> None:
+def _check_option(option: object, arch: str | None = None) -> None:
     if not isinstance(option, str):
         raise CompileRefused(f"option {option!r} is not a string")
     if len(option) > MAX_OPTION_CHARS:
@@ -137,6 +166,12 @@ def _check_option(option: object) -> None:
         if not 1 <= int(m.group(1)) <= 255:
             raise CompileRefused(f"option {option!r}: the register count must be 1..255")
         return
+    if arch is not None and option.startswith(_ARCH_PREFIXES):
+        if (m := _ARCH_OPTION.fullmatch(option)) and m.group(1) == arch_specific(arch):
+            return
+        raise CompileRefused(f"option {option!r} is refused: the referee compiles for this device ({arch}); the "
+                             f"only architecture a candidate may ask for is its architecture-specific target, "
+                             f"{arch_specific_option(arch)}")
     for prefixes, why in _REFUSED:
         if option.startswith(prefixes):
             raise CompileRefused(f"option {option!r} is refused: {why}")
@@ -262,14 +297,15 @@ def _usage_from(frame: re.Match | None, used_line: str | None) -> ResourceUsage:
 
 def cache_key(source: bytes, options: tuple[str, ...], arch: str,
               kernel_name: str, version: str) -> str:
-    """sha256 over everything that determines the CUBIN."""
+    """sha256 over everything that determines the CUBIN; `arch` is the target compiled for (sm_90 or sm_90a)."""
     header = json.dumps([_CACHE_FORMAT, list(options), arch, kernel_name, version])
     return hashlib.sha256(header.encode() + b"\x00" + source).hexdigest()
 
 
 @dataclass(frozen=True)
 class CompileRequest:
-    """A request that passed every policy check, with its cache key."""
+    """A request that passed every policy check, with its cache key. `arch` is the device's architecture,
+    `target` what NVRTC compiles for (`arch`, or its architecture-specific target if the options ask)."""
 
     source_bytes: bytes
     kernel_name: str
@@ -277,3 +313,4 @@ class CompileRequest:
     arch: str
     nvrtc_version: str
     key: str
+    target: str

@@ -68,6 +68,15 @@ class DeviceInfo:
     sm_count: int
     l2_bytes: int
     max_shared_per_block_optin: int
+    shared_bytes_per_block: int
+    shared_bytes_per_sm: int
+    reserved_shared_bytes_per_block: int
+    registers_per_block: int
+    registers_per_sm: int
+    warp_size: int
+    max_threads_per_block: int
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
     sm_clock_khz: int
     memory_clock_khz: int
     memory_bus_bits: int
@@ -111,6 +120,15 @@ class Context:
             sm_count=a("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT"),
             l2_bytes=a("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE"),
             max_shared_per_block_optin=a("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
+            shared_bytes_per_block=a("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK"),
+            shared_bytes_per_sm=a("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
+            reserved_shared_bytes_per_block=a("CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK"),
+            registers_per_block=a("CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK"),
+            registers_per_sm=a("CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR"),
+            warp_size=a("CU_DEVICE_ATTRIBUTE_WARP_SIZE"),
+            max_threads_per_block=a("CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK"),
+            max_threads_per_sm=a("CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR"),
+            max_blocks_per_sm=a("CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR"),
             sm_clock_khz=a("CU_DEVICE_ATTRIBUTE_CLOCK_RATE"),
             memory_clock_khz=a("CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE"),
             memory_bus_bits=a("CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH"),

@@ -21,9 +21,10 @@ os.environ["CUDA_CACHE_DISABLE"] = "1"
 from cuda import pathfinder  # noqa: E402
 from cuda.bindings import nvrtc  # noqa: E402
 
-from harness.worker_side.compile_policy import (CompileRequest, CompileResult, cache_key,
-                                                check_arch, check_kernel_name, check_options, check_source,
-                                                out_of_memory_message, parse_ptxas_report, trim_log)
+from harness.worker_side.compile_policy import (DEFAULT_ARCH, CompileRequest, CompileResult, arch_specific_option,
+                                                cache_key, check_arch, check_kernel_name, check_options, check_source,
+                                                out_of_memory_message, parse_ptxas_report, target_arch, trim_log,
+                                                without_arch_options)
 from harness.worker_side.cuda_check import check
 from harness.worker_side.include_policy import check_includes, missing_header_advice
 
@@ -35,6 +36,12 @@ def nvrtc_version() -> str:
     """The loaded NVRTC's version, e.g. '13.5'."""
     major, minor = check(nvrtc.nvrtcVersion(), "nvrtcVersion")
     return f"{major}.{minor}"
+
+
+@functools.cache
+def supported_archs() -> tuple[str, ...]:
+    """The real architectures the loaded NVRTC compiles for (nvrtcGetSupportedArchs), e.g. ('sm_75', 'sm_90')."""
+    return tuple(f"sm_{number}" for number in check(nvrtc.nvrtcGetSupportedArchs(), "nvrtcGetSupportedArchs"))
 
 
 @functools.cache
@@ -57,12 +64,14 @@ def _include_options() -> tuple[str, ...]:
     return tuple(f"-I{folder}" for folder in include_folders())
 
 
-def _nvrtc_options(user_options: tuple[str, ...], arch: str) -> list[bytes]:
-    options = [f"-arch={arch}", "--ptxas-options=-v"]
+def _nvrtc_options(user_options: tuple[str, ...], target: str) -> list[bytes]:
+    """NVRTC's options: the referee's own -arch (the target, which a candidate's -arch=sm_XYa chose), then the
+    candidate's other options."""
+    options = [f"-arch={target}", "--ptxas-options=-v"]
     if not any(o.lstrip("-").startswith("std=") for o in user_options):
         options.append("-std=c++17")
     options += _include_options()
-    options += user_options
+    options += without_arch_options(user_options)
     return [o.encode() for o in options]
 
 
@@ -117,7 +126,16 @@ def _failure_log(status, log: str, kernel_name: str) -> str:
     if status != nvrtc.nvrtcResult.NVRTC_ERROR_COMPILATION:
         return f"{log}\nnvrtcCompileProgram failed: {status.name}".strip()
     # What to write instead of a header NVRTC does not have, ahead of the log so the trimmed log shows it.
-    return "\n".join(missing_header_advice(log, include_folders()) + [log])
+    return "\n".join(missing_header_advice(log, include_folders()) + _arch_specific_advice(log) + [log])
+
+
+def _arch_specific_advice(log: str) -> list[str]:
+    """An instruction the plain target lacks (wgmma, setmaxnreg on sm_90): say how to ask for the other."""
+    found = re.search(r"not supported on \.target '(sm_\d+)'", log)
+    if found is None:
+        return []
+    return [f"{found.group(1)} lacks an instruction this source uses; the device's architecture-specific target "
+            f"may have it: compile with the option {arch_specific_option(found.group(1))}"]
 
 
 def _out_of_memory(status, log: str) -> bool:
@@ -129,21 +147,24 @@ def _out_of_memory(status, log: str) -> bool:
 # ---------------------------------------------------------------- entry point
 
 
-def check_request(source: str, kernel_name: str, options: Sequence[str] = (), arch: str = "sm_90") -> CompileRequest:
-    """Every policy check, made before anything compiles (here or in a compile worker)."""
-    user_options = check_options(options)
+def check_request(source: str, kernel_name: str, options: Sequence[str] = (),
+                  arch: str = DEFAULT_ARCH) -> CompileRequest:
+    """Every policy check, made before anything compiles (here or in a compile worker). `arch`: the device's."""
     check_arch(arch)
+    user_options = check_options(options, arch)
     check_kernel_name(kernel_name)
     source_bytes = check_source(source)
     check_includes(source)
     version = nvrtc_version()
+    target = target_arch(user_options, arch)
     return CompileRequest(source_bytes, kernel_name, user_options, arch, version,
-                          cache_key(source_bytes, user_options, arch, kernel_name, version))
+                          cache_key(source_bytes, user_options, target, kernel_name, version), target)
 
 
 def compile_kernel(source: str, kernel_name: str, *, options: Sequence[str] = (),
-                   arch: str = "sm_90", cache=None) -> CompileResult:
-    """Compile `kernel_name` in `source` to a CUBIN for `arch`.
+                   arch: str = DEFAULT_ARCH, cache=None) -> CompileResult:
+    """Compile `kernel_name` in `source` to a CUBIN for `arch` (or its architecture-specific target, sm_90a,
+    where the options ask for it with -arch=sm_90a).
 
     Raises CompileRefused for requests refused by policy; a compiler error is
     returned as ok=False with the log. `cache`: where successful compiles are kept and found
@@ -156,12 +177,12 @@ def compile_kernel(source: str, kernel_name: str, *, options: Sequence[str] = ()
 
     started = time.perf_counter()
     status, log, lowered, cubin = _run_nvrtc(
-        source_bytes, kernel_name, _nvrtc_options(user_options, arch))
+        source_bytes, kernel_name, _nvrtc_options(user_options, request.target))
     compile_ms = (time.perf_counter() - started) * 1000.0
     ok = lowered is not None and bool(cubin)
     full_log = log if ok else _failure_log(status, log, kernel_name)
     result = CompileResult(
-        ok=ok, kernel_name=kernel_name, lowered_name=lowered, arch=arch,
+        ok=ok, kernel_name=kernel_name, lowered_name=lowered, arch=request.target,
         options=user_options, log=trim_log(full_log), full_log=full_log,
         resources=parse_ptxas_report(log, lowered) if ok else None,
         compile_ms=compile_ms, cache_hit=False, nvrtc_version=version,
