@@ -74,35 +74,41 @@ def _constant_candidates(expected: np.ndarray) -> list[float]:
     return [float(np.mean(finite)), float(np.median(finite)), float((finite.min() + finite.max()) / 2)]
 
 
+def _degenerate(task: Task, param: Param, expected: np.ndarray, inputs: dict[str, np.ndarray],
+                other: np.ndarray | None) -> tuple[str, str] | None:
+    """(check, what passes) for the first degenerate kind of output that holds, or None."""
+    if _passes(task, param, expected, 0.0):
+        return "zero-output", f"an all-zero {param.name} passes"
+    constant = next((c for c in _constant_candidates(expected) if _passes(task, param, expected, c)), None)
+    if constant is not None:
+        return "constant-output", f"{param.name} written as {constant:.6g} everywhere passes"
+    for source in task.input_params:
+        if inputs[source.name].shape == expected.shape and _passes(task, param, expected,
+                                                                   inputs[source.name].astype(np.float64)):
+            return "equals-input", f"a copy of input {source.name} passes as {param.name}"
+    if other is not None and _passes(task, param, expected, other):
+        return "seed-insensitive", f"{param.name} for inputs drawn from another seed passes"
+    return None
+
+
+_WHY = {"zero-output": "a kernel that writes nothing passes; choose inputs whose outputs are not (near) zero",
+        "constant-output": "the output is (near) constant",
+        "equals-input": "the output equals an input",
+        "seed-insensitive": "the output does not depend on the inputs' values"}
+
+
 def degenerate_outputs(task: Task, case: Case, inputs: dict[str, np.ndarray], truth: Outputs,
-                       other: Outputs | None) -> list[Finding]:
-    """Zero, constant, equal to an input, the same for another seed's inputs: each output of one case."""
-    found = []
-    where = f"case {case.name}"
+                       other: Outputs | None) -> dict[str, Finding]:
+    """Zero, constant, equal to an input, the same for another seed's inputs: the first that holds for each
+    output of one case, by output."""
+    found = {}
     for param in task.output_params:
-        expected = truth[param.name]
-        tol = task.tolerances[param.name]
-        said = f"(tolerance rtol {tol.rtol:g}, atol {tol.atol:g})"
-        if _passes(task, param, expected, 0.0):
-            found.append(error("zero-output", f"{where}: an all-zero {param.name} passes {said}: a kernel that "
-                                              "writes nothing passes; choose inputs whose outputs are not (near) zero"))
-            continue
-        constant = next((c for c in _constant_candidates(expected) if _passes(task, param, expected, c)), None)
-        if constant is not None:
-            found.append(error("constant-output", f"{where}: {param.name} written as {constant:.6g} everywhere "
-                                                  f"passes {said}: the output is (near) constant"))
-            continue
-        for source in task.input_params:
-            if inputs[source.name].shape == expected.shape and _passes(
-                    task, param, expected, inputs[source.name].astype(np.float64)):
-                found.append(error("equals-input", f"{where}: a copy of input {source.name} passes as "
-                                                   f"{param.name} {said}: the output equals an input"))
-                break
-        else:
-            if other is not None and _passes(task, param, expected, other[param.name]):
-                found.append(error("seed-insensitive", f"{where}: {param.name} is the same (within {said}) for "
-                                                       "inputs drawn from another seed: the output does not "
-                                                       "depend on the inputs' values"))
+        held = _degenerate(task, param, truth[param.name], inputs, None if other is None else other[param.name])
+        if held is not None:
+            check, what = held
+            tol = task.tolerances[param.name]
+            found[param.name] = error(check, f"case {case.name}: {what} (tolerance rtol {tol.rtol:g}, atol "
+                                             f"{tol.atol:g}): {_WHY[check]}")
     return found
 
 
@@ -111,10 +117,12 @@ def _seeded(task: Task) -> bool:
     return any(task.inputs[p.name].kind != "npy" for p in task.input_params)
 
 
-def loose_tolerances(task: Task, cases: list[Case], truths: dict[str, Outputs]) -> list[Finding]:
-    """Outputs whose tolerance passes the float32 inputs rounded to TF32 or float16, on every case."""
+def loose_tolerances(task: Task, cases: list[Case], truths: dict[str, Outputs],
+                     degenerate: set[str] = frozenset()) -> list[Finding]:
+    """Outputs whose tolerance passes the float32 inputs rounded to TF32 or float16, on every case (outputs
+    found `degenerate` already pass anything close to their inputs: they are left out)."""
     rounded_inputs = [p.name for p in task.input_params if p.dtype == "float32" and task.inputs[p.name].kind != "npy"]
-    outputs = [p for p in task.output_params if p.dtype not in INTEGER_DTYPES]
+    outputs = [p for p in task.output_params if p.dtype not in INTEGER_DTYPES and p.name not in degenerate]
     if not rounded_inputs or not outputs or not cases:
         return []
     passing: dict[tuple[str, str], int] = {}
@@ -141,6 +149,7 @@ def output_findings(task: Task, cases: list[Case]) -> list[Finding]:
     """Every check above, on `cases` (the correctness cases lint can afford), with the task's oracle."""
     found: list[Finding] = []
     truths: dict[str, Outputs] = {}
+    degenerate: set[str] = set()
     seeded = _seeded(task)
     for case in cases:
         inputs = make_inputs(task, case.dims, case.seed)
@@ -150,13 +159,15 @@ def output_findings(task: Task, cases: list[Case]) -> list[Finding]:
         except Exception as exc:  # noqa: BLE001 - the task's own code: whatever it raises is the finding
             found.append(error("oracle", f"case {case.name}: the oracle failed: {type(exc).__name__}: {exc}"))
             continue
-        found += degenerate_outputs(task, case, inputs, truths[case.name], other)
+        flagged = degenerate_outputs(task, case, inputs, truths[case.name], other)
+        degenerate |= set(flagged)
+        found += flagged.values()
     if not seeded and cases:
         found.append(warning("seed-insensitive", "no input is drawn from the seed (none, or only npy files): "
                                                  "whether the outputs depend on the inputs was not checked"))
     checked = [c for c in cases if c.name in truths]
     try:
-        found += loose_tolerances(task, checked, truths)
+        found += loose_tolerances(task, checked, truths, degenerate)
     except Exception as exc:  # noqa: BLE001 - as above
         found.append(error("oracle", f"on rounded inputs the oracle failed: {type(exc).__name__}: {exc}"))
     return found

@@ -60,7 +60,7 @@ def reduction_length(task: Task, plan: TaskPlan, param: Param) -> tuple[dict[str
     text = reduction_text(plan, param.name)
     if text is not None:
         return ({c.name: max(1, expr.evaluate_int(text, c.dims)) for c in task.cases},
-                f"reduction = {text} (the cases file)")
+                f"reduction {text} in the cases file")
     if task.cost.flops is not None:
         outputs = list(task.output_params)
         return ({c.name: max(1, round(task.flops(c.dims) / (2 * _elements(task, c, outputs)))) for c in task.cases},
