@@ -145,6 +145,11 @@ def loose_tolerances(task: Task, cases: list[Case], truths: dict[str, Outputs],
     return found
 
 
+def _one_line(exc: BaseException) -> str:
+    said = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {said[:300]}" if said else type(exc).__name__
+
+
 def output_findings(task: Task, cases: list[Case]) -> list[Finding]:
     """Every check above, on `cases` (the correctness cases lint can afford), with the task's oracle."""
     found: list[Finding] = []
@@ -157,7 +162,7 @@ def output_findings(task: Task, cases: list[Case]) -> list[Finding]:
             truths[case.name] = _oracle(task, case, inputs)
             other = _oracle(task, case, make_inputs(task, case.dims, input_seed(case, 1))) if seeded else None
         except Exception as exc:  # noqa: BLE001 - the task's own code: whatever it raises is the finding
-            found.append(error("oracle", f"case {case.name}: the oracle failed: {type(exc).__name__}: {exc}"))
+            found.append(error("oracle", f"case {case.name}: the oracle failed: {_one_line(exc)}"))
             continue
         flagged = degenerate_outputs(task, case, inputs, truths[case.name], other)
         degenerate |= set(flagged)
@@ -169,5 +174,5 @@ def output_findings(task: Task, cases: list[Case]) -> list[Finding]:
     try:
         found += loose_tolerances(task, checked, truths, degenerate)
     except Exception as exc:  # noqa: BLE001 - as above
-        found.append(error("oracle", f"on rounded inputs the oracle failed: {type(exc).__name__}: {exc}"))
+        found.append(error("oracle", f"on rounded inputs the oracle failed: {_one_line(exc)}"))
     return found

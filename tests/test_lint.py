@@ -214,3 +214,17 @@ def test_check_prints_lint_warnings_and_goes_on(tmp_path, capsys):
     assert main(["check", str(folder)]) == 3  # no GPU here: it compiled and stopped
     out = capsys.readouterr().out
     assert out.startswith("lint warning: too-small: case large:") and "reference: compiled for sm_90" in out
+
+
+def test_lint_of_a_folder_that_is_not_a_task_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["lint", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("kernel-referee lint: ") and "task.toml: (file): not found" in err[0]
+
+
+def test_an_oracle_error_over_several_lines_is_said_on_one(tmp_path):
+    folder = make_task(tmp_path, "chatty-oracle",
+                       oracle="def oracle(inputs, dims):\n    raise ValueError('first\\nsecond\\n' + 'x' * 900)\n")
+    message = next(f.message for f in findings(folder) if f.check == "oracle")
+    assert "\n" not in message and message.startswith("case odd: the oracle failed: ValueError: first second xx")
+    assert len(message) < 400
