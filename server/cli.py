@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
@@ -21,6 +22,7 @@ from server.folder_lock import EXIT_HELD, FolderHeld
 from server.report_files import write_report_held
 from server.run import RunSettings
 from server.serve import serve, verify
+from server.task_commands import lint, lint_first, new_task
 from server.settings import RefereeSettings, sandbox_refusal
 from server.verify import verify_run
 from server.cli_args import (ATTEMPT_NUMBER, ATTEMPTS, ITERATIONS, PORT, PROBES, REPEATS, WARMUPS, Parser,
@@ -50,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
 
     _serve_parser(commands)
+    _task_parsers(commands)
 
     demo = commands.add_parser("demo", help="a scripted agent plays a whole run of matmul_f32 against the real "
                                "server over stdio and prints a table (without a GPU: compiles its kernels)")
@@ -92,7 +95,10 @@ def _serve_parser(commands) -> None:
     serve.add_argument("--results", type=Path, default=RefereeSettings().results, help="where new runs go (default ./results)")
     serve.add_argument("--new-run", action="store_true",
                        help="start a new run even if an unfinished run of this task exists (by default it is resumed)")
-    serve.add_argument("--max-attempts", type=ATTEMPTS, default=RunSettings().max_attempts)
+    serve.add_argument("--max-attempts", type=ATTEMPTS, default=RunSettings().max_attempts, metavar="N",
+                       help="attempts in the run's budget")
+    serve.add_argument("--max-iterations", dest="max_attempts", type=ATTEMPTS, default=argparse.SUPPRESS, metavar="N",
+                       help="the same as --max-attempts (the seed tool's name for it)")
     serve.add_argument("--probes-per-window", type=PROBES, default=RunSettings().probes_per_window,
                        help="probes allowed between two attempts")
     serve.add_argument("--warmups", type=WARMUPS, default=TimingSettings().warmups)
@@ -101,6 +107,22 @@ def _serve_parser(commands) -> None:
     serve.add_argument("--host", default=RefereeSettings().host, help="HTTP only; loopback by default")
     serve.add_argument("--port", type=PORT, default=RefereeSettings().port, help="HTTP only")
     serve.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
+
+def _task_parsers(commands) -> None:
+    new = commands.add_parser("new-task", help="make a task folder from a signature, the reference and initial "
+                              "kernels and a cases file (docs/task-format.md), then lint it")
+    new.add_argument("folder", type=Path, help="the task folder to make (new, or empty)")
+    new.add_argument("--description", required=True, help="what the kernel computes, for people and agents")
+    new.add_argument("--signature", required=True, help='extern "C" __global__ void NAME(TYPE a, ...)')
+    new.add_argument("--reference", type=Path, required=True, help="the trusted kernel (copied as reference.cu)")
+    new.add_argument("--initial-kernel", type=Path, required=True, help="the baseline (copied as initial.cu)")
+    new.add_argument("--input-cases", type=Path, required=True, help="the cases file (JSON)")
+    new.add_argument("--oracle", type=Path, help="an independent float64 oracle (copied as oracle.py)")
+    new.add_argument("--name", help="the task's name (default: the folder's)")
+    lint = commands.add_parser("lint", help="refuse a degenerate task (outputs a kernel computing nothing passes, "
+                               "a tolerance TF32 passes, cases that do not fit); CPU only")
+    lint.add_argument("task", type=Path, help="task folder (holding task.toml)")
+
 
 def _launch(text: str | None) -> LaunchSpec | None:
     if text is None:
@@ -131,6 +153,7 @@ def _check(args, settings: RefereeSettings) -> int:
         raise UsageError("--launch needs --kernel: the task's own reference and baseline use the task's launches")
     launch = _launch(args.launch)
     task = load_task(args.task)
+    lint_first(task, settings.run.timing, sys.stdout)
     targets = targets_for(task, args.kernel, launch)
     refusal = sandbox_refusal(settings.confine)
     if refusal:
@@ -189,7 +212,15 @@ def _dispatch(args, settings: RefereeSettings) -> int:
     if args.command == "check":
         return _check(args, settings)
     if args.command == "serve":
+        if args.task is not None:
+            lint_first(load_task(args.task), settings.run.timing, sys.stderr, "kernel-referee serve: ")
         return serve(settings, args.task, args.run, start_new=args.new_run)
+    if args.command == "new-task":
+        return new_task(args.folder, description=args.description, signature=args.signature, reference=args.reference,
+                        initial=args.initial_kernel, cases_file=args.input_cases, oracle=args.oracle, name=args.name,
+                        out=sys.stdout)
+    if args.command == "lint":
+        return lint(args.task, sys.stdout)
     if args.command == "demo":
         return run_demo(settings, sys.stdout, args.task)
     if args.command == "verify":

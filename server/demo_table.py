@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from harness.stats import significance
-from server.records import Verdict
+from server.records import NO_INDEPENDENT_ORACLE, Verdict
 
 DASH = "-"
 
@@ -124,6 +124,7 @@ def _footer(summary: dict | None) -> list[str]:
     if holdout:
         verdict = "passed" if holdout.get("passed") else "FAILED"
         dropped = f"; disqualified {summary['disqualified']}" if summary.get("disqualified") else ""
+        dropped += f"; {NO_INDEPENDENT_ORACLE}" if holdout.get("oracle_used") is False else ""
         lines.append(f"holdout (hidden cases {', '.join(holdout.get('cases') or [])}): "
                      f"attempt {holdout.get('attempt')} {verdict}{dropped}")
     stop = f" ({summary['stop_reason']})" if summary.get("stop_reason") else ""

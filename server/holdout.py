@@ -1,4 +1,6 @@
-"""At the end of a run the best must also pass the holdout cases, which the agent never saw."""
+"""At the end of a run the best must also pass the holdout cases, which the agent never saw, against the
+reference's outputs and the task's float64 oracle; the result records whether there was an oracle
+(`oracle_used`), so that every report can say "no independent oracle" where there was none."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ def check_holdout(run: Run, number: int) -> dict:
     except Exception as exc:  # noqa: BLE001 - reported as the attempt's holdout failure, and logged
         log.warning("holdout check of attempt %d failed", number, exc_info=True)
         return {"attempt": number, "passed": False, "cases": [c.name for c in cases],
-                "reasons": [{"code": "launch_error", "case": None,
+                "oracle_used": run.task.oracle_file is not None, "reasons": [{"code": "launch_error", "case": None,
                              "detail": f"the holdout check could not run it: {type(exc).__name__}: {exc}"[:1000]}]}
 
 
@@ -34,7 +36,8 @@ def _check(run: Run, number: int, cases) -> dict:
         raise RuntimeError("it no longer compiles")
     report = run.executor.check(kernel, cases)
     result = {"attempt": number, "passed": report.passed, "cases": [c.name for c in cases],
-              "reasons": [r.model_dump(mode="json") for r in report.reasons]}
+              "reasons": [r.model_dump(mode="json") for r in report.reasons],
+              "oracle_used": run.task.oracle_file is not None}
     if report.passed and run.task.oracle_file is not None:
         oracle = run.executor.check(kernel, cases, None, True)
         result["oracle_passed"] = oracle.passed
@@ -60,4 +63,4 @@ def holdout_verdict(run: Run, progress: Progress | None) -> tuple[dict, list[int
         disqualified.append(number)
         run.audit.append(EventKind.DISQUALIFIED, {"attempt": number, "reasons": result["reasons"]})
     return {"attempt": None, "passed": False, "cases": [c.name for c in run.task.holdout_cases],
-            "reasons": [], "note": "no attempt, the baseline included, passes the holdout cases"}, disqualified, 0
+            "reasons": [], "oracle_used": run.task.oracle_file is not None, "note": "no attempt, the baseline included, passes the holdout cases"}, disqualified, 0

@@ -278,6 +278,21 @@ class SummaryFile(Record):
         return self.best_attempt if self.best_attempt is not None else 0
 
 
+# Where a holdout result is shown for a task without a float64 oracle (summary.json's holdout `oracle_used`).
+NO_INDEPENDENT_ORACLE = "no independent oracle"
+
+
+def holdout_oracle_words(holdout: dict[str, Any]) -> str:
+    """The holdout's check against the float64 oracle, in the words every report uses. A run from before
+    `oracle_used` was recorded says what it recorded."""
+    if holdout.get("oracle_used") is False:
+        return f"{NO_INDEPENDENT_ORACLE} (the task declares none): checked against the reference's outputs only"
+    said = {True: "passed", False: "failed"}.get(holdout.get("oracle_passed"))
+    if said is None and holdout.get("oracle_used"):
+        return "not run: the check against the reference's outputs failed first"
+    return said or "—"
+
+
 class EventRecord(Record):
     """One line of events.jsonl (server/audit.py writes and chains them)."""
 

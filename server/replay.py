@@ -37,6 +37,7 @@ from server.executor import Executor, GpuExecutor
 from server.folder_lock import EXIT_HELD, FolderHeld, FolderLock
 from server.replay_record import RunFolderError, RunRecord, Subject, load_record
 from server.report_files import REPORT_NAME, write_report_files
+from server.records import NO_INDEPENDENT_ORACLE
 from server.run import expected_path, now_iso
 
 log = logging.getLogger(__name__)
@@ -111,9 +112,12 @@ def _replay(executor: Executor, record: RunRecord, repeats: int, say: Say, check
         return
     say(f"attempt {record.kernel.attempt} on its visible cases")
     checks += _replay_checks(executor, record, kernel)
-    say("the holdout cases, against the reference outputs and the float64 oracle")
+    has_oracle = record.task.oracle_file is not None
+    say("the holdout cases, against the reference outputs " + (
+        "and the float64 oracle" if has_oracle else f"only ({NO_INDEPENDENT_ORACLE})"))
     checks += _holdout_checks(executor, record.task, kernel)
-    say("fresh random values against the float64 oracle")
+    say("fresh random values against the float64 oracle" if has_oracle else
+        f"no fresh random values ({NO_INDEPENDENT_ORACLE} to check them against)")
     checks += _fresh_checks(executor, record.task, kernel)
     for number in range(1, repeats + 1):
         say(f"timing beside the baseline, repeat {number} of {repeats}")
@@ -165,8 +169,8 @@ def _replay_checks(executor: Executor, record: RunRecord, kernel: CompiledKernel
 
 def _no_oracle(kind: str) -> CheckResult:
     return CheckResult(name=kind, kind=kind, against="oracle", passed=False,
-                       reasons=["the task declares no float64 oracle (task.toml `oracle`): nothing independent "
-                                "to check against"])
+                       reasons=[f"{NO_INDEPENDENT_ORACLE}: the task declares no float64 oracle (task.toml "
+                                "`oracle`), so nothing independent checks the kernel"])
 
 
 def _holdout_checks(executor: Executor, task: Task, kernel: CompiledKernel) -> list[CheckResult]:

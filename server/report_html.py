@@ -12,7 +12,7 @@ import shlex
 from html import escape
 
 from harness.stats import significance
-from server.records import SpeedupRecord, Verdict
+from server.records import NO_INDEPENDENT_ORACLE, SpeedupRecord, Verdict, holdout_oracle_words
 from server.report import AttemptView, CaseRow, RunReport
 from server.report_environment import environment_rows
 
@@ -104,6 +104,8 @@ def _headline(r: RunReport) -> Safe:
     holdout = r.holdout
     parts.append(". Holdout: " + ("not checked yet" if holdout is None else
                                   "passed" if holdout.get("passed") else "FAILED"))
+    if holdout is not None and holdout.get("oracle_used") is False:
+        parts.append(f" ({NO_INDEPENDENT_ORACLE})")
     parts.append(f". Stop reason: {r.stop_reason or '—'} (status {r.status}).")
     return tag("p", join(parts), class_="headline")
 
@@ -141,7 +143,7 @@ def _holdout(r: RunReport) -> Safe:
         passed = bool(h.get("passed"))
         rows = [("result", badge("passed", "ok") if passed else badge("failed")), ("attempt", h.get("attempt")),
                 ("cases", ", ".join(str(c) for c in h.get("cases") or [])),
-                ("oracle (float64)", {True: "passed", False: "failed"}.get(h.get("oracle_passed"), "—")),
+                ("oracle (float64)", holdout_oracle_words(h)),
                 ("disqualified", ", ".join(str(n) for n in r.disqualified) or "none")]
         if h.get("note"):
             rows.append(("note", h["note"]))
