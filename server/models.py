@@ -120,7 +120,7 @@ class FinishAnswer(BaseModel):
 class TaskCase(BaseModel):
     name: str
     role: str
-    dims: dict[str, int]
+    dims: dict[str, int | float]  # the case's dimensions and the task's constants
     baseline_median_ms: float | None = None
 
 
