@@ -141,7 +141,7 @@ def _print_oracle(task: Task, executor: GpuExecutor, out: TextIO) -> None:
     worst = []
     for case in list(task.visible_cases) + list(task.holdout_cases):
         expected = executor.expected(case, case.seed)
-        truth = run_oracle(task, case.dims, make_inputs(task, case.dims, case.seed))
+        truth = run_oracle(task, case.dims, make_inputs(task, case.dims, case.seed), case.name)
         for name, array in truth.items():
             tol = task.tolerances[name]
             check = compare_output(name, array, expected[name].astype("float64"), tol.rtol, tol.atol)

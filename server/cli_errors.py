@@ -9,12 +9,17 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from harness.oracle import OracleError
+from harness.settings import ReferenceFailed
 from harness.task_model import TaskError
 from harness.worker_side.compile_policy import CompileRefused
 from server.cli_args import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from server.executor import ExecutorError
 
-# What a person can fix (an argument, a file, a folder): the usage exit code.
-USER_ERRORS = (UsageError, TaskError, CompileRefused, OSError, ValueError, KeyError)
+# What a person can fix (an argument, a file, a folder, the task: its reference or oracle failing on a case, or a
+# reference that does not compile): the usage exit code.
+USER_ERRORS = (UsageError, TaskError, CompileRefused, OSError, ValueError, KeyError, ReferenceFailed, OracleError,
+               ExecutorError)
 MAX_LINE = 1000
 _ROOT = Path(__file__).resolve().parents[1]
 
