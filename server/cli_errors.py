@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from harness.footprint import DoesNotFit
 from harness.oracle import OracleError
 from harness.settings import ReferenceFailed
 from harness.task_model import TaskError
@@ -16,10 +17,10 @@ from harness.worker_side.compile_policy import CompileRefused
 from server.cli_args import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from server.executor import ExecutorError
 
-# What a person can fix (an argument, a file, a folder, the task: its reference or oracle failing on a case, or a
-# reference that does not compile): the usage exit code.
+# What a person can fix (an argument, a file, a folder, the task: its reference or oracle failing on a case, a
+# reference that does not compile, a case too large for this machine): the usage exit code.
 USER_ERRORS = (UsageError, TaskError, CompileRefused, OSError, ValueError, KeyError, ReferenceFailed, OracleError,
-               ExecutorError)
+               ExecutorError, DoesNotFit)
 MAX_LINE = 1000
 _ROOT = Path(__file__).resolve().parents[1]
 
