@@ -143,7 +143,8 @@ class TaskDescription(BaseModel):
 
 class LaunchInput(BaseModel):
     """Launch geometry: each entry an integer or an expression of the case dimensions
-    (arithmetic, ceil_div, min, max), e.g. grid ["ceil_div(n, 64)", "ceil_div(m, 64)"]."""
+    (arithmetic, comparisons giving 1 or 0, ceil_div, min, max, where(condition, a, b)), e.g.
+    grid ["ceil_div(n, 64)", "ceil_div(m, 64)"]."""
 
     model_config = ConfigDict(extra="forbid")
 
