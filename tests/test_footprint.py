@@ -12,6 +12,8 @@ from harness.footprint import (CONTEXT_RESERVE_BYTES, NPY_HEADER_BYTES, availabl
 from harness.jobs import Layout
 from harness.worker_side.buffers import GUARD_BYTES
 from harness.task import load_task
+from server import check
+from server.cli import main
 from server.lifecycle import new_run
 from server.run import RunSettings, TaskDoesNotFit
 from tests.fake_executor import FakeExecutor
@@ -160,3 +162,36 @@ def test_a_run_whose_case_cannot_fit_host_memory_is_refused_before_anything_is_m
                                              r"host memory \([^;]*; the whole run [0-9.]+ GiB\); this machine has [0-9.]+ GiB available(; |$)"):
         new_run(folder, results, RunSettings(), FakeExecutor(load_task(folder)))
     assert not results.exists() or not any(results.iterdir())
+
+
+class _CheckOnSmallGpu(_SmallGpu):
+    """What `check` asks of a GPU executor, on a GPU of 4 GiB."""
+
+    def __init__(self, task, settings=None, confine=True):
+        super().__init__(task)
+
+    def hello(self) -> dict:
+        device = {"name": "Small GPU", "compute_capability": [9, 0], "driver_version": 13000, "sm_count": 8,
+                  "l2_bytes": 50 * 2**20, "total_memory_bytes": 4 * 2**30}
+        return {"device": device, "arch": "sm_90", "event_overhead_ms": 0.002}
+
+
+def test_check_refuses_a_case_too_large_for_the_gpu_in_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(check, "gpu_absent_reason", lambda: None)
+    monkeypatch.setattr(check, "GpuExecutor", _CheckOnSmallGpu)
+    monkeypatch.setattr(check, "available_memory_bytes", lambda: 2**40)  # the host is not the limit here
+    assert main(["check", str(huge_saxpy(tmp_path, 2**28)), "--no-sandbox"]) == 2  # 1 GiB per array: 12 + 3 GiB to time
+    assert capsys.readouterr().err == ("kernel-referee check: case large needs 15.0 GiB of device memory (4 input "
+                                       "sets and 3 output snapshots for timing); this GPU offers 2.9 GiB to a job\n")
+
+
+def test_check_refuses_a_case_too_large_for_host_memory_before_any_worker_starts(tmp_path, capsys, monkeypatch):
+    started = []
+    monkeypatch.setattr(check, "gpu_absent_reason", lambda: None)
+    monkeypatch.setattr(check, "GpuExecutor", lambda *args, **options: started.append(1))
+    monkeypatch.setattr(check, "available_memory_bytes", lambda: 2**30)
+    assert main(["check", str(huge_saxpy(tmp_path, 2**28)), "--no-sandbox"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kernel-referee check: case large needs ") and err.count("\n") == 1
+    assert "GiB of host memory (its inputs and outputs in the parent, the two GPU workers" in err
+    assert err.endswith("this machine has 1.00 GiB available\n") and not started
