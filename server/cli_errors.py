@@ -34,7 +34,10 @@ def one_line(exc: BaseException) -> str:
     elif isinstance(exc, KeyError) and len(exc.args) == 1:
         text = f"{exc.args[0]!r} is missing"
     else:
-        text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+        text = ""
+        for line in (line.strip() for line in str(exc).splitlines() if line.strip()):
+            text += ("" if not text else " " if text.endswith(":") else "; ") + line  # "log:" runs on into the log
+        text = text or type(exc).__name__
     return text if len(text) <= MAX_LINE else text[:MAX_LINE - 1] + "…"
 
 

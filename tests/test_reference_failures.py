@@ -14,6 +14,7 @@ from server import serve as serve_module
 from server.cli import main
 from server.cli_args import EXIT_USAGE
 from server.cli_errors import failed
+from server.executor import ExecutorError
 from server.replay import replay
 from server.verify import verify_run
 from tests.fake_executor import FakeExecutor
@@ -52,6 +53,9 @@ def test_a_failing_reference_or_oracle_is_one_line_and_the_usage_exit_code(capsy
     assert failed("kernel-referee check", OracleError("oracle.py failed on case odd: KeyError: 'x' (line 3)")) \
         == EXIT_USAGE
     assert capsys.readouterr().err == "kernel-referee check: oracle.py failed on case odd: KeyError: 'x' (line 3)\n"
+    assert failed("kernel-referee serve", ExecutorError("the task's reference does not compile:\nerror: x\n")) \
+        == EXIT_USAGE
+    assert capsys.readouterr().err == "kernel-referee serve: the task's reference does not compile: error: x\n"
 
 
 def test_a_reason_over_several_lines_is_said_on_one():
