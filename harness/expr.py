@@ -3,8 +3,9 @@
 Task manifests describe shapes, launch geometry and costs as small formulas
 such as ``ceil_div(n, 16)`` or ``2 * m * n * k``. Manifests come from outside
 the referee, so the grammar is a tiny whitelist over Python's own parser:
-numeric literals, names, ``+ - * / // % **``, unary ``+ -`` and calls of
-``ceil_div``, ``min`` and ``max``.
+numeric literals, names, ``+ - * / // % **``, unary ``+ -``, the comparisons
+``< <= > >= == !=`` (1 when true, 0 when false) and calls of ``ceil_div``, ``min``, ``max``
+and ``where(condition, if_nonzero, if_zero)``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ MAX_EXPONENT = 64
 # hostile ``((9**64)**64)**64`` from tying up the process.
 MAX_INT_BITS = 4096
 
-FUNCTIONS = ("ceil_div", "min", "max")
+FUNCTIONS = ("ceil_div", "min", "max", "where")
 
 Number = int | float
 
@@ -92,6 +93,14 @@ def _parse_cached(text: str) -> Expr:
 
 _BINARY_OPS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow)
 _UNARY_OPS = (ast.UAdd, ast.USub)
+_COMPARISONS: dict[type, Callable[[Number, Number], bool]] = {
+    ast.Lt: lambda a, b: a < b,
+    ast.LtE: lambda a, b: a <= b,
+    ast.Gt: lambda a, b: a > b,
+    ast.GtE: lambda a, b: a >= b,
+    ast.Eq: lambda a, b: a == b,
+    ast.NotEq: lambda a, b: a != b,
+}
 
 
 def _check(node: ast.AST, text: str, names: set[str], depth: int) -> None:
@@ -117,6 +126,12 @@ def _check(node: ast.AST, text: str, names: set[str], depth: int) -> None:
         if not isinstance(node.op, _UNARY_OPS):
             raise ExprError(f"operator {_describe(node.op)} is not allowed in {text!r}")
         _check(node.operand, text, names, depth + 1)
+    elif isinstance(node, ast.Compare):
+        for op in node.ops:
+            if type(op) not in _COMPARISONS:
+                raise ExprError(f"operator {_describe(op)} is not allowed (comparisons: < <= > >= == !=) in {text!r}")
+        for operand in (node.left, *node.comparators):
+            _check(operand, text, names, depth + 1)
     elif isinstance(node, ast.Call):
         _check_call(node, text)
         for arg in node.args:
@@ -124,7 +139,7 @@ def _check(node: ast.AST, text: str, names: set[str], depth: int) -> None:
     else:
         raise ExprError(
             f"{_describe(node)} is not allowed (allowed: numbers, names, "
-            f"+ - * / // % **, ceil_div, min, max) in {text!r}"
+            f"+ - * / // % **, < <= > >= == !=, {', '.join(FUNCTIONS)}) in {text!r}"
         )
 
 
@@ -168,6 +183,9 @@ def _check_call(node: ast.Call, text: str) -> None:
     count = len(node.args)
     if name == "ceil_div" and count != 2:
         raise ExprError(f"ceil_div() takes exactly 2 arguments, got {count} in {text!r}")
+    if name == "where" and count != 3:
+        raise ExprError(f"where() takes exactly 3 arguments (condition, if_nonzero, if_zero), got {count} "
+                        f"in {text!r}")
     if name in ("min", "max") and count < 2:
         raise ExprError(f"{name}() takes at least 2 arguments, got {count} in {text!r}")
 
@@ -176,13 +194,14 @@ def _describe(node: ast.AST) -> str:
     symbols = {
         ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^", ast.LShift: "<<",
         ast.RShift: ">>", ast.MatMult: "@", ast.Invert: "~", ast.Not: "not",
+        ast.Is: "is", ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in",
     }
     symbol = symbols.get(type(node))
     if symbol:
         return repr(symbol)
     kinds = {
         ast.Attribute: "attribute access", ast.Subscript: "subscript",
-        ast.Compare: "comparison", ast.BoolOp: "boolean operator",
+        ast.BoolOp: "boolean operator",
         ast.Lambda: "lambda", ast.IfExp: "conditional expression",
     }
     return kinds.get(type(node), f"{type(node).__name__} expression")
@@ -205,7 +224,12 @@ class _Evaluator:
             return -value if isinstance(node.op, ast.USub) else +value
         if isinstance(node, ast.BinOp):
             return self.binary(node.op, self.visit(node.left), self.visit(node.right))
+        if isinstance(node, ast.Compare):
+            return self.compare(node)
         assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        if node.func.id == "where":  # only the branch taken is evaluated: where(n > 0, m // n, 0)
+            condition, if_nonzero, if_zero = node.args
+            return self.visit(if_nonzero if self.visit(condition) != 0 else if_zero)
         args = [self.visit(arg) for arg in node.args]
         if node.func.id == "ceil_div":
             return self.ceil_div(*args)
@@ -219,6 +243,16 @@ class _Evaluator:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ExprError(f"{name!r} is {value!r}, not a number, in {self.text!r}")
         return int(value) if isinstance(value, numbers.Integral) else float(value)
+
+    def compare(self, node: ast.Compare) -> int:
+        """1 or 0; a chain (``1 <= m < 64``) holds when every link does, and stops at the first that does not."""
+        left = self.visit(node.left)
+        for op, operand in zip(node.ops, node.comparators):
+            right = self.visit(operand)
+            if not _COMPARISONS[type(op)](left, right):
+                return 0
+            left = right
+        return 1
 
     def binary(self, op: ast.operator, left: Number, right: Number) -> Number:
         if isinstance(op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:

@@ -1,21 +1,45 @@
-"""Device memory a case needs, checked against the GPU before a run or a check begins.
+"""What a task needs of the machine, computed from the task alone and checked before a run or a check begins:
+device memory per case, host memory across the parent and the GPU workers, and the run folder's disk.
 
 A timing job holds every rotation set's inputs and outputs with their guard bands, plus snapshots
 of the re-checked outputs, at once; the reference's single-set jobs fit long before that. A case
-that cannot fit is refused up front, by name, instead of failing every attempt with an
-out-of-memory error in the middle of a run.
+that cannot fit is refused up front, by name, with its need and the limit, instead of failing every
+attempt with an out-of-memory error in the middle of a run (or the machine swapping, or the disk
+filling). Nothing here allocates what it counts.
 """
 
 from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
 
 from harness.settings import TimingSettings
 from harness.jobs import Layout
 from harness.worker_side.buffers import guarded_bytes
 from harness.task_model import Case, Task
+from sandbox.pool import REGION_BYTES
 
 # Left for the CUDA context, the module, local memory and the allocator's rounding.
 CONTEXT_RESERVE_BYTES = 1 << 30
+# A run folder's files besides the expected outputs and the task copy: the log, attempts, CUBINs, compile logs,
+# the report.
+RUN_FILES_ALLOWANCE_BYTES = 64 << 20
+NPY_HEADER_BYTES = 128
+MEMINFO = Path("/proc/meminfo")
+GPU_WORKERS = 2  # the reference's and the candidates' (harness/gpu_workers.py)
 
+
+class DoesNotFit(Exception):
+    """A case needs more than this machine has; the message names each such case, its need and the limit."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+# -- device memory ------------------------------------------------------------------------------
 
 def timing_bytes(layout: Layout, settings: TimingSettings) -> int:
     """Device bytes of one timing job: every set's guarded buffers, snapshots and launch counters."""
@@ -53,3 +77,140 @@ def shortfalls(task: Task, settings: TimingSettings, device: dict) -> list[str]:
             problems.append(f"case {case.name} needs {needed / 2**30:.1f} GiB of device memory ({what}); "
                             f"this GPU offers {usable / 2**30:.1f} GiB to a job")
     return problems
+
+
+# -- host memory --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CaseArrays:
+    """A case's array bytes: inputs, outputs, and the elements of both (the oracle works in float64)."""
+
+    inputs: int
+    outputs: int
+    elements: int
+
+    @classmethod
+    def of(cls, task: Task, case: Case) -> "CaseArrays":
+        shapes = task.shapes(case.dims)
+        nbytes = task.nbytes(case.dims)
+        return cls(inputs=sum(nbytes[p.name] for p in task.input_params),
+                   outputs=sum(nbytes[p.name] for p in task.output_params),
+                   elements=sum(math.prod(shapes[p.name]) for p in task.array_params))
+
+
+def oracle_bytes(arrays: CaseArrays) -> int:
+    """The oracle on one case: the inputs as made, its own copy of them, every array in float64, the result
+    rounded to the output dtype. Its own temporaries are the task's business and are not counted."""
+    return 2 * arrays.inputs + 8 * arrays.elements + arrays.outputs
+
+
+def host_need(task: Task, case: Case, settings: TimingSettings, serving: bool) -> tuple[int, int]:
+    """(what the run keeps of this case from start to end, the peak of its work on top of that) in host bytes.
+
+    Kept: the inputs and expected outputs of each fixed input set (every rotation set in a served run, the case's
+    own in a check), and in a served run its secret inputs made ahead of an attempt. Peak while it is worked on,
+    the largest of: a check on secret inputs in the parent (the inputs, the reference's and the candidate's
+    outputs under two poisons), a timing's audited outputs (the candidate's and the reference's for the same
+    launches), the oracle; plus each GPU worker's host copies of the inputs and of the outputs it reads back, and
+    the shared regions (one per direction and worker) holding the largest message, at most REGION_BYTES each.
+    """
+    a = CaseArrays.of(task, case)
+    sets = settings.rotation_sets if serving else 1
+    audited = settings.checked_launches
+    kept = sets * (a.inputs + a.outputs) + (a.inputs if serving and case.role != "holdout" else 0)
+    read_back = audited * a.outputs + (0 if settings.fresh_inputs else settings.rotation_sets * a.outputs)
+    parent = max(a.inputs + 4 * a.outputs,
+                 (audited * a.outputs if settings.fresh_inputs else 0) + read_back,
+                 oracle_bytes(a) if task.oracle_file else 0)
+    workers = GPU_WORKERS * (a.inputs + max(2 * a.outputs, read_back))
+    regions = GPU_WORKERS * (min(REGION_BYTES, a.inputs) + min(REGION_BYTES, max(2 * a.outputs, read_back)))
+    return kept, parent + workers + regions
+
+
+def host_shortfalls(task: Task, settings: TimingSettings, available: int | None, serving: bool) -> list[str]:
+    """One sentence per case that makes the run exceed `available` host bytes (None: not refused on a guess)."""
+    if available is None:
+        return []
+    needs = {case.name: host_need(task, case, settings, serving) for case in task.cases}
+    total = sum(kept for kept, _ in needs.values()) + max(peak for _, peak in needs.values())
+    if total <= available:
+        return []
+    own = {name: kept + peak for name, (kept, peak) in needs.items()}
+    named = [name for name, need in own.items() if need > available] or [max(own, key=own.get)]
+    what = ("its inputs and expected outputs of every input set, and its arrays in the parent, the two GPU workers "
+            "and their shared regions" if serving else "its inputs and outputs in the parent, the two GPU workers "
+            "and their shared regions")
+    return [f"case {name} needs {_size(own[name])} of host memory ({what}; the whole run {_size(total)}); "
+            f"this machine has {_size(available)} available" for name in named]
+
+
+def oracle_shortfalls(task: Task, cases: list[Case], available: int | None) -> list[str]:
+    """One sentence per case whose oracle run on this machine would exceed `available` host bytes."""
+    if available is None or task.oracle_file is None:
+        return []
+    problems = []
+    for case in cases:
+        need = oracle_bytes(CaseArrays.of(task, case))
+        if need > available:
+            problems.append(f"case {case.name} needs {_size(need)} of host memory for the oracle (its inputs, a copy, "
+                            f"every array in float64); this machine has {_size(available)} available")
+    return problems
+
+
+def available_memory_bytes(meminfo: Path = MEMINFO) -> int | None:
+    """MemAvailable from /proc/meminfo: what can be allocated without swapping; None where it cannot be read."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+# -- disk ---------------------------------------------------------------------------------------
+
+def run_disk_bytes(task: Task, settings: TimingSettings) -> dict[str, int]:
+    """Bytes each case's expected outputs take in a run folder (every rotation set, as .npy files)."""
+    outputs = len(task.output_params)
+    return {case.name: settings.rotation_sets * (CaseArrays.of(task, case).outputs + outputs * NPY_HEADER_BYTES)
+            for case in task.cases}
+
+
+def disk_shortfalls(task: Task, settings: TimingSettings, results: Path, free: int | None) -> list[str]:
+    """A sentence naming the largest case when a new run's folder would not fit the `free` bytes under `results`."""
+    if free is None:
+        return []
+    expected = run_disk_bytes(task, settings)
+    task_copy = sum(path.stat().st_size for path in task.files() if path.is_file())
+    total = sum(expected.values()) + task_copy + RUN_FILES_ALLOWANCE_BYTES
+    if total <= free:
+        return []
+    largest = max(expected, key=expected.get)
+    return [f"case {largest} needs {_size(expected[largest])} of disk for its expected outputs "
+            f"({settings.rotation_sets} input sets; the whole run folder {_size(total)}); {results} has "
+            f"{_size(free)} free"]
+
+
+def machine_shortfalls(task: Task, settings: TimingSettings, results: Path) -> list[str]:
+    """What a new run under `results` would need beyond this machine's available memory and free disk."""
+    return (host_shortfalls(task, settings, available_memory_bytes(), serving=True)
+            + disk_shortfalls(task, settings, results, free_disk_bytes(results)))
+
+
+def free_disk_bytes(folder: Path) -> int | None:
+    """Free bytes on the file system that holds `folder` (or its nearest existing parent)."""
+    folder = Path(folder).absolute()
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            try:
+                return shutil.disk_usage(candidate).free
+            except OSError:
+                return None
+    return None
+
+
+def _size(nbytes: int) -> str:
+    if nbytes < 2**30:
+        return f"{nbytes / 2**20:.1f} MiB"
+    return f"{nbytes / 2**30:.{1 if nbytes >= 10 * 2**30 else 2}f} GiB"

@@ -96,7 +96,7 @@ class Referee(TimingProtocol):
 
     def oracle_expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
         """The independent float64 oracle's answer, rounded to each output's dtype."""
-        truth = run_oracle(self.task, case.dims, self.inputs(case, seed)[0])
+        truth = run_oracle(self.task, case.dims, self.inputs(case, seed)[0], case.name)
         return {p.name: truth[p.name].astype(DTYPES[p.dtype]) for p in self.task.output_params}
 
     def inputs(self, case: Case, seed: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -133,15 +133,16 @@ class Referee(TimingProtocol):
         inputs, hashes = made or self.inputs(case, seed)
         result = self._run(self.pool.reference, self.reference, case, inputs, hashes)
         if result.failure is not None:
-            raise ReferenceFailed(f"reference kernel failed on case {case.name}: {result.failure.detail}")
+            raise ReferenceFailed(case.name, f"{result.failure.code.value}: {result.failure.detail}")
         problems = result.integrity.guard_violations + [f"modified input {n}" for n in result.integrity.modified_inputs]
         if problems:
-            raise ReferenceFailed(f"reference kernel on case {case.name}: {'; '.join(problems)}")
+            raise ReferenceFailed(case.name, "; ".join(problems))
         first, second = result.runs
         for spec in result.layout.outputs:
             tol = self.task.tolerances[spec.name]
             if agreement(first[spec.name], second[spec.name], tol.rtol, tol.atol) is Agreement.DIFFERS:
-                raise ReferenceFailed(f"reference kernel is not deterministic on case {case.name} ({spec.name})")
+                raise ReferenceFailed(case.name, f"it is not deterministic: two runs on the same inputs differ "
+                                                 f"beyond the tolerance in {spec.name}")
         return first
 
     # -- correctness ---------------------------------------------------------------------------

@@ -52,7 +52,15 @@ class CompiledKernel:
 
 
 class ReferenceFailed(RuntimeError):
-    """The task's reference kernel failed: the task, not a candidate, is broken."""
+    """The task's reference kernel failed: the task, not a candidate, is broken. Says the case and why, on one
+    line (server/cli_errors.py, server/app.py)."""
+
+    def __init__(self, case: str, reason: str):
+        super().__init__(case, reason)
+        self.case, self.reason = case, " ".join(str(reason).split())
+
+    def __str__(self) -> str:
+        return f"the task's reference kernel failed on case {self.case}: {self.reason}"
 
 
 class Unavailable(RuntimeError):

@@ -23,9 +23,9 @@ from pydantic import BaseModel, ValidationError
 
 from harness import task_checks
 from harness.inputs import draw
-from harness.task_schema_errors import schema_error
-from harness.task_model import (_STRICT, WHOLE_FILE, Case, Cost, Generator, LaunchSpec, Param, Task, TaskError,
-                                Tolerance, Vendor)
+from harness.task_schema_errors import field_path, schema_error
+from harness.task_model import (_STRICT, WHOLE_FILE, Case, Cost, Generator, LaunchSpec, Param, PlainNumber, Task,
+                                TaskError, Tolerance, Vendor)
 
 # -------------------------------------------------------------------- inputs
 
@@ -58,6 +58,12 @@ class _Kernel(BaseModel):
     initial: str = "initial.cu"
 
 
+class _ManifestCase(Case):
+    """A case as written: its own dimensions are integers (the task's constants join them in :class:`Task`)."""
+
+    dims: dict[str, int]
+
+
 class _Manifest(BaseModel):
     """task.toml as written; :class:`Task` is the flattened form the referee uses."""
 
@@ -74,7 +80,8 @@ class _Manifest(BaseModel):
     initial_launch: LaunchSpec | None = None
     cost: Cost = Cost()
     vendor: Vendor | None = None
-    cases: list[Case]
+    constants: dict[str, PlainNumber] = {}
+    cases: list[_ManifestCase]
 
 
 def load_task(path: str | Path) -> Task:
@@ -94,10 +101,23 @@ def load_task(path: str | Path) -> Task:
         oracle_file=manifest.oracle, params=tuple(manifest.params), inputs=manifest.inputs,
         tolerances=manifest.tolerance, launch=manifest.launch,
         reference_launch=manifest.reference_launch, initial_launch=manifest.initial_launch,
-        cost=manifest.cost, vendor=manifest.vendor, cases=tuple(manifest.cases),
+        cost=manifest.cost, vendor=manifest.vendor, constants=manifest.constants,
+        cases=_with_constants(manifest, file),
     )
     task_checks.check_task(task, file)
     return task
+
+
+def _with_constants(manifest: _Manifest, file: Path) -> tuple[Case, ...]:
+    """Each case with the task's constants beside its own dims; a case may not set a constant."""
+    cases = []
+    for i, case in enumerate(manifest.cases):
+        for name in case.dims:
+            if name in manifest.constants:
+                raise TaskError(file, field_path(("cases", i, "dims", name)), f"{name!r} is a task constant "
+                                f"([constants] {name} = {manifest.constants[name]!r}); a case cannot set it")
+        cases.append(Case(name=case.name, role=case.role, dims={**case.dims, **manifest.constants}, seed=case.seed))
+    return tuple(cases)
 
 
 def _read_toml(file: Path) -> dict[str, Any]:

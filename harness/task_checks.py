@@ -52,6 +52,7 @@ class _Checker:
         raise TaskError(self.file, field, message)
 
     def run(self) -> None:
+        self.check_constants()
         self.check_names()
         self.check_params()
         self.check_generators()
@@ -88,6 +89,13 @@ class _Checker:
         for i, case in enumerate(task.cases):
             for dim in case.dims:
                 self.identifier(field_path(("cases", i, "dims", dim)), dim)
+
+    def check_constants(self) -> None:
+        for name in self.task.constants:
+            self.identifier(field_path(("constants", name)), name)
+            if name in expr.FUNCTIONS:
+                self.fail(field_path(("constants", name)), f"{name!r} is a function of expressions; "
+                                                           "name the constant otherwise")
 
     def check_params(self) -> None:
         for i, p in enumerate(self.task.params):
@@ -251,17 +259,20 @@ class _Checker:
         return found
 
     def check_expressions(self) -> None:
-        known = list(dict.fromkeys(d for c in self.task.cases for d in c.dims))
+        constants = self.task.constants
+        dims = list(dict.fromkeys(d for c in self.task.cases for d in c.dims if d not in constants))
         used: dict[str, str] = {}
         for field, text in self.expressions():
             try:
                 names = expr.parse(text).names
             except expr.ExprError as err:
                 self.fail(field, str(err))
-            for name in sorted(names - set(known)):
-                self.fail(field, f"unknown name {name!r} in {text!r}: names must be dimensions "
-                                 f"defined by the cases (dims: {', '.join(known) or 'none'})")
-            for name in sorted(names):
+            for name in sorted(names - set(dims) - set(constants)):
+                known = f"dims: {', '.join(dims) or 'none'}"
+                self.fail(field, f"unknown name {name!r} in {text!r}: names must be dimensions defined by the "
+                                 + (f"cases or constants ({known}; constants: {', '.join(constants)})" if constants
+                                    else f"cases ({known})"))
+            for name in sorted(names - set(constants)):
                 used.setdefault(name, field)
         for i, case in enumerate(self.task.cases):
             for name, where in used.items():
@@ -269,7 +280,7 @@ class _Checker:
                     self.fail(f"cases[{i}].dims", f"case {case.name!r} does not define "
                                                   f"dimension {name!r} (used by {where})")
             for name in case.dims:
-                if name not in used:
+                if name not in used and name not in constants:
                     self.fail(field_path(("cases", i, "dims", name)),
                               f"unknown dimension {name!r}: no expression uses it "
                               f"(dims: {', '.join(used)})")

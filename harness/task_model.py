@@ -224,10 +224,13 @@ def _check_cuda_limits(grid: tuple[int, ...], block: tuple[int, ...], case: Case
 
 
 class Case(BaseModel):
+    """A case as the referee uses it: ``dims`` holds the case's own dimensions and the task's
+    ``[constants]``, so every expression (and the oracle) sees both under their names."""
+
     model_config = _STRICT
     name: str
     role: Literal["correctness", "performance", "holdout"]
-    dims: dict[str, int]
+    dims: dict[str, int | float]
     seed: int = Field(ge=0)
 
 
@@ -276,6 +279,9 @@ class Task(BaseModel):
     initial_launch: LaunchSpec | None = None
     cost: Cost = Cost()
     vendor: Vendor | None = None
+    # Named numbers usable in every expression like a dimension (a pooling window, an epsilon); each case's
+    # dims already hold them.
+    constants: dict[str, int | float] = {}
     cases: tuple[Case, ...]
 
     def case(self, name: str) -> Case:

@@ -109,7 +109,7 @@ class TimingProtocol:
         case, layout = timed.case, timed.layout
         geometry, failure = launch_geometry(self.reference, case)
         if failure is not None:
-            raise ReferenceFailed(f"reference kernel on case {case.name}: {failure.detail}")
+            raise ReferenceFailed(case.name, f"{failure.code.value}: {failure.detail}")
         guard_seed = secrets.randbits(62)
 
         def build(resident: frozenset[str]):
@@ -120,7 +120,7 @@ class TimingProtocol:
         answer, blobs, failure = call_worker(self.pool.reference, build, self.settings.run_deadline_s,
                                             out_bytes + guard_bytes_of(layout, 1), case.name, self._deadline())
         if failure is not None:
-            raise ReferenceFailed(f"reference kernel failed on case {case.name} (audited inputs): {failure.detail}")
+            raise ReferenceFailed(case.name, f"{failure.code.value} on the inputs of audited launches: {failure.detail}")
         n = len(layout.outputs)
         outputs, _ = jobs.unpack_outputs(answer, blobs, buffers.audit_slots(launches, n), {})
         return [jobs.read_arrays(outputs[k * n:(k + 1) * n], layout.outputs) for k in range(len(launches))]

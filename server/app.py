@@ -18,6 +18,8 @@ from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
 from mcp.types import Completion, CompletionArgument, ResourceTemplateReference, ToolAnnotations
 from pydantic import Field
 
+from harness.oracle import OracleError
+from harness.settings import ReferenceFailed
 from harness.worker_side.compile_policy import MAX_SOURCE_BYTES, CompileRefused
 from sandbox.deadline import Deadline
 from server import attempt, probes
@@ -275,6 +277,11 @@ async def _answered(tool: str, answer: Callable):
         return await answer()
     except (Refusal, CompileRefused) as exc:
         raise ToolError(str(exc)) from None
+    except (ReferenceFailed, OracleError) as exc:
+        log.error("%s: %s", tool, exc)  # one line: the task is broken, not the referee
+        raise ToolError(f"{exc}. The task's own code failed, not the kernel you sent: the operator must fix the "
+                        "task. An attempt whose slot was claimed stays counted (rejected as interrupted; "
+                        "referee://history.json has it).") from None
     except OSError as exc:
         if exc.errno not in _STORAGE_ERRORS:
             raise

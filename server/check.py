@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
 from harness.vendor_yardstick import VendorReport
-from harness.worker_side.compile_policy import CompileResult
+from harness.worker_side.compile_policy import DEFAULT_ARCH, CompileResult
 from harness.device import gpu_absent_reason
 from harness.settings import CompiledKernel, TimingSettings
-from harness.footprint import shortfalls
-from harness.oracle import run_oracle
+from harness.footprint import DoesNotFit, available_memory_bytes, host_shortfalls, oracle_shortfalls, shortfalls
+from harness.oracle import OutputSummary, run_oracle, summarize
 from harness.peaks import DevicePeaks
 from harness.stats import geometric_mean
 from harness.compare import compare_output
@@ -22,7 +22,6 @@ from harness.results import CaseTiming, CheckReport, TimingReport
 from harness.compile_service import CompileService
 from server.executor import GpuExecutor
 
-DEFAULT_ARCH = "sm_90"
 EXIT_OK, EXIT_FAILED, EXIT_NO_GPU = 0, 1, 3
 
 
@@ -51,7 +50,7 @@ def targets_for(task: Task, kernel_file: Path | None, launch: LaunchSpec | None)
 def run_check(task: Task, targets: list[Target], settings: TimingSettings, out: TextIO, json_path: Path | None = None,
               confine: bool = True) -> int:
     gpu: dict | None = None
-    yardsticks: dict = {"peaks": None, "vendor": None}  # filled as they are measured
+    yardsticks: dict = {"peaks": None, "vendor": None, "oracle": None}  # filled as they are measured
     try:
         code, gpu = _run(task, targets, settings, out, confine, yardsticks)
     finally:
@@ -64,11 +63,10 @@ def _run(task: Task, targets: list[Target], settings: TimingSettings, out: TextI
          yardsticks: dict) -> tuple[int, dict | None]:
     absent = gpu_absent_reason()
     if absent is not None:
-        with CompileService(confine=confine) as compiler:  # a --kernel file is untrusted: a confined compile
-            _compiled(targets, lambda source: compiler.compile(source, task.kernel_name, arch=DEFAULT_ARCH), out)
-        print(f"\nNo GPU: {absent}.\nCompiled {len(targets)} kernel(s) for {DEFAULT_ARCH} above; "
-              "running, checking and timing need an NVIDIA GPU.", file=out)
-        return EXIT_NO_GPU, None
+        return _without_gpu(task, targets, out, confine, absent, yardsticks), None
+    problems = host_shortfalls(task, settings, available_memory_bytes(), serving=False)
+    if problems:
+        raise DoesNotFit(problems)
     executor = GpuExecutor(task, settings, confine=confine, lease_what=f"check {task.name}")
     try:
         hello = executor.hello()
@@ -80,8 +78,7 @@ def _run(task: Task, targets: list[Target], settings: TimingSettings, out: TextI
             return EXIT_FAILED, hello
         problems = shortfalls(task, settings, hello["device"])
         if problems:
-            print("\nThe task does not fit on this GPU:\n  " + "\n  ".join(problems), file=out)
-            return EXIT_FAILED, hello
+            raise DoesNotFit(problems)
         facts = executor.start()
         yardsticks["peaks"] = facts["peaks"]
         print_peaks(executor.referee.peaks, facts["peaks_notes"], out)
@@ -96,6 +93,44 @@ def _run(task: Task, targets: list[Target], settings: TimingSettings, out: TextI
             yardsticks["gpu_lease_waits"] = [w.model_dump(mode="json") for w in executor.gpu_lease.waits]
         executor.close()
     return (EXIT_OK if all(t.passed for t in targets) else EXIT_FAILED), hello
+
+
+def _without_gpu(task: Task, targets: list[Target], out: TextIO, confine: bool, absent: str, yardsticks: dict) -> int:
+    """What runs without a GPU: the compiles, and the oracle on the correctness cases (on the CPU, in this
+    process). Running kernels is what is left undone: EXIT_NO_GPU."""
+    cases = list(task.correctness_cases)
+    problems = oracle_shortfalls(task, cases, available_memory_bytes())
+    if problems:
+        raise DoesNotFit(problems)
+    with CompileService(confine=confine) as compiler:  # a --kernel file is untrusted: a confined compile
+        _compiled(targets, lambda source: compiler.compile(source, task.kernel_name, arch=DEFAULT_ARCH), out)
+    yardsticks["oracle"] = _oracle_on_cpu(task, cases, out)
+    print(f"\nNo GPU: {absent}.\nCompiled {len(targets)} kernel(s) for {DEFAULT_ARCH} above; "
+          "running, checking and timing need an NVIDIA GPU.", file=out)
+    return EXIT_NO_GPU
+
+
+def _oracle_on_cpu(task: Task, cases: list, out: TextIO) -> dict | None:
+    """Each correctness case's oracle outputs, summarized: shape, dtype, NaN/Inf, finite range."""
+    if task.oracle_file is None:
+        print("\noracle: the task declares none (task.toml `oracle`); nothing runs without a GPU", file=out)
+        return None
+    print(f"\noracle ({task.oracle_file}) on the correctness cases, on the CPU:", file=out)
+    found = {}
+    for case in cases:
+        summaries = summarize(task, case.dims, make_inputs(task, case.dims, case.seed), case.name)
+        found[case.name] = [asdict(s) for s in summaries]
+        declared = {p.name: p.dtype for p in task.output_params}
+        for summary in summaries:
+            print(f"  {case.name}: {_summary_line(summary, declared[summary.name])}", file=out)
+    return found
+
+
+def _summary_line(s: OutputSummary, declared: str) -> str:
+    shape = "x".join(str(n) for n in s.shape)
+    finite = "all finite" if s.finite else f"{s.nan} NaN, {s.inf} Inf"
+    span = f"min {s.low:.6g}, max {s.high:.6g}" if s.low is not None else "no finite value"
+    return f"{s.name} {shape} {s.dtype} (the output is {declared}), {finite}, {span}"
 
 
 def _compiled(targets: list[Target], compile_source: Callable[[str], CompileResult], out: TextIO) -> None:
@@ -143,7 +178,7 @@ def _print_oracle(task: Task, executor: GpuExecutor, out: TextIO) -> None:
     worst = []
     for case in list(task.visible_cases) + list(task.holdout_cases):
         expected = executor.expected(case, case.seed)
-        truth = run_oracle(task, case.dims, make_inputs(task, case.dims, case.seed))
+        truth = run_oracle(task, case.dims, make_inputs(task, case.dims, case.seed), case.name)
         for name, array in truth.items():
             tol = task.tolerances[name]
             check = compare_output(name, array, expected[name].astype("float64"), tol.rtol, tol.atol)

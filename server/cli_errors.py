@@ -9,12 +9,18 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from harness.footprint import DoesNotFit
+from harness.oracle import OracleError
+from harness.settings import ReferenceFailed
 from harness.task_model import TaskError
 from harness.worker_side.compile_policy import CompileRefused
 from server.cli_args import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from server.executor import ExecutorError
 
-# What a person can fix (an argument, a file, a folder): the usage exit code.
-USER_ERRORS = (UsageError, TaskError, CompileRefused, OSError, ValueError, KeyError)
+# What a person can fix (an argument, a file, a folder, the task: its reference or oracle failing on a case, a
+# reference that does not compile, a case too large for this machine): the usage exit code.
+USER_ERRORS = (UsageError, TaskError, CompileRefused, OSError, ValueError, KeyError, ReferenceFailed, OracleError,
+               ExecutorError, DoesNotFit)
 MAX_LINE = 1000
 _ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +34,10 @@ def one_line(exc: BaseException) -> str:
     elif isinstance(exc, KeyError) and len(exc.args) == 1:
         text = f"{exc.args[0]!r} is missing"
     else:
-        text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+        text = ""
+        for line in (line.strip() for line in str(exc).splitlines() if line.strip()):
+            text += ("" if not text else " " if text.endswith(":") else "; ") + line  # "log:" runs on into the log
+        text = text or type(exc).__name__
     return text if len(text) <= MAX_LINE else text[:MAX_LINE - 1] + "…"
 
 

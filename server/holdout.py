@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 
 from harness.call_limits import OutOfTime
+from harness.oracle import OracleError
+from harness.settings import ReferenceFailed
 from server.records import EventKind
 from server.run import Progress, Run
 
@@ -23,7 +25,9 @@ def check_holdout(run: Run, number: int) -> dict:
         return {"attempt": number, "passed": False, "cases": [c.name for c in cases],
                 "reasons": [{"code": "timeout", "case": None, "detail": f"the holdout check did not finish: {out}"}]}
     except Exception as exc:  # noqa: BLE001 - reported as the attempt's holdout failure, and logged
-        log.warning("holdout check of attempt %d failed", number, exc_info=True)
+        # The task's reference or oracle failing is said in one line; anything else comes with its traceback.
+        log.warning("holdout check of attempt %d failed: %s", number, exc,
+                    exc_info=not isinstance(exc, (ReferenceFailed, OracleError)))
         return {"attempt": number, "passed": False, "cases": [c.name for c in cases],
                 "oracle_used": run.task.oracle_file is not None, "reasons": [{"code": "launch_error", "case": None,
                              "detail": f"the holdout check could not run it: {type(exc).__name__}: {exc}"[:1000]}]}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.footprint import shortfalls
+from harness.footprint import machine_shortfalls, shortfalls
 from harness.settings import input_seed
 from harness.task import load_task
 from server import lock as locking
@@ -31,10 +31,10 @@ from server.verify import chain_break
 def new_run(task_dir: Path, results: Path, settings: RunSettings, executor: Executor,
             progress: Progress | None = None) -> Run:
     """A new run folder under `results`: the task's copy, its expected outputs, the lock, the baseline."""
-    task = load_task(task_dir)  # refuse a broken task, or one too large for the GPU, before making a folder
-    problems = shortfalls(task, settings.timing, executor.start())
+    task = load_task(task_dir)  # refuse a broken task, or one too large for this machine, before making a folder
+    problems = machine_shortfalls(task, settings.timing, results) or shortfalls(task, settings.timing, executor.start())
     if problems:
-        raise TaskDoesNotFit("the task does not fit on this GPU: " + "; ".join(problems))
+        raise TaskDoesNotFit("the task does not fit on this machine: " + "; ".join(problems))
     run_dir = _next_run_dir(results)
     folder = FolderLock.take(run_dir, "serve")  # a folder this process just made: nobody else holds it
     try:

@@ -122,7 +122,7 @@ class FinishAnswer(BaseModel):
 class TaskCase(BaseModel):
     name: str
     role: str
-    dims: dict[str, int]
+    dims: dict[str, int | float]  # the case's dimensions and the task's constants
     baseline_median_ms: float | None = None
 
 
@@ -191,7 +191,8 @@ class TaskDescription(BaseModel):
 
 class LaunchInput(BaseModel):
     """Launch geometry: each entry an integer or an expression of the case dimensions
-    (arithmetic, ceil_div, min, max), e.g. grid ["ceil_div(n, 64)", "ceil_div(m, 64)"]."""
+    (arithmetic, comparisons giving 1 or 0, ceil_div, min, max, where(condition, a, b)), e.g.
+    grid ["ceil_div(n, 64)", "ceil_div(m, 64)"]."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -22,7 +22,8 @@ from typing import Callable, TextIO
 import numpy as np
 
 from harness.device import gpu_absent_reason
-from harness.settings import CompiledKernel, TimingSettings, input_seed
+from harness.oracle import OracleError
+from harness.settings import CompiledKernel, ReferenceFailed, TimingSettings, input_seed
 from harness.side_by_side import TimingFailed, time_side_by_side
 from harness.stats import geomean_speedup, significance, speedup
 from harness.task_model import Case, LaunchSpec, Task
@@ -70,7 +71,8 @@ def replay_run(record: RunRecord, make_executor: MakeExecutor, repeats: int = 3,
             _preload(executor, record)
             _replay(executor, record, repeats, say, checks, timings, env_now)
     except Exception as exc:  # noqa: BLE001 - reported as the replay's failure, and logged
-        log.warning("the replay could not complete", exc_info=True)
+        # The task's reference or oracle failing is said in one line; anything else comes with its traceback.
+        log.warning("the replay could not complete: %s", exc, exc_info=not isinstance(exc, (ReferenceFailed, OracleError)))
         checks.append(CheckResult(name="referee", kind="referee", passed=False, reasons=[
             f"the replay could not complete: {type(exc).__name__}: {exc}"[:1000]]))
     finally:

@@ -50,7 +50,8 @@ class RunError(RuntimeError):
 
 
 class TaskDoesNotFit(RunError):
-    """A case needs more device memory than the GPU has: refused before a run folder is made."""
+    """A case needs more device or host memory, or disk, than this machine has: refused before a run folder is
+    made (harness/footprint.py)."""
 
 
 class RunSettings(BaseModel):

@@ -49,12 +49,51 @@ DIMS = {"m": 31, "n": 37, "k": 29}
         ("2 * m * n * k", 2 * 31 * 37 * 29),
         ("4 * (m * k + k * n + m * n)", 4 * (31 * 29 + 29 * 37 + 31 * 37)),
         ("  m + 1  ", 32),
+        ("m < n", 1),
+        ("m > n", 0),
+        ("m <= 31", 1),
+        ("m >= 32", 0),
+        ("m == 31", 1),
+        ("m != 31", 0),
+        ("m / 2 > 15", 1),
+        ("1 <= m < n", 1),
+        ("1 <= m < 31", 0),
+        ("4 * m * (m <= 16384)", 4 * 31),
+        ("4 * m * (m > 16384)", 0),
+        ("where(m <= 32, 256, 1024)", 256),
+        ("where(m > 32, 256, 1024)", 1024),
+        ("where(m - 31, 1, 2.5)", 2.5),
+        ("where(0.5, m, n)", 31),
+        ("ceil_div(n, where(n < 64, 32, 128))", 2),
     ],
 )
 def test_allowed_constructs_evaluate(text, expected):
     result = evaluate(text, DIMS)
     assert result == expected
     assert type(result) is type(expected)
+
+
+def test_a_row_limit_reads_as_a_comparison():
+    # what an author had to write as `4 * cols * (1 - min(cols // 16385, 1))` for "cols <= 16384"
+    for cols in (1, 16383, 16384, 16385, 1 << 20):
+        assert evaluate("4 * cols * (cols <= 16384)", {"cols": cols}) == \
+            evaluate("4 * cols * (1 - min(cols // 16385, 1))", {"cols": cols})
+
+
+def test_where_evaluates_only_the_branch_taken():
+    assert evaluate("where(n > 0, m // n, 0)", {"m": 8, "n": 0}) == 0
+    assert evaluate("where(n > 0, m // n, 0)", {"m": 8, "n": 4}) == 2
+    with pytest.raises(ExprError, match="division by zero"):
+        evaluate("where(n == 0, m // n, 0)", {"m": 8, "n": 0})
+
+
+def test_a_chain_stops_at_the_first_link_that_fails():
+    # as in Python: 0 > 1 is false, so 1 // n is never evaluated
+    assert evaluate("0 > 1 < 1 // n", {"n": 0}) == 0
+
+
+def test_names_in_both_branches_of_where_are_recorded():
+    assert parse("where(a < b, c, d)").names == frozenset("abcd")
 
 
 def test_int_only_arithmetic_stays_exact():
@@ -118,14 +157,19 @@ def test_evaluate_int_rejects_fractions():
     [
         ("os.path", "attribute access is not allowed"),
         ("m.real", "attribute access is not allowed"),
-        ("__import__('os')", "unknown function '__import__' (allowed: ceil_div, min, max)"),
-        ("foo(m)", "unknown function 'foo' (allowed: ceil_div, min, max)"),
+        ("__import__('os')", "unknown function '__import__' (allowed: ceil_div, min, max, where)"),
+        ("foo(m)", "unknown function 'foo' (allowed: ceil_div, min, max, where)"),
         ("m.bit_length()", "cannot call 'm.bit_length'"),
         ("(lambda: 1)()", "cannot call"),
         ("lambda: 1", "lambda is not allowed"),
         ("a[0]", "subscript is not allowed"),
-        ("m < n", "comparison is not allowed"),
-        ("m == n", "comparison is not allowed"),
+        ("m is n", "operator 'is' is not allowed (comparisons: < <= > >= == !=)"),
+        ("m is not n", "operator 'is not' is not allowed"),
+        ("m in n", "operator 'in' is not allowed"),
+        ("m < n in k", "operator 'in' is not allowed"),
+        ("where(m, n)", "where() takes exactly 3 arguments (condition, if_nonzero, if_zero), got 2"),
+        ("where(m, n, k, 1)", "where() takes exactly 3 arguments"),
+        ("where", "'where' is a function; call it as where(...)"),
         ("m and n", "boolean operator is not allowed"),
         ("not m", "'not' is not allowed"),
         ("m if n else k", "conditional expression is not allowed"),
@@ -291,7 +335,9 @@ def _combine(children):
     unary = st.tuples(st.sampled_from(["-", "+"]), children).map(lambda t: f"{t[0]}{t[1]}")
     calls = st.tuples(st.sampled_from(["min", "max"]), st.lists(children, min_size=2, max_size=3)
                       ).map(lambda t: f"{t[0]}({', '.join(t[1])})")
-    return st.one_of(binary, unary, calls)
+    comparisons = st.tuples(children, st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), children).map(
+        lambda t: f"({t[0]} {t[1]} {t[2]})")
+    return st.one_of(binary, unary, calls, comparisons)
 
 
 @settings(max_examples=300, deadline=None)
@@ -312,4 +358,6 @@ def test_matches_python_arithmetic(text):
     except ExprError as err:
         assert "nested more than" in str(err) or "not finite" in str(err)
         return
+    if isinstance(expected, bool):  # a comparison gives 1 or 0 here, True or False in Python
+        expected = int(expected)
     assert result == expected and type(result) is type(expected)
