@@ -73,9 +73,11 @@ def lint_folder(path: str | Path, **options) -> tuple[Task, list[Finding]]:
 
 
 def lint_before_run(task: Task, settings: TimingSettings) -> list[Finding]:
-    """The part `serve` and `check` run first: no device memory check (they read the device itself), the
-    oracle on correctness cases up to CHEAP_ORACLE_ELEMENTS."""
-    return lint_task(task, settings=settings, figures=None, oracle_element_limit=CHEAP_ORACLE_ELEMENTS)
+    """The part `serve` and `check` run first: no memory checks (they measure the device and this machine's
+    available memory themselves, harness/footprint.py), the oracle on correctness cases up to
+    CHEAP_ORACLE_ELEMENTS."""
+    return lint_task(task, settings=settings, host_memory=None, figures=None,
+                     oracle_element_limit=CHEAP_ORACLE_ELEMENTS)
 
 
 class LintRefused(ValueError):

@@ -20,7 +20,7 @@ import numpy as np
 
 from harness.compare import compare_output
 from harness.lint_findings import Finding, error, warning
-from harness.oracle import run_oracle
+from harness.oracle import OracleError, run_oracle
 from harness.settings import input_seed
 from harness.task import make_inputs
 from harness.task_model import DTYPES, INTEGER_DTYPES, Case, Param, Task
@@ -147,6 +147,8 @@ def loose_tolerances(task: Task, cases: list[Case], truths: dict[str, Outputs],
 
 def _one_line(exc: BaseException) -> str:
     said = " ".join(str(exc).split())
+    if isinstance(exc, OracleError):  # it names the oracle's file, the error and its line already
+        return said[:340]
     return f"{type(exc).__name__}: {said[:300]}" if said else type(exc).__name__
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from harness.footprint import shortfalls
+from harness.footprint import host_shortfalls, shortfalls
 from harness.lint_findings import Finding, error, warning
 from harness.peaks import DevicePeaks, roofline_ms
 from harness.settings import TimingSettings
@@ -66,11 +66,6 @@ def too_small(task: Task, figures: DeviceFigures) -> list[Finding]:
     return found
 
 
-def host_bytes(task: Task, settings: TimingSettings) -> int:
-    """Host memory the referee holds for a run: every case's inputs and expected outputs, for each input set."""
-    return settings.rotation_sets * sum(sum(task.nbytes(case.dims).values()) for case in task.cases)
-
-
 def host_memory_bytes() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -80,14 +75,9 @@ def host_memory_bytes() -> int | None:
 
 def too_large(task: Task, settings: TimingSettings, host_memory: int | None,
               figures: DeviceFigures | None) -> list[Finding]:
-    """Host memory against `host_memory` (an error); device memory against `figures` (a warning: the real
+    """Host memory against `host_memory` (an error, with harness/footprint.py's estimate of a run); device memory against `figures` (a warning: the real
     device is checked again when a run or a check starts). `figures` None: no device check."""
-    found = []
-    needed = host_bytes(task, settings)
-    if host_memory is not None and needed > host_memory:
-        found.append(error("too-large", f"the referee would hold {needed / 2**30:.1f} GiB of inputs and expected "
-                                        f"outputs in host memory ({settings.rotation_sets} input sets of every case); "
-                                        f"this machine has {host_memory / 2**30:.1f} GiB"))
+    found = [error("too-large", problem) for problem in host_shortfalls(task, settings, host_memory, serving=True)]
     if figures is not None:
         for problem in shortfalls(task, settings, figures.device):
             found.append(warning("too-large", f"{problem} ({figures.source})"))

@@ -5,6 +5,7 @@ from hypothesis import settings
 
 from harness.device import gpu_absent_reason
 from harness.gpu_lease import LEASE_DIR_ENV
+from tests import server_support
 
 # Property tests draw the same examples on every run and keep nothing between runs: a failure in CI is a
 # failure on any machine, and none depends on a database a previous run left behind (a failure prints the
@@ -32,3 +33,16 @@ def _gpu_leases_of_this_session(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(LEASE_DIR_ENV, str(folder))
         yield folder
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A new run of matmul_f32 with the fake executor (tests/server_support.py), closed after the test."""
+    run = server_support.new_run(tmp_path)
+    yield run
+    run.close()

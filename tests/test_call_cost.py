@@ -18,10 +18,6 @@ from tests.server_support import client, events, kernel, new_run, ok, refused
 EXPECTED = "expected/square-2048/0/c.npy"
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 def _flip_a_byte_keeping_size_and_mtime(path) -> None:
     before = path.stat()

@@ -23,16 +23,6 @@ from tests.test_call_deadline import FAKE_GPU, small_matmul
 SPINNING = kernel("spin_s=30")  # 30 s per launch on every performance case
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
-def run(tmp_path):
-    run = new_run(tmp_path)
-    yield run
-    run.close()
 
 
 async def _call(c, tool: str, **arguments):

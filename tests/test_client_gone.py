@@ -50,10 +50,6 @@ sys.stdin.read()
 """
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 def _wait_for(path: Path, text: str, process: subprocess.Popen, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s

@@ -10,20 +10,10 @@ import pytest
 from server.device_facts import device_facts
 from server.executor import DEVICE_LIMITS
 from tests.fake_executor import H200_ENVIRONMENT, H200_LIMITS
-from tests.server_support import client, new_run, ok, read_json, refused
+from tests.server_support import client, ok, read_json, refused
 from tests.test_arch_specific import MATMUL_WGMMA
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
-def run(tmp_path):
-    run = new_run(tmp_path)
-    yield run
-    run.close()
 
 
 @pytest.mark.anyio

@@ -26,10 +26,6 @@ from tests.server_support import client, events, executor, kernel, new_run, ok, 
 NO_SPACE = os.strerror(errno.ENOSPC)
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 class FullDisk:
     """Writes of one run that fail with ENOSPC from the first one `fill_at` accepts until `free`."""

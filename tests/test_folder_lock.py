@@ -30,10 +30,6 @@ from tests.server_support import REPO, events, executor, kernel, new_run, ok, re
 FAKE_SERVER = str(REPO / "tests" / "fake_server.py")
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 def _server(folder: Path, errlog) -> Client:
     params = StdioServerParameters(command=sys.executable, args=[FAKE_SERVER, str(folder)], cwd=str(folder.parent),

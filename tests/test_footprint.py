@@ -167,7 +167,7 @@ def test_a_run_whose_case_cannot_fit_host_memory_is_refused_before_anything_is_m
 class _CheckOnSmallGpu(_SmallGpu):
     """What `check` asks of a GPU executor, on a GPU of 4 GiB."""
 
-    def __init__(self, task, settings=None, confine=True):
+    def __init__(self, task, settings=None, confine=True, **options):
         super().__init__(task)
 
     def hello(self) -> dict:

@@ -35,10 +35,6 @@ from tests.test_replay import make_run
 GPU = "GPU-0a1b2c3d-0000-4000-8000-00000000beef"
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 class _Waiter:
     """`lease.held()` entered on a thread, as a timing would; what the lease told it while it waited."""

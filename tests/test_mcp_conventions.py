@@ -12,23 +12,13 @@ from mcp import Client
 from mcp.types import PromptReference, ResourceTemplateReference
 
 from server.app import build_server
-from tests.server_support import BROKEN, client, kernel, new_run, ok
+from tests.server_support import BROKEN, client, kernel, ok
 
 TOOLS = ("compile_kernel", "describe_task", "finish", "record_attempt", "run_cases", "time_kernel", "validate")
 # The client's own calls of the deprecated logging capability warn; the server's must not.
 DEPRECATED_LOGGING = "ignore:The logging capability is deprecated:mcp.shared.exceptions.MCPDeprecationWarning"
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
-def run(tmp_path):
-    run = new_run(tmp_path)
-    yield run
-    run.close()
 
 
 def _properties(schema: dict, where: str):

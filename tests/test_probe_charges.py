@@ -10,10 +10,6 @@ from server.lifecycle import resume_run
 from tests.server_support import BROKEN, client, events, executor, kernel, new_run, ok, read_json, refused
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 PROBES = ("run_cases", "validate", "time_kernel")
 

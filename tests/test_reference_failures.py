@@ -41,10 +41,6 @@ class ReferenceFailsAtOnce(FakeExecutor):
         raise ReferenceFailed(case.name, TIMEOUT)
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 def test_a_failing_reference_or_oracle_is_one_line_and_the_usage_exit_code(capsys):
     assert failed("kernel-referee check", ReferenceFailed("kb-4096x393216", TIMEOUT)) == EXIT_USAGE

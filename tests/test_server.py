@@ -12,16 +12,6 @@ from tests.server_support import (BROKEN, HOLDOUT, INITIAL, VISIBLE, client, eve
                                   read_json, refused)
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
-def run(tmp_path):
-    run = new_run(tmp_path)
-    yield run
-    run.close()
 
 
 def test_a_new_run_folder_holds_every_record(run):

@@ -24,10 +24,6 @@ LIMIT = "probe limit reached for this attempt window (3 probes or 120 GPU second
         "record_attempt ("
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 @pytest.mark.anyio
 async def test_probes_are_limited_per_window_and_the_count_survives_a_resume(tmp_path):
