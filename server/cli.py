@@ -107,6 +107,8 @@ def _serve_parser(commands) -> None:
     serve.add_argument("--host", default=RefereeSettings().host, help="HTTP only; loopback by default")
     serve.add_argument("--port", type=PORT, default=RefereeSettings().port, help="HTTP only")
     serve.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
+    serve.add_argument("--profile", action="store_true",
+                       help="let the agent profile candidates with Nsight Compute (profile_kernel); off by default")
 
 def _task_parsers(commands) -> None:
     new = commands.add_parser("new-task", help="make a task folder from a signature, the reference and initial "
@@ -141,8 +143,8 @@ def settings_of(args: argparse.Namespace) -> RefereeSettings:
     given = vars(args)
     timing = TimingSettings(**{key: given[key] for key in ("warmups", "iterations") if given.get(key) is not None},
                             cold_l2=not given.get("no_cold_l2", False))
-    run = RunSettings(timing=timing, **{key: given[key] for key in ("max_attempts", "probes_per_window")
-                                        if given.get(key) is not None})
+    run = RunSettings(timing=timing, profile=bool(given.get("profile")),
+                      **{key: given[key] for key in ("max_attempts", "probes_per_window") if given.get(key) is not None})
     return RefereeSettings(run=run, confine=not given.get("no_sandbox", False),
                            **{key: given[key] for key in ("transport", "host", "port", "results")
                               if given.get(key) is not None})
