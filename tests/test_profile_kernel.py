@@ -9,6 +9,8 @@ import pytest
 from harness.profile_digest import METRICS
 from server.cli import _parser, settings_of
 from server.lifecycle import resume_run
+from server.report import load_report
+from server.report_html import render_report
 from tests.server_support import client, events, executor, kernel, new_run, ok, refused
 
 
@@ -110,3 +112,14 @@ async def test_an_unknown_profile_id_is_not_found(tmp_path):
             with pytest.raises(Exception):
                 await c.read_resource(f"referee://profiles/{name}")
     run.close()
+
+
+@pytest.mark.anyio
+async def test_the_report_lists_the_profiles(tmp_path):
+    run = new_run(tmp_path, profile=True)
+    async with client(run) as c:
+        await ok(c, "profile_kernel", source=kernel("v1"))
+    run.close()
+    report = load_report(run.dir)
+    assert report.profiles == ["profiles/p001.csv"]
+    assert "profiles/p001.csv" in render_report(report, "")
