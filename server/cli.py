@@ -62,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--warmups", type=WARMUPS, default=TimingSettings().warmups, help="passed to serve")
     demo.add_argument("--iterations", type=ITERATIONS, default=TimingSettings().iterations, help="passed to serve")
     demo.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
+    demo.add_argument("--profile", action="store_true", help="serve with --profile and show one profile_kernel call")
 
     verify = commands.add_parser("verify", help="check a run folder's hash chain and recorded files")
     verify.add_argument("run", type=Path)

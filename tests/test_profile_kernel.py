@@ -8,6 +8,7 @@ import pytest
 
 from harness.profile_digest import METRICS
 from server.cli import _parser, settings_of
+from server import demo
 from server.lifecycle import resume_run
 from server.report import load_report
 from server.report_html import render_report
@@ -123,3 +124,18 @@ async def test_the_report_lists_the_profiles(tmp_path):
     report = load_report(run.dir)
     assert report.profiles == ["profiles/p001.csv"]
     assert "profiles/p001.csv" in render_report(report, "")
+
+
+@pytest.mark.anyio
+async def test_the_demo_shows_one_profile_in_one_line_when_served_with_profile(tmp_path):
+    assert "--profile" in demo.server_parameters(tmp_path, tmp_path, profile=True).args
+    assert "--profile" not in demo.server_parameters(tmp_path, tmp_path).args
+    run = new_run(tmp_path, profile=True)
+    lines: list[str] = []
+    async with client(run) as c:
+        await demo._profile(c, demo.PLAN[0], lines.append)
+    run.close()
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert lines[0].startswith("profile_kernel (naive): 6.912 ms; speed of light compute 62%, memory 92%; "
+                               "occupancy 98% of 100% (limited by registers, block_size); top stall lg_throttle (62%); "
+                               "referee://profiles/p001"), lines[0]
