@@ -41,8 +41,8 @@ def ncu_command(ncu: str, symbol: str, metrics: tuple[str, ...], log_file: Path)
 
 def profile_once(symbol: str, metrics: tuple[str, ...], run_once: Callable[[Worker], object], *, device: int = 0,
                  confine: bool = True) -> str:
-    """ncu's output for one launch: a worker started under ncu, `run_once(worker)` sends it its one job, the
-    worker exits, and ncu's log is read. ProfilingUnavailable when ncu is missing or profiled nothing."""
+    """ncu's output for one launch: `run_once(worker)` sends a worker under ncu its one job (which starts it),
+    the worker exits, and ncu's log is read. ProfilingUnavailable when ncu is missing or profiled nothing."""
     ncu = ncu_path()
     if ncu is None:
         raise ProfilingUnavailable(NCU_MISSING)
@@ -52,8 +52,7 @@ def profile_once(symbol: str, metrics: tuple[str, ...], run_once: Callable[[Work
                     confinement=profiled_gpu_worker_confinement)
     try:
         try:
-            worker.start()
-            run_once(worker)
+            run_once(worker)  # the job starts the worker, within the call's deadline
         except WorkerError as exc:
             worker.kill()
             raise ProfilingUnavailable(_why(_read(log_file)) or f"the profiled worker failed: {exc}") from None
