@@ -3,11 +3,10 @@ writing the report's tables. No GPU."""
 
 from __future__ import annotations
 
-import csv
-import io
 import statistics
 
 from bench.direct import REPEATS, SETS
+from harness.profile_digest import in_base_units, number, raw_rows
 
 def protocol_rows(protocols: dict) -> list[str]:
     if not protocols.get("kernels"):
@@ -35,9 +34,6 @@ def protocol_summary(runs: list[dict]) -> dict:
             "wall_us_per_launch": sum(r["wall_s"] for r in runs) * 1e6 / launches}
 
 
-NCU_UNITS_MS = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0}
-
-
 def _referee_floor(results: dict) -> float | None:
     """The empty kernel's reading on the referee's clock (the median over the bench's timings)."""
     floors = [k["kernel_floor_ms"] for k in results.get("kernels", []) if k.get("kernel_floor_ms")]
@@ -50,13 +46,8 @@ def median_or_none(values: list) -> float | None:
 
 def ncu_durations_ms(text: str) -> list[float]:
     """gpu__time_duration of every profiled launch, in launch order, from `ncu --csv` output."""
-    lines = [line for line in text.splitlines() if line.startswith('"')]
-    values = []
-    for row in csv.DictReader(io.StringIO("\n".join(lines))):
-        if row.get("Metric Name") == "gpu__time_duration.sum":
-            unit = row.get("Metric Unit", "ns").strip().lower()
-            values.append(float(row["Metric Value"].replace(",", "")) * NCU_UNITS_MS[unit])
-    return values
+    return [in_base_units(number(row["Metric Value"]), row.get("Metric Unit") or "ns")
+            for row in raw_rows(text) if row.get("Metric Name") == "gpu__time_duration.sum"]
 
 
 def ncu_summary(values: list[float], labels: list[str]) -> dict | None:

@@ -239,6 +239,10 @@ class Referee(TimingProtocol):
         integrity = jobs.check_integrity(answer, guards, layout, guard_seed, [inputs], [hashes])
         return RunResult(layout, runs=runs, integrity=integrity)
 
+    def run_on(self, worker: Worker, kernel: CompiledKernel, case: Case) -> "RunResult":
+        """The kernel once on the case's first fixed inputs, in the given worker (profile_kernel's)."""
+        return self._run(worker, kernel, case, *self.inputs(case, input_seed(case, 0)))
+
     # -- timing --------------------------------------------------------------------------------
     def time(self, kernel: CompiledKernel, cases: list[Case]) -> TimingReport:
         def kernel_job(case: Case, layout: jobs.Layout, input_sets: list, timing: dict):

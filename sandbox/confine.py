@@ -23,12 +23,12 @@ import os
 import resource
 import stat
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 __all__ = ["ConfinementError", "Confinement", "landlock_abi", "unavailable_reason", "apply", "narrow",
            "limit_address_space", "python_paths", "cuda_paths", "gpu_worker_confinement",
-           "compile_worker_confinement", "compile_worker_loaded_confinement"]
+           "compile_worker_confinement", "compile_worker_loaded_confinement", "profiled_gpu_worker_confinement"]
 
 
 class ConfinementError(RuntimeError):
@@ -42,6 +42,7 @@ class Confinement:
     devices: tuple[str, ...] = ()       # paths read-write with ioctl (NVIDIA device files, /dev/null)
     new_network: bool = True            # unshare(CLONE_NEWNET) where permitted; reported when not
     deny_tcp: bool = True               # Landlock TCP bind/connect handled with no rule (ABI >= 4)
+    scope_ipc: bool = True              # no signals to, nor abstract sockets with, processes outside (ABI >= 6)
     file_size_bytes: int = 1 << 30      # RLIMIT_FSIZE
     open_files: int = 256               # RLIMIT_NOFILE
     # RLIMIT_CORE is always 0: a core dump of a worker holds the inputs and the expected outputs.
@@ -215,7 +216,7 @@ def _restrict(confinement: Confinement, abi: int) -> None:
     attr = _RulesetAttr(handled_fs, 0, 0)
     if confinement.deny_tcp and abi >= _TCP_ABI:
         attr.handled_access_net = _NET_BIND_TCP | _NET_CONNECT_TCP   # and no port rule: none allowed
-    if abi >= _SCOPE_ABI:
+    if abi >= _SCOPE_ABI and confinement.scope_ipc:
         # No signals to, and no abstract-socket connections with, processes outside the sandbox.
         attr.scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL
     size = 8 if abi < _TCP_ABI else 16 if abi < _SCOPE_ABI else 24
@@ -359,6 +360,13 @@ def gpu_worker_confinement(scratch: Path) -> Confinement:
     read_only = tuple(dict.fromkeys(system + list(python_paths()) + list(cuda_paths()))) + ("/proc/self",)
     return Confinement(read_only=read_only, read_write=(str(scratch), "/proc/self/task"),
                        devices=tuple(p for p in devices if os.path.exists(p)))
+
+
+def profiled_gpu_worker_confinement(scratch: Path) -> Confinement:
+    """A GPU worker run under Nsight Compute (profile_kernel): the same files, devices and limits, but the
+    host's network and IPC, over which the profiler's library in the worker reaches the ncu process that
+    started it. The worker still reads nothing outside the system, Python, CUDA and its scratch."""
+    return replace(gpu_worker_confinement(scratch), new_network=False, deny_tcp=False, scope_ipc=False)
 
 
 def compile_worker_confinement(scratch: Path) -> Confinement:

@@ -21,10 +21,10 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from sandbox import wire
-from sandbox.confine import gpu_worker_confinement
+from sandbox.confine import Confinement, gpu_worker_confinement
 from sandbox.deadline import Deadline
 from sandbox.environment import worker_environment
 from sandbox.answers import Status
@@ -53,10 +53,12 @@ class Worker:
     """One GPU worker process, started lazily and replaced after a fault, a crash or a timeout."""
 
     def __init__(self, name: str, *, command: Sequence[str], device: int = 0,
-                 startup_timeout_s: float = STARTUP_TIMEOUT_S, confine: bool = True):
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S, confine: bool = True,
+                 confinement: Callable[[Path], Confinement] = gpu_worker_confinement):
         self.name = name
         self.command = tuple(command)
         self.confine = confine
+        self.confinement = confinement  # the spec for its scratch folder
         self.device = device
         self.startup_timeout_s = startup_timeout_s
         self.starts = 0
@@ -135,7 +137,7 @@ class Worker:
         of this (threaded) server, where little is safe to do."""
         if not self.confine:
             return []
-        return ["--confine=" + gpu_worker_confinement(self._scratch).to_json()]
+        return ["--confine=" + self.confinement(self._scratch).to_json()]
 
     def _check_confined(self, hello: dict) -> None:
         """A worker asked to confine itself that says it did not is not used."""

@@ -22,11 +22,11 @@ from harness.oracle import OracleError
 from harness.settings import ReferenceFailed
 from harness.worker_side.compile_policy import MAX_SOURCE_BYTES, CompileRefused
 from sandbox.deadline import Deadline
-from server import attempt, probes
+from server import attempt, probes, profiling
 from server.client_log import ClientLog
 from server.call import CallProgress
-from server.models import (AttemptAnswer, CheckAnswer, CompileAnswer, FinishAnswer, LaunchInput, TaskDescription,
-                           TimeAnswer, Usage)
+from server.models import (AttemptAnswer, CheckAnswer, CompileAnswer, FinishAnswer, LaunchInput, ProfileAnswer,
+                           TaskDescription, TimeAnswer, Usage)
 from server.report_files import write_report_files
 from server.run import Refusal, Run
 
@@ -75,6 +75,7 @@ def build_server(run: Run, **server_options: Any) -> MCPServer:
                              launch.model_dump(mode="json", exclude_defaults=True) if launch else None)
 
     _probe_tools(server, run, call, candidate)
+    _profile_tool(server, run, call, candidate)
     _attempt_tools(server, run, call, candidate)
     _resources(server, run)
     _completions(server, run)
@@ -138,6 +139,22 @@ def _probe_tools(server: MCPServer, run: Run, call: Callable, candidate: Callabl
         return await call(ctx, "time_kernel", {"candidate": candidate_id, "cases": cases},
                           lambda report: probes.time_candidate(run, lambda: candidate(candidate_id, source, None, launch),
                                                                cases, report))
+
+
+def _profile_tool(server: MCPServer, run: Run, call: Callable, candidate: Callable) -> None:
+    @_tool(server, "Profile a candidate (Nsight Compute)", PROBE)
+    async def profile_kernel(ctx: Context, candidate_id: CandidateId = None, source: Source = None,
+                             launch: Launch = None,
+                             case: Annotated[str | None, Field(description="a performance case (default: the first)",
+                                                               max_length=100)] = None) -> ProfileAnswer:
+        """Profile one launch of a valid candidate on one performance case with Nsight Compute: duration, speed of
+        light, DRAM/L2/L1 throughput and hit rates, occupancy and its limiter, top warp stalls, FMA and tensor
+        pipes, FLOP/s, bank conflicts, sectors per global request, the roofline point. The full report is
+        referee://profiles/{id}. A probe with its own GPU-time cap; only when the run was served with --profile
+        (describe_task says). Never part of a verdict."""
+        return await call(ctx, "profile_kernel", {"candidate": candidate_id, "case": case},
+                          lambda report: profiling.profile_candidate(
+                              run, lambda: candidate(candidate_id, source, None, launch), case, report))
 
 
 def _attempt_tools(server: MCPServer, run: Run, call: Callable, candidate: Callable) -> None:
@@ -326,6 +343,13 @@ def _resources(server: MCPServer, run: Run) -> None:
         if not _CANDIDATE_ID.fullmatch(candidate):
             raise ResourceNotFoundError("candidate ids look like c0123456789abcde")
         return read(f"compile-logs/{candidate}.log")
+
+    @server.resource(profiling.PROFILES, mime_type="text/csv",
+                     description="a full Nsight Compute report of profile_kernel (ncu's raw page as CSV)")
+    def profile_report(profile: str) -> str:
+        if not profiling.PROFILE_ID.fullmatch(profile):
+            raise ResourceNotFoundError("profile ids look like p001")
+        return read(profiling.profile_path(profile))
 
 
 def _completions(server: MCPServer, run: Run) -> None:

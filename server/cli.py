@@ -62,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--warmups", type=WARMUPS, default=TimingSettings().warmups, help="passed to serve")
     demo.add_argument("--iterations", type=ITERATIONS, default=TimingSettings().iterations, help="passed to serve")
     demo.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
+    demo.add_argument("--profile", action="store_true", help="serve with --profile and show one profile_kernel call")
 
     verify = commands.add_parser("verify", help="check a run folder's hash chain and recorded files")
     verify.add_argument("run", type=Path)
@@ -107,6 +108,8 @@ def _serve_parser(commands) -> None:
     serve.add_argument("--host", default=RefereeSettings().host, help="HTTP only; loopback by default")
     serve.add_argument("--port", type=PORT, default=RefereeSettings().port, help="HTTP only")
     serve.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
+    serve.add_argument("--profile", action="store_true",
+                       help="let the agent profile candidates with Nsight Compute (profile_kernel); off by default")
 
 def _task_parsers(commands) -> None:
     new = commands.add_parser("new-task", help="make a task folder from a signature, the reference and initial "
@@ -141,8 +144,8 @@ def settings_of(args: argparse.Namespace) -> RefereeSettings:
     given = vars(args)
     timing = TimingSettings(**{key: given[key] for key in ("warmups", "iterations") if given.get(key) is not None},
                             cold_l2=not given.get("no_cold_l2", False))
-    run = RunSettings(timing=timing, **{key: given[key] for key in ("max_attempts", "probes_per_window")
-                                        if given.get(key) is not None})
+    run = RunSettings(timing=timing, profile=bool(given.get("profile")),
+                      **{key: given[key] for key in ("max_attempts", "probes_per_window") if given.get(key) is not None})
     return RefereeSettings(run=run, confine=not given.get("no_sandbox", False),
                            **{key: given[key] for key in ("transport", "host", "port", "results")
                               if given.get(key) is not None})

@@ -103,7 +103,7 @@ class Session:
 # -------------------------------------------------------------------------------- the session
 
 def server_parameters(task_dir: Path, results: Path, *, no_sandbox: bool = False, iterations: int | None = None,
-                      warmups: int | None = None) -> StdioServerParameters:
+                      warmups: int | None = None, profile: bool = False) -> StdioServerParameters:
     """`kernel-referee serve --task ... --new-run` of this installation: a fresh run, never a resumed one."""
     args = ["serve", "--task", str(task_dir), "--results", str(results), "--new-run"]
     if iterations is not None:
@@ -112,6 +112,8 @@ def server_parameters(task_dir: Path, results: Path, *, no_sandbox: bool = False
         args += ["--warmups", str(warmups)]
     if no_sandbox:
         args.append("--no-sandbox")
+    if profile:
+        args.append("--profile")
     env = {name: os.environ[name] for name in _PASSED_ENV if name in os.environ}
     script = Path(sys.executable).with_name("kernel-referee")  # the console script beside this interpreter
     if script.is_file():
@@ -177,6 +179,29 @@ async def _step(client: Client, prefix: str, step: Step, say: Say) -> Outcome:
     return outcome
 
 
+async def _profile(client: Client, step: Step, say: Say) -> None:
+    """One profile_kernel call on the first candidate, told in one line (or its one-line refusal)."""
+    answer, seconds = await _call(client, "profile_kernel", {"source": step.source, "launch": step.launch},
+                                  refusal_ok=True)
+    say(f"profile_kernel ({step.label}): {answer if isinstance(answer, str) else profile_line(answer)} "
+        f"({seconds:.1f} s)")
+
+
+def profile_line(answer: dict) -> str:
+    d = answer["digest"]
+    occupancy, stalls = d["occupancy"], d["top_stalls"]
+    parts = [f"{ms_text(d['duration_ms'])} ms", f"speed of light compute {_pct(d['sol_compute_pct'])}, memory "
+             f"{_pct(d['sol_memory_pct'])}", f"occupancy {_pct(occupancy['achieved_pct'])} of "
+             f"{_pct(occupancy['theoretical_pct'])} (limited by {', '.join(occupancy['limited_by']) or '?'})"]
+    if stalls:
+        parts.append(f"top stall {stalls[0]['reason']} ({stalls[0]['share']:.0%})")
+    return "; ".join(parts) + f"; {answer['resource']}"
+
+
+def _pct(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f}%"
+
+
 async def session(params: StdioServerParameters, plan: tuple[Step, ...], say: Say) -> Session:
     async with Client(params, cache=None) as client:  # describe_task is read twice: never from a cache
         first, _ = await _call(client, "describe_task", {})
@@ -185,6 +210,8 @@ async def session(params: StdioServerParameters, plan: tuple[Step, ...], say: Sa
             raise DemoError(f"the run has {left} attempts left; the demo plays {len(plan)} (a new run was expected)")
         say(f"describe_task: {first['name']}, cases {', '.join(c['name'] for c in first['cases'])}; "
             f"baseline {ms_text(first.get('baseline_score_ms'))} ms (geometric mean); budget {left} attempts")
+        if first.get("profiling"):
+            await _profile(client, plan[0], say)
         outcomes = await drive(client, plan, say)
         description, _ = await _call(client, "describe_task", {})
         summary = json.loads((await client.read_resource("referee://summary.json")).contents[0].text)
@@ -272,7 +299,7 @@ def run_demo(settings: RefereeSettings, out: TextIO, task: Path | None = None) -
         "reference outputs and times the baseline first (its log follows on stderr)")
     timing = settings.run.timing
     params = server_parameters(task_dir, settings.results, no_sandbox=not settings.confine,
-                               iterations=timing.iterations, warmups=timing.warmups)
+                               iterations=timing.iterations, warmups=timing.warmups, profile=settings.run.profile)
     try:
         result = anyio_run(session, params, PLAN, say)
     except Exception as exc:  # noqa: BLE001 - a refusal, or the server stopped or never started

@@ -31,6 +31,8 @@ from harness.results import CheckReport, TimingReport
 from harness.compile_service import CompileService, DEFAULT_DEADLINE_S
 from sandbox.confine import landlock_abi
 from harness.gpu_workers import gpu_worker_pool
+from harness.ncu_profile import profile_once
+from sandbox.pool import Worker
 
 
 # The device's per-SM and per-block limits, as the GPU worker read them (harness/worker_side/gpu.py DeviceInfo):
@@ -54,6 +56,8 @@ class Executor(Protocol):
               against_oracle: bool = False) -> CheckReport: ...
     def time(self, kernel: CompiledKernel, cases: list[Case]) -> TimingReport: ...
     def time_vendor(self, cases: list[Case]) -> VendorReport | None: ...  # the task's [vendor] call; None without one
+    # ncu's raw CSV of one launch on a case (harness/ncu_profile.py); ProfilingUnavailable where it cannot
+    def profile(self, kernel: CompiledKernel, case: Case, metrics: tuple[str, ...]) -> str: ...
     # A tool call's work: every job sent meanwhile ends by its deadline, the candidate's launches within their limits
     def within(self, limits: CallLimits) -> AbstractContextManager[None]: ...
     def abort(self) -> None: ...                     # kill the candidate's job in flight (from another thread)
@@ -84,6 +88,7 @@ class GpuExecutor:
         self.peaks_cache_dir: Path | None = None  # None: harness.peaks.cache_dir() ($KERNEL_REFEREE_CACHE_DIR, XDG)
         self.lease_what = lease_what  # what this process is, for another waiting for the GPU's lease
         self.gpu_lease: GpuLease | None = None  # known once started: the GPU's host-wide lease (harness/gpu_lease.py)
+        self.profiled: Worker | None = None  # profile_kernel's one-shot worker while it runs
 
     def hello(self) -> dict:
         """The candidate worker's greeting (its device and arch); starts it."""
@@ -155,12 +160,27 @@ class GpuExecutor:
     def time_vendor(self, cases: list[Case]) -> VendorReport | None:
         return time_vendor(self.referee, cases)
 
+    def profile(self, kernel: CompiledKernel, case: Case, metrics: tuple[str, ...]) -> str:
+        def run_once(worker: Worker) -> None:
+            self.profiled = worker
+            self.referee.run_on(worker, kernel, case)
+
+        try:
+            with held(self.gpu_lease):  # the profiler's replays would disturb another process's timing
+                return profile_once(kernel.symbol, metrics, run_once, device=self.pool.candidate.device,
+                                    confine=self.confine)
+        finally:
+            self.profiled = None
+
     def within(self, limits: CallLimits) -> AbstractContextManager[None]:
         return self.referee.within(limits) if self.referee is not None else nullcontext()
 
     def abort(self) -> None:
         self.compiler.interrupt()
         self.pool.candidate.interrupt()
+        profiled = self.profiled
+        if profiled is not None:
+            profiled.interrupt()
         if self.gpu_lease is not None:
             self.gpu_lease.abort()
 

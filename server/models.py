@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 
 from harness.compare import OutputCheck
 from harness.nvrtc_features import NvrtcFeatures
+from harness.profile_digest import ProfileDigest
 from harness.stats import WITHIN_NOISE, LatencyStats, Significance, Speedup, significance
 from harness.results import Reason
 from server.records import Verdict
@@ -187,6 +188,16 @@ class TaskDescription(BaseModel):
     budget: Budget
     vendor: dict | None = None  # {"name": "cuBLAS", "cases": {case: median_ms}}: the vendor library beside the baseline
     device_facts: DeviceFacts | None = None  # what referee://device answers
+    profiling: bool = False  # profile_kernel answers (the run was served with --profile)
+
+
+class ProfileAnswer(BaseModel):
+    candidate: str
+    case: str
+    profile: str        # the id of the full ncu report: referee://profiles/{profile}
+    resource: str
+    digest: ProfileDigest
+    budget: Budget
 
 
 class LaunchInput(BaseModel):

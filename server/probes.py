@@ -43,7 +43,8 @@ def _described_now(run: Run) -> TaskDescription:
         tolerances={k: v.model_dump() for k, v in task.tolerances.items()},
         launch_default=task.launch.model_dump(mode="json"), device=run.environment,
         baseline_score_ms=baseline.score_ms, best_attempt=best.attempt, best_score_ms=best.score_ms,
-        budget=run.budget(), vendor=describe_view(run.summary.vendor), device_facts=device_facts(run.environment))
+        budget=run.budget(), vendor=describe_view(run.summary.vendor), device_facts=device_facts(run.environment),
+        profiling=run.settings.profile)
 
 
 def device(run: Run) -> DeviceFacts:

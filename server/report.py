@@ -143,6 +143,7 @@ class RunReport:
     replay: ReplayDecision | None
     cost: CostView
     problems: list[str]  # what could not be read, said in the report rather than hidden
+    profiles: list[str] = field(default_factory=list)  # profile_kernel's full reports (profiles/pNNN.csv)
 
 
 # -- defensive readers ------------------------------------------------------------------------
@@ -353,4 +354,5 @@ def load_report(run_dir: Path, cost_inputs: CostInputs | None = None) -> RunRepo
         holdout=summary.holdout,
         disqualified=disqualified, usage_totals=_usage_totals(attempts), event_counts=kinds, calls_by_tool=tools,
         audit=AuditView(audit.ok, audit.records, audit.head, audit.problems), replay=_replay(run_dir),
-        cost=_cost(summary, wall, cost_inputs), problems=problems)
+        cost=_cost(summary, wall, cost_inputs), problems=problems,
+        profiles=sorted(f"profiles/{p.name}" for p in (run_dir / "profiles").glob("p*.csv")))

@@ -126,6 +126,7 @@ def _facts(r: RunReport) -> Safe:
             ("attempts", ", ".join(f"{v} {k}" for k, v in counts.items())),
             ("agent usage (sum over attempts)", usage),
             ("probes per window", r.settings.get("probes_per_window", "—")),
+            ("Nsight Compute profiles", ", ".join(r.profiles) or ("none" if r.settings.get("profile") else "off")),
             ("timing protocol", ", ".join(f"{k}={fmt_value(v)}" for k, v in timing.items()) or "—"),
             ("timing rounds (interleaved)", r.settings.get("timing_rounds", "—"))]
     lock = [("task and expected outputs", f"{r.lock.get('files_sha256') or '—'} ({r.lock.get('files')} files)"),

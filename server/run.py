@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 FULLY_CHECKED = frozenset({"record_attempt", "finish"})
 
 
+PROFILE_TOOL = "profile_kernel"  # its probes count against their own GPU-time cap too
+
+
 class Refusal(Exception):
     """A call the run refuses; the message says what is left and what to do."""
 
@@ -58,6 +61,8 @@ class RunSettings(BaseModel):
     max_attempts: int = 7
     probes_per_window: int = 20
     probe_gpu_seconds_per_window: float = 120.0
+    profile: bool = False  # profile_kernel (Nsight Compute) answers only when the run was served with --profile
+    profile_gpu_seconds_per_window: float = 60.0  # profile_kernel's own cap, within the probes' GPU seconds
     compiles_per_minute: int = 30
     timing_rounds: int = 2
     timing: TimingSettings = TimingSettings()
@@ -109,6 +114,7 @@ class Run:
         self.probes_in_window = 0
         self.gpu_seconds_in_window = 0.0
         self.gpu_seconds_total = 0.0
+        self.profile_seconds_in_window = 0.0  # profile_kernel's share of gpu_seconds_in_window
         self.compiles_total = 0
         self.probes_total = 0
         self.compile_rate = SlidingWindow(settings.compiles_per_minute)
@@ -178,7 +184,7 @@ class Run:
 
     def open_attempt_window(self) -> None:
         """An attempt started: the probe limits count afresh."""
-        self.probes_in_window, self.gpu_seconds_in_window = 0, 0.0
+        self.probes_in_window, self.gpu_seconds_in_window, self.profile_seconds_in_window = 0, 0.0, 0.0
 
     def add_gpu_seconds(self, seconds: float) -> None:
         self.gpu_seconds_total += seconds
@@ -204,11 +210,13 @@ class Run:
         """Probes since the last attempt, from the audit log: a restart does not reset them."""
         for record in iter_events(self.dir):
             if record.kind == EventKind.ATTEMPT_STARTED:
-                self.probes_in_window, self.gpu_seconds_in_window = 0, 0.0
+                self.probes_in_window, self.gpu_seconds_in_window, self.profile_seconds_in_window = 0, 0.0, 0.0
             elif record.kind == EventKind.PROBE_DONE:
                 self.probes_in_window += 1
                 self.probes_total += 1
                 self.gpu_seconds_in_window += record.data.get("gpu_seconds", 0.0)
+                if record.data.get("tool") == PROFILE_TOOL:
+                    self.profile_seconds_in_window += record.data.get("gpu_seconds", 0.0)
             if record.kind in (EventKind.PROBE_DONE, EventKind.ATTEMPT_DONE, EventKind.BASELINE_DONE):
                 self.gpu_seconds_total += record.data.get("gpu_seconds", 0.0)
             if record.kind == EventKind.COMPILED:
@@ -279,6 +287,8 @@ class Run:
         self.probes_total += 1
         self.gpu_seconds_in_window += gpu_seconds
         self.gpu_seconds_total += gpu_seconds
+        if tool == PROFILE_TOOL:
+            self.profile_seconds_in_window += gpu_seconds
 
     def charge_compile(self) -> None:
         try:

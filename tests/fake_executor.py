@@ -10,6 +10,8 @@ Markers (in a comment anywhere in the source):
   fake: die            the process kills itself during timing (a server killed mid-attempt)
   fake: slow_s=N       timing takes N seconds, unless abort() kills the "worker" first (worker_crashed)
   fake: unwritten-on-retime   timing after abort() (a fresh worker) finds unwritten outputs
+  fake: no-ncu         profile() finds no ncu; fake: no-counters  ncu is denied the counters (ERR_NVGPUCTRPERM)
+  fake: blocked        profile() answers the register-blocked matmul's recorded CSV (else the naive one's)
   fake: spin_s=N       every launch on a performance case takes N seconds (in real time), bounded as the
                        referee bounds it: past the case's launch limit, too_slow (the check stops there);
                        past the call's deadline, OutOfTime
@@ -25,6 +27,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
@@ -32,12 +35,16 @@ from harness.call_limits import CallLimits, OutOfTime
 from harness.vendor_yardstick import VendorReport
 from harness.compile_cache import CompileCache
 from harness.gpu_lease import GpuLease, held
+from harness.ncu_profile import NCU_MISSING, NO_PERMISSION, ProfilingUnavailable
 from harness.nvrtc_features import nvrtc_features
 from harness.worker_side.nvrtc import compile_kernel
 from harness.settings import CompiledKernel
 from harness.stats import geometric_mean, summarize
 from harness.task_model import Case, Task
 from harness.results import CaseCheck, CaseTiming, CheckReport, Reason, ReasonCode, TimingReport
+
+
+NCU_FIXTURES = Path(__file__).parent / "fixtures" / "ncu"
 
 
 def markers(source: str) -> dict[str, str]:
@@ -96,6 +103,7 @@ class FakeExecutor:
         self.checked_seeds: list[dict | None] = []  # the seeds of each check() call
         self.limits: CallLimits | None = None  # the call in progress (within())
         self.limits_seen: list[CallLimits] = []  # every call's, in order
+        self.profiled: list[tuple] = []  # (symbol, case, metrics) of each profile() call
         self.job_limits: list[CallLimits | None] = []  # the limits in force at each check() and time()
 
     @contextmanager
@@ -215,6 +223,18 @@ class FakeExecutor:
         passed = all(t.passed for t in timings)
         return TimingReport(passed=passed, cases=timings,
                             score_ms=geometric_mean([t.stats.median_ms for t in timings]) if passed else None)
+
+    def profile(self, kernel: CompiledKernel, case: Case, metrics: tuple[str, ...]) -> str:
+        """A recorded ncu CSV (tests/fixtures/ncu/), or ncu_profile's one-line reasons for no profile."""
+        self.calls.append("profile")
+        self.profiled.append((kernel.symbol, case.name, metrics))
+        marks = markers(self._source(kernel))
+        if "no-ncu" in marks:
+            raise ProfilingUnavailable(NCU_MISSING)
+        if "no-counters" in marks:
+            raise ProfilingUnavailable(NO_PERMISSION)
+        name = "register_blocked" if "blocked" in marks else "naive"
+        return (NCU_FIXTURES / f"{name}-matmul_f32-square-2048.csv").read_text()
 
     def time_vendor(self, cases: list[Case]) -> VendorReport | None:
         with held(self.gpu_lease):

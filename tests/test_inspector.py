@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 FAKE_SERVER = REPO / "tests" / "fake_server.py"
 INITIAL = (REPO / "cases" / "matmul_f32" / "initial.cu").read_text()
 MIN_NODE = (22, 19)
-TOOLS = {"describe_task", "compile_kernel", "run_cases", "validate", "time_kernel", "record_attempt", "finish"}
+TOOLS = {"describe_task", "compile_kernel", "run_cases", "validate", "time_kernel", "profile_kernel", "record_attempt",
+         "finish"}
 
 
 def _node() -> tuple[str | None, str]:

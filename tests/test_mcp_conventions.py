@@ -14,7 +14,8 @@ from mcp.types import PromptReference, ResourceTemplateReference
 from server.app import build_server
 from tests.server_support import BROKEN, client, kernel, ok
 
-TOOLS = ("compile_kernel", "describe_task", "finish", "record_attempt", "run_cases", "time_kernel", "validate")
+TOOLS = ("compile_kernel", "describe_task", "finish", "profile_kernel", "record_attempt", "run_cases", "time_kernel",
+         "validate")
 # The client's own calls of the deprecated logging capability warn; the server's must not.
 DEPRECATED_LOGGING = "ignore:The logging capability is deprecated:mcp.shared.exceptions.MCPDeprecationWarning"
 

@@ -216,8 +216,8 @@ async def test_resources_and_prompt(run):
         prompt = await c.get_prompt("optimize_kernel")
         assert "describe_task" in prompt.messages[0].content.text and "record_attempt" in prompt.messages[0].content.text
         tools = await c.list_tools()
-        assert sorted(t.name for t in tools.tools) == ["compile_kernel", "describe_task", "finish", "record_attempt",
-                                                       "run_cases", "time_kernel", "validate"]
+        assert sorted(t.name for t in tools.tools) == ["compile_kernel", "describe_task", "finish", "profile_kernel",
+                                                       "record_attempt", "run_cases", "time_kernel", "validate"]
 
 
 @pytest.mark.anyio
