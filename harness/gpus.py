@@ -1,0 +1,64 @@
+"""The GPUs of this host (through NVML, in the trusted parent) and the placement of a run on one of them.
+
+The choice itself is harness/placement.py; this module reads the host (NVML, the serving claims of
+harness/gpu_lease.py) and holds the claim of the GPU chosen.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.gpu_lease import ServingClaim
+from harness.placement import GpuInfo, PlacementError, choose_gpu
+
+log = logging.getLogger(__name__)
+
+_RACES = 8  # another server took the GPU between the look and the claim: look again, this many times
+
+
+@dataclass
+class Placement:
+    """Where a run goes: its GPU, and this process's claim on it (None: shared with a run that holds it)."""
+
+    gpu: GpuInfo
+    claim: ServingClaim | None
+    shared: bool
+
+    def release(self) -> None:
+        if self.claim is not None:
+            self.claim.release()
+
+
+def list_gpus() -> list[GpuInfo]:
+    """Every GPU NVML sees, by index; [] without NVML (no driver, no nvidia-ml-py)."""
+    try:
+        import pynvml  # optional: without NVML no GPU can be named, and the run goes where CUDA puts it
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        gpus = []
+        for index in range(count):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+            gpus.append(GpuInfo(index, uuid.decode() if isinstance(uuid, bytes) else str(uuid), int(memory)))
+        return gpus
+    except Exception as exc:  # noqa: BLE001 - ImportError or any NVMLError: no GPU can be named
+        log.info("NVML cannot list the GPUs: %s", exc)
+        return []
+
+
+def place_run(gpus: list[GpuInfo], wanted: int | str | None, what: str, folder: Path | None = None) -> Placement:
+    """The GPU for a run and this process's claim on it (harness/placement.py chooses; PlacementError refuses)."""
+    for _ in range(_RACES):
+        claims = {g.uuid: ServingClaim(g.uuid, what, folder) for g in gpus}
+        taken = {uuid for uuid, claim in claims.items() if claim.is_taken()}
+        gpu, shared = choose_gpu(gpus, wanted, taken)
+        claim = claims[gpu.uuid]
+        if claim.try_take():
+            return Placement(gpu, claim, shared=False)
+        if shared:
+            return Placement(gpu, None, shared=True)
+        # taken since the look (another server starting at the same moment): look again
+    raise PlacementError("could not claim a GPU: other servers kept taking the free ones")
