@@ -7,6 +7,7 @@ harness/gpu_lease.py) and holds the claim of the GPU chosen.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,10 +44,20 @@ def list_gpus() -> list[GpuInfo]:
             uuid = pynvml.nvmlDeviceGetUUID(handle)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
             gpus.append(GpuInfo(index, uuid.decode() if isinstance(uuid, bytes) else str(uuid), int(memory)))
-        return gpus
+        return visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
     except Exception as exc:  # noqa: BLE001 - ImportError or any NVMLError: no GPU can be named
         log.info("NVML cannot list the GPUs: %s", exc)
         return []
+
+
+def visible(gpus: list[GpuInfo], cuda_visible: str | None) -> list[GpuInfo]:
+    """The GPUs that $CUDA_VISIBLE_DEVICES leaves to this process (indices or UUIDs, or their prefixes, as CUDA
+    reads them); all where it is unset. NVML itself ignores the variable."""
+    if cuda_visible is None:
+        return gpus
+    names = [n.strip() for n in cuda_visible.split(",") if n.strip()]
+    return [g for g in gpus if any(n == str(g.index) if n.isdigit() else g.uuid.lower().startswith(n.lower())
+                                   for n in names)]
 
 
 def place_run(gpus: list[GpuInfo], wanted: int | str | None, what: str, folder: Path | None = None) -> Placement:

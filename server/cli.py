@@ -107,6 +107,8 @@ def _serve_parser(commands) -> None:
     serve.add_argument("--host", default=RefereeSettings().host, help="HTTP only; loopback by default")
     serve.add_argument("--port", type=PORT, default=RefereeSettings().port, help="HTTP only")
     serve.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
+    serve.add_argument("--gpu", metavar="N|UUID", help="the GPU to serve on: an index or a UUID as nvidia-smi -L prints "
+                       "them (default: one no other run serves on; a resumed run goes back on its own)")
 
 def _task_parsers(commands) -> None:
     new = commands.add_parser("new-task", help="make a task folder from a signature, the reference and initial "
@@ -214,7 +216,7 @@ def _dispatch(args, settings: RefereeSettings) -> int:
     if args.command == "serve":
         if args.task is not None:
             lint_first(load_task(args.task), settings.run.timing, sys.stderr, "kernel-referee serve: ")
-        return serve(settings, args.task, args.run, start_new=args.new_run)
+        return serve(settings, args.task, args.run, start_new=args.new_run, gpu=args.gpu)
     if args.command == "new-task":
         return new_task(args.folder, description=args.description, signature=args.signature, reference=args.reference,
                         initial=args.initial_kernel, cases_file=args.input_cases, oracle=args.oracle, name=args.name,

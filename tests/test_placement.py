@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import sys
+import types
+from pathlib import Path
+
 import pytest
 
 from harness.gpu_lease import ServingClaim
-from harness.gpus import place_run
+from harness.gpus import place_run, visible
+from harness.nvml import Nvml
 from harness.placement import GpuInfo, PlacementError, choose_gpu, parse_choice
+from sandbox.pool import Worker
 from tests.lease_holder import LeaseHolder
+
+FAKE_WORKER = (sys.executable, str(Path(__file__).with_name("fake_worker.py")))
 
 GPUS = [GpuInfo(i, f"GPU-fa4e000{i}-0000-4000-8000-00000000000{i}", 80 << 30) for i in range(4)]
 
@@ -69,3 +77,30 @@ def test_an_explicit_gpu_goes_there_even_when_another_is_free():
         assert placed.gpu == GPUS[3] and placed.claim is not None and placed.claim.held
     finally:
         placed.release()
+
+
+def test_cuda_visible_devices_narrows_the_gpus_placed_on():
+    assert visible(GPUS, None) == GPUS
+    assert visible(GPUS, "2,0") == [GPUS[0], GPUS[2]]
+    assert visible(GPUS, f"{GPUS[3].uuid[:12]}") == [GPUS[3]]
+    assert visible(GPUS, "") == []
+
+
+def test_a_placed_worker_sees_only_its_gpu(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    with Worker("test", command=FAKE_WORKER, startup_timeout_s=30, gpu_uuid=GPUS[2].uuid) as placed:
+        assert placed.start()["cuda_visible_devices"] == GPUS[2].uuid  # its device 0 is that GPU
+    with Worker("test", command=FAKE_WORKER, startup_timeout_s=30) as unplaced:
+        assert unplaced.start()["cuda_visible_devices"] == "0,1,2,3"
+
+
+def test_nvml_finds_a_placed_gpu_by_its_uuid(monkeypatch):
+    by = []
+    fake = types.SimpleNamespace(nvmlInit=lambda: None,
+                                 nvmlDeviceGetHandleByUUID=lambda uuid: by.append(("uuid", uuid)) or "handle",
+                                 nvmlDeviceGetHandleByPciBusId=lambda bus: by.append(("pci", bus)) or "handle",
+                                 nvmlDeviceGetHandleByIndex=lambda index: by.append(("index", index)) or "handle")
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert Nvml("00000000:01:00.0", uuid=GPUS[1].uuid).available
+    assert Nvml("00000000:01:00.0").available
+    assert by == [("uuid", GPUS[1].uuid), ("pci", "00000000:01:00.0")]
