@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.gpu_lease import ServingClaim
-from harness.placement import GpuInfo, PlacementError, choose_gpu
+from harness.placement import GpuInfo, PlacementError, choose_gpu, parse_choice
 
 log = logging.getLogger(__name__)
 
@@ -73,3 +73,18 @@ def place_run(gpus: list[GpuInfo], wanted: int | str | None, what: str, folder: 
             return Placement(gpu, None, shared=True)
         # taken since the look (another server starting at the same moment): look again
     raise PlacementError("could not claim a GPU: other servers kept taking the free ones")
+
+
+def placement_for(gpus: list[GpuInfo], choice: int | str | None, what: str,
+                  own_uuid: str | None = None) -> Placement | None:
+    """Where a command's GPU work goes: `choice` (`--gpu`'s text or value), else the GPU `own_uuid` names (a run's
+    own, where it is here), else a free one; None where NVML names no GPU and none was asked for (CUDA's device 0,
+    as on a one-GPU host). PlacementError: a GPU asked for that is not here, or cannot be named."""
+    wanted = parse_choice(choice) if isinstance(choice, str) else choice
+    if not gpus:
+        if wanted is not None:
+            raise PlacementError(f"--gpu {choice}: no GPU can be named here (NVML lists none)")
+        return None
+    if wanted is None and own_uuid is not None and any(g.uuid == own_uuid for g in gpus):
+        wanted = own_uuid
+    return place_run(gpus, wanted, what)

@@ -23,8 +23,8 @@ class GpuInfo:
         return f"GPU {self.index} ({self.uuid})"
 
 
-class PlacementError(Exception):
-    """The GPU asked for is not on this host, or no GPU can be named."""
+class PlacementError(ValueError):
+    """The GPU asked for is not on this host, or no GPU can be named (a usage error: exit 2)."""
 
 
 def parse_choice(text: str) -> int | str:

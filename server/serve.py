@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from harness.device import gpu_absent_reason
-from harness.gpus import Placement, list_gpus, place_run
+from harness.gpus import Placement, list_gpus, placement_for
 from harness.placement import GpuInfo, PlacementError, parse_choice
 from harness.settings import TimingSettings
 from harness.task import load_task
@@ -70,11 +70,11 @@ def serve_run(results: Path, run_settings: RunSettings, task_dir: Path | None, r
     try:
         wanted = parse_choice(gpu) if gpu is not None else None
         if wanted is not None and not gpus:
-            raise PlacementError(f"--gpu {gpu}: no GPU can be named here (NVML lists none)")
+            placement_for([], wanted, "serve")  # refuses: no GPU can be named
     except PlacementError as exc:
         print(f"kernel-referee: {exc}", file=sys.stderr)
         return 2
-    folder = None
+    folder, placement = None, None
     if run_dir is None and not start_new:
         run_dir, folder = _unfinished_run_to_resume(results, task_dir)
     try:
@@ -100,19 +100,18 @@ def serve_run(results: Path, run_settings: RunSettings, task_dir: Path | None, r
     finally:
         run.close()
         run.executor.close()
+        if placement is not None:
+            placement.release()
     return 0
 
 
 def _placement(gpus: list[GpuInfo], wanted: int | str | None, run_dir: Path | None) -> Placement | None:
     """The run's GPU and this server's claim on it (held until the process ends); None without NVML (one GPU,
-    as CUDA numbers it). A resumed run goes back on the GPU it began on, where that one is here."""
-    if not gpus:
-        return None
-    if wanted is None and run_dir is not None:
-        locked = locked_gpu_uuid(run_dir)
-        wanted = locked if any(g.uuid == locked for g in gpus) else None  # elsewhere: the resume refuses it
-    placement = place_run(gpus, wanted, f"serve {run_dir.name if run_dir else 'new run'}")
-    if len(gpus) > 1:  # one GPU: as before, nothing to say
+    as CUDA numbers it). A resumed run goes back on the GPU it began on, where that one is here (elsewhere,
+    resume_run refuses it)."""
+    placement = placement_for(gpus, wanted, f"serve {run_dir.name if run_dir else 'new run'}",
+                              locked_gpu_uuid(run_dir) if run_dir is not None else None)
+    if placement is not None and len(gpus) > 1:  # one GPU: as before, nothing to say
         _say(f"on {placement.gpu.describe()}" + (", shared with another run served there" if placement.shared else ""))
     return placement
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -12,12 +13,16 @@ from pathlib import Path
 
 import pytest
 
+import server.replay
 from harness.gpu_lease import LEASE_DIR_ENV
 from server.cli import main
 from server.lifecycle import resume_run
+from server.replay import replay
 from server.run import RunError
-from tests.fake_executor import FAKE_GPU_UUID, fake_gpus
-from tests.server_support import REPO, events, executor, new_run
+from tests.fake_executor import FAKE_GPU_UUID, FakeExecutor, fake_gpus
+from tests.lease_holder import LeaseHolder
+from tests.server_support import REPO, events, executor, kernel, new_run
+from tests.test_replay import make_run
 
 FAKE_SERVER = str(REPO / "tests" / "fake_server.py")
 TWO = fake_gpus(2)
@@ -124,3 +129,36 @@ def test_a_resume_on_another_uuid_is_refused_and_an_old_lock_is_not(tmp_path):
     resumed = resume_run(run.dir, executor(gpu_uuid="GPU-other"))
     resumed.close()
     assert [e["data"]["environment_changes"] for e in events(run.dir) if e["kind"] == "run_resumed"][-1] == []
+
+
+def _replayed_on(monkeypatch, run_dir: Path, gpu: str | None) -> list:
+    """`replay` as on a two-GPU host (its GpuExecutor a fake placed where the real one would be): where it went."""
+    placed = []
+
+    def on_gpu(task, timing, gpu=None, **options):
+        placed.append(gpu)
+        return FakeExecutor(task, placed=gpu)
+
+    monkeypatch.setattr(server.replay, "gpu_absent_reason", lambda: None)
+    monkeypatch.setattr(server.replay, "list_gpus", lambda: TWO)
+    monkeypatch.setattr(server.replay, "GpuExecutor", on_gpu)
+    assert replay(run_dir, io.StringIO(), repeats=1, gpu=gpu) == 0
+    return placed
+
+
+def test_replay_goes_on_the_runs_own_gpu_unless_told(monkeypatch, tmp_path):
+    run_dir = make_run(tmp_path, kernel("latency_us=50"))  # began on fake GPU 0
+    other = LeaseHolder(TWO[0].uuid, "serve run-009", serving=True)  # a serving run holds GPU 0
+    try:
+        assert _replayed_on(monkeypatch, run_dir, None) == [TWO[0]]  # its own, shared: not the free GPU 1
+        assert _replayed_on(monkeypatch, run_dir, "1") == [TWO[1]]
+    finally:
+        other.close()
+
+
+@pytest.mark.parametrize("command", ["check", "replay"])
+def test_a_malformed_gpu_is_refused_by_check_and_replay_in_one_line(tmp_path, capsys, command):
+    target = str(REPO / "cases" / "matmul_f32") if command == "check" else str(make_run(tmp_path))
+    assert main([command, target, "--gpu", "the-big-one"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "neither a GPU index" in err
