@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
-from bench import multi_gpu
+from bench import multi_gpu, timing
 from harness.placement import GpuInfo
+from tests.fake_executor import fake_gpus
 from tests.server_support import REPO
 
 
@@ -32,3 +34,14 @@ def test_medians_agree_within_the_timings_own_noise(loaded_ms, agree):
     judged = multi_gpu.isolation(alone, loaded)
     assert judged["noise"] == pytest.approx(0.02)
     assert judged["agree"] is agree
+
+
+def test_bench_timing_on_the_gpu_asked_for_sees_only_it(monkeypatch):
+    from_two = fake_gpus(2)
+    monkeypatch.setattr(timing, "list_gpus", lambda: from_two)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # restored after the test
+    placement = timing.on_one_gpu("1")
+    try:
+        assert placement.gpu == from_two[1] and os.environ["CUDA_VISIBLE_DEVICES"] == from_two[1].uuid
+    finally:
+        placement.release()

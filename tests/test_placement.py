@@ -12,7 +12,10 @@ from harness.gpu_lease import ServingClaim
 from harness.gpus import place_run, visible
 from harness.nvml import Nvml
 from harness.placement import GpuInfo, PlacementError, choose_gpu, parse_choice
+from harness.task import load_task
 from sandbox.pool import Worker
+from server.executor import ExecutorError, GpuExecutor
+from tests.server_support import MATMUL
 from tests.lease_holder import LeaseHolder
 
 FAKE_WORKER = (sys.executable, str(Path(__file__).with_name("fake_worker.py")))
@@ -104,3 +107,14 @@ def test_nvml_finds_a_placed_gpu_by_its_uuid(monkeypatch):
     assert Nvml("00000000:01:00.0", uuid=GPUS[1].uuid).available
     assert Nvml("00000000:01:00.0").available
     assert by == [("uuid", GPUS[1].uuid), ("pci", "00000000:01:00.0")]
+
+
+def test_the_executor_starts_its_workers_on_its_gpu_and_refuses_a_worker_elsewhere():
+    executor = GpuExecutor(load_task(MATMUL), gpu=GPUS[1], confine=False)
+    try:
+        assert executor.pool.reference.gpu_uuid == executor.pool.candidate.gpu_uuid == GPUS[1].uuid
+        assert executor._placed_uuid(None) == GPUS[1].uuid
+        with pytest.raises(ExecutorError, match=f"runs on {GPUS[2].uuid}, not on GPU 1"):
+            executor._placed_uuid(GPUS[2].uuid)
+    finally:
+        executor.close()
