@@ -54,6 +54,7 @@ def load(task_dir: Path, gpu_uuid: str, results: Path, seconds: float) -> dict:
     executor = GpuExecutor(load_task(task_dir), TimingSettings(), lease_what=f"bench load {gpu.index}", gpu=gpu)
     run = new_run(task_dir, results, RunSettings(max_attempts=999), executor)
     source = run.task.source("initial")
+    print("ready", flush=True)  # the run exists: its load starts now
     started, attempts = time.monotonic(), 0
     try:
         while time.monotonic() - started < seconds and run.attempts_used < run.settings.max_attempts:
@@ -66,9 +67,14 @@ def load(task_dir: Path, gpu_uuid: str, results: Path, seconds: float) -> dict:
 
 
 def start_loads(task_dir: Path, gpus: list[GpuInfo], out: Path, seconds: float) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, __file__, "--load", g.uuid, "--task", str(task_dir), "--seconds",
-                              str(seconds), "--out", str(out / f"load-{g.index}")], stdout=subprocess.PIPE, text=True)
-            for g in gpus]
+    """A load process per GPU, returned once every one has made its run (the baseline timed) and begun its load."""
+    loads = [subprocess.Popen([sys.executable, __file__, "--load", g.uuid, "--task", str(task_dir), "--seconds",
+                               str(seconds), "--out", str(out / f"load-{g.index}")], stdout=subprocess.PIPE, text=True)
+             for g in gpus]
+    for process in loads:
+        if process.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"a load process did not start its run (status {process.wait()})")
+    return loads
 
 
 def finished(loads: list[subprocess.Popen]) -> list[dict]:
