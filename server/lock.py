@@ -75,15 +75,16 @@ def referee_changes(lock: dict) -> list[str]:
 
 def environment_changes(lock: dict, environment: dict) -> list[str]:
     """Facts that differ from the locked environment; the GPU itself must not differ (its model, and its UUID
-    where the lock names one: runs locked before the UUID was recorded say nothing of it)."""
+    where both name one: runs locked before the UUID was recorded, or where it could not be read, say nothing)."""
     keys = ("gpu", "gpu_uuid", "gpu_index", "compute_capability", "driver_cuda_version", "nvrtc", "cuda_bindings",
             "sm_clock_khz")
     before = lock["environment"]
     return [f"{key}: {before.get(key)} -> {environment.get(key)}" for key in keys
-            if before.get(key) != environment.get(key) and (key in before or key not in _NAMED_LATER)]
+            if before.get(key) != environment.get(key)
+            and (key not in _NAMED_LATER or None not in (before.get(key), environment.get(key)))]
 
 
-# Facts a run's lock did not always hold: absent from an old lock, they are not a change.
+# Facts a run's lock did not always hold, nor every machine tell: unknown on either side, they are not a change.
 _NAMED_LATER = ("gpu_uuid", "gpu_index")
 
 

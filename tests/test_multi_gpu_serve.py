@@ -122,6 +122,7 @@ def test_a_resume_on_another_uuid_is_refused_and_an_old_lock_is_not(tmp_path):
     lock = json.loads((run.dir / "lock.json").read_text())
     assert lock["environment"]["gpu_index"] == 0
     resume_run(run.dir, executor()).close()
+    resume_run(run.dir, executor(gpu_uuid=None)).close()  # a GPU whose UUID cannot be read here: not refused
     for key in ("gpu_uuid", "gpu_index"):  # as a run locked before the GPU was named by UUID
         del lock["environment"][key]
     (run.dir / "lock.json").chmod(0o644)
