@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -39,6 +40,7 @@ from bench.direct import REPEATS, SETS  # noqa: E402
 from bench.overhead_clocks import gpu_busy_counted, wall_clocked  # noqa: E402
 from bench.timing_report import median_or_none, ncu_combined, ncu_durations_ms, ncu_summary, protocol_summary, report  # noqa: E402,E501
 from harness.device import gpu_absent_reason  # noqa: E402
+from harness.gpus import Placement, list_gpus, placement_for  # noqa: E402
 from harness.settings import CompiledKernel, TimingSettings  # noqa: E402
 from harness.stats import speedup, summarize  # noqa: E402
 from harness.task_model import Case  # noqa: E402
@@ -331,6 +333,16 @@ class Bench:
         self.lease.close()
 
 
+def on_one_gpu(choice: str | None) -> Placement | None:
+    """The bench's GPU (harness/placement.py), made the only one that this process and every one it starts (the
+    workers, ncu, bench/direct.py) see: CUDA_VISIBLE_DEVICES is set to its UUID."""
+    placement = placement_for(list_gpus(), choice, "bench")
+    if placement is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = placement.gpu.uuid
+        print(f"on {placement.gpu.describe()}", flush=True)
+    return placement
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=BENCH / "results")
@@ -340,12 +352,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ncu-passes", type=int, default=1, help="ncu's step this many times, to show its own spread")
     parser.add_argument("--no-triton", action="store_true")
     parser.add_argument("--only", help="run only these steps, comma-separated (e.g. repeatability,ncu,protocols)")
+    parser.add_argument("--gpu", help="the GPU to bench on: an index or a UUID (default: one no run serves on)")
     args = parser.parse_args(argv)
     if min(args.runs, args.trials, args.ncu_passes) < 1:
         parser.error("--runs, --trials and --ncu-passes take a count of at least 1")
     if (reason := gpu_absent_reason()) is not None:
         print(f"bench/timing.py measures timing on a GPU, and there is none here: {reason}", file=sys.stderr)
         return 2
+    placement = on_one_gpu(args.gpu)  # noqa: F841 - its claim is held while the bench runs
     args.out.mkdir(parents=True, exist_ok=True)
     bench = Bench(args.out, args.runs, args.trials, args.ncu_passes)
     steps = [("repeatability", bench.repeatability)]

@@ -242,3 +242,50 @@ def _read_holder(raw: bytes) -> LeaseHolder | None:
         return LeaseHolder.model_validate_json(raw.rstrip(b"\0"))
     except ValueError:
         return None
+
+
+class ServingClaim:
+    """A serving run's claim on its GPU, held for the life of the server (not only around timings): the mark
+    by which a server started without `--gpu` finds a GPU that no other run serves on (harness/placement.py).
+
+    An exclusive `flock` on `<GPU>.serving.lock` beside the leases; the kernel drops it with the process. A
+    run placed on a GPU another run holds (asked for by `--gpu`, or every GPU taken) shares it without a claim.
+    """
+
+    def __init__(self, gpu: str, what: str, folder: Path | None = None):
+        self.gpu, self.what = gpu, what
+        self.folder = folder or lease_folder()
+        self.path = self.folder / f"{_UNSAFE.sub('_', gpu)}.serving.lock"
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def try_take(self) -> bool:
+        """Take the claim if no other process holds it; True if this process holds it now."""
+        if self._fd is not None:
+            return True
+        fd = _open_lease_file(self.folder, self.path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "what": self.what, "since": _now()}).encode(), 0)
+        self._fd = fd
+        return True
+
+    def is_taken(self) -> bool:
+        """Whether another process holds the claim now (this process's own hold does not count)."""
+        if self._fd is not None:
+            return False
+        if not self.try_take():
+            return True
+        self.release()
+        return False
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        _release(fd)

@@ -40,7 +40,7 @@ def ncu_command(ncu: str, symbol: str, metrics: tuple[str, ...], log_file: Path)
 
 
 def profile_once(symbol: str, metrics: tuple[str, ...], run_once: Callable[[Worker], object], *, device: int = 0,
-                 confine: bool = True) -> str:
+                 confine: bool = True, gpu_uuid: str | None = None) -> str:
     """ncu's output for one launch: `run_once(worker)` sends a worker under ncu its one job (which starts it),
     the worker exits, and ncu's log is read. ProfilingUnavailable when ncu is missing or profiled nothing."""
     ncu = ncu_path()
@@ -49,7 +49,7 @@ def profile_once(symbol: str, metrics: tuple[str, ...], run_once: Callable[[Work
     folder = Path(tempfile.mkdtemp(prefix="kernel-referee-ncu-"))
     log_file = folder / "ncu.csv"
     worker = Worker("profile", command=ncu_command(ncu, symbol, metrics, log_file), device=device, confine=confine,
-                    confinement=profiled_gpu_worker_confinement)
+                    confinement=profiled_gpu_worker_confinement, gpu_uuid=gpu_uuid)
     try:
         try:
             run_once(worker)  # the job starts the worker, within the call's deadline

@@ -87,19 +87,19 @@ def judge(before: GpuState, after: GpuState, ours: Iterable[int]) -> GpuWatch:
 
 
 class Nvml:
-    """NVML for one device, found by its PCI bus id (CUDA and NVML may number devices differently)."""
+    """NVML for one device, found by its UUID or its PCI bus id (CUDA and NVML may number devices differently;
+    an index is NVML's own, and only a last resort)."""
 
     _lock = threading.Lock()
 
-    def __init__(self, pci_bus_id: str | None = None, index: int = 0):
+    def __init__(self, pci_bus_id: str | None = None, index: int = 0, uuid: str | None = None):
         self.note: str | None = None
         self._nvml = self._handle = None
         self._max_sm_clock_mhz: int | None = None  # a property of the board: read once (2 ms a call on an H200)
         try:
             import pynvml  # optional: without NVML the referee still times, with a note
             pynvml.nvmlInit()
-            self._handle = (pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id) if pci_bus_id
-                            else pynvml.nvmlDeviceGetHandleByIndex(index))
+            self._handle = _handle(pynvml, uuid, pci_bus_id, index)
             self._nvml = pynvml
         except Exception as exc:  # noqa: BLE001 - ImportError or any NVMLError: no readings
             self.note = f"NVML unavailable: {exc}"
@@ -145,6 +145,14 @@ def driver_build() -> str | None:
     except Exception:  # noqa: BLE001 - ImportError or any NVMLError: the build is unknown
         return None
     return version.decode() if isinstance(version, bytes) else str(version)
+
+
+def _handle(n, uuid: str | None, pci_bus_id: str | None, index: int):
+    if uuid:
+        return n.nvmlDeviceGetHandleByUUID(uuid)
+    if pci_bus_id:
+        return n.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
+    return n.nvmlDeviceGetHandleByIndex(index)
 
 
 def _reasons_call(n):

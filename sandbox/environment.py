@@ -12,8 +12,11 @@ _KEEP = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "LD_LIBRARY_PATH", "CUDA_VISIBL
          "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
 
 
-def worker_environment(scratch: Path) -> dict[str, str]:
+def worker_environment(scratch: Path, gpu_uuid: str | None = None) -> dict[str, str]:
+    """`gpu_uuid`: the only GPU the worker sees (CUDA_VISIBLE_DEVICES), its device 0; None: the inherited view."""
     env = {name: os.environ[name] for name in _KEEP if name in os.environ}
+    if gpu_uuid is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu_uuid
     env.update(HOME=str(scratch), TMPDIR=str(scratch), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
                CUDA_CACHE_DISABLE="1",
                # Imports come from the install only: not from the worker's cwd (its writable scratch,

@@ -54,8 +54,9 @@ class Worker:
 
     def __init__(self, name: str, *, command: Sequence[str], device: int = 0,
                  startup_timeout_s: float = STARTUP_TIMEOUT_S, confine: bool = True,
-                 confinement: Callable[[Path], Confinement] = gpu_worker_confinement):
+                 confinement: Callable[[Path], Confinement] = gpu_worker_confinement, gpu_uuid: str | None = None):
         self.name = name
+        self.gpu_uuid = gpu_uuid  # the one GPU the worker sees (as its device 0); None: CUDA's own numbering
         self.command = tuple(command)
         self.confine = confine
         self.confinement = confinement  # the spec for its scratch folder
@@ -102,7 +103,7 @@ class Worker:
                  f"--shm={regions[0].fd},{regions[1].fd},{REGION_BYTES}"],
                 pass_fds=(jobs_read, answers_write, regions[0].fd, regions[1].fd),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=self._stderr, cwd=self._scratch, env=worker_environment(self._scratch),
+                stderr=self._stderr, cwd=self._scratch, env=worker_environment(self._scratch, self.gpu_uuid),
                 start_new_session=True)  # its own process group: a kill takes every child with it
         except BaseException:
             for region in regions:
@@ -286,12 +287,14 @@ class Worker:
 class WorkerPool:
     """The reference kernel and the candidates never share a worker (nor a CUDA context).
 
-    `command`: the worker program, started with the pipes' descriptors and the device appended."""
+    `command`: the worker program, started with the pipes' descriptors and the device appended. With
+    `gpu_uuid`, both workers see that GPU only (CUDA_VISIBLE_DEVICES), as their device 0."""
 
-    def __init__(self, command: Sequence[str], device: int = 0, confine: bool = True):
+    def __init__(self, command: Sequence[str], device: int = 0, confine: bool = True, gpu_uuid: str | None = None):
         self.confine = confine
-        self.reference = Worker("reference", command=command, device=device, confine=confine)
-        self.candidate = Worker("candidate", command=command, device=device, confine=confine)
+        self.gpu_uuid = gpu_uuid
+        self.reference = Worker("reference", command=command, device=device, confine=confine, gpu_uuid=gpu_uuid)
+        self.candidate = Worker("candidate", command=command, device=device, confine=confine, gpu_uuid=gpu_uuid)
 
     def close(self) -> None:
         self.reference.stop()

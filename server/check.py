@@ -10,6 +10,7 @@ from typing import Callable, TextIO
 from harness.vendor_yardstick import VendorReport
 from harness.worker_side.compile_policy import DEFAULT_ARCH, CompileResult
 from harness.device import gpu_absent_reason
+from harness.gpus import list_gpus, placement_for
 from harness.settings import CompiledKernel, TimingSettings
 from harness.footprint import DoesNotFit, available_memory_bytes, host_shortfalls, oracle_shortfalls, shortfalls
 from harness.oracle import OutputSummary, run_oracle, summarize
@@ -48,26 +49,29 @@ def targets_for(task: Task, kernel_file: Path | None, launch: LaunchSpec | None)
 
 
 def run_check(task: Task, targets: list[Target], settings: TimingSettings, out: TextIO, json_path: Path | None = None,
-              confine: bool = True) -> int:
-    gpu: dict | None = None
+              confine: bool = True, gpu: str | None = None) -> int:
+    """`gpu`: `--gpu` (an index or a UUID); None: a GPU no serving run holds (harness/placement.py)."""
+    hello: dict | None = None
     yardsticks: dict = {"peaks": None, "vendor": None, "oracle": None}  # filled as they are measured
     try:
-        code, gpu = _run(task, targets, settings, out, confine, yardsticks)
+        code, hello = _run(task, targets, settings, out, confine, yardsticks, gpu)
     finally:
         if json_path is not None:
-            _write_json(json_path, task, targets, gpu, yardsticks)
+            _write_json(json_path, task, targets, hello, yardsticks)
     return code
 
 
 def _run(task: Task, targets: list[Target], settings: TimingSettings, out: TextIO, confine: bool,
-         yardsticks: dict) -> tuple[int, dict | None]:
+         yardsticks: dict, gpu: str | None) -> tuple[int, dict | None]:
     absent = gpu_absent_reason()
     if absent is not None:
         return _without_gpu(task, targets, out, confine, absent, yardsticks), None
     problems = host_shortfalls(task, settings, available_memory_bytes(), serving=False)
     if problems:
         raise DoesNotFit(problems)
-    executor = GpuExecutor(task, settings, confine=confine, lease_what=f"check {task.name}")
+    placement = placement_for(list_gpus(), gpu, f"check {task.name}")
+    executor = GpuExecutor(task, settings, confine=confine, lease_what=f"check {task.name}",
+                           gpu=placement.gpu if placement else None)
     try:
         hello = executor.hello()
         _print_device(hello, out)
@@ -92,6 +96,8 @@ def _run(task: Task, targets: list[Target], settings: TimingSettings, out: TextI
         if executor.gpu_lease is not None:  # waits for another process's timing on this GPU, and whose
             yardsticks["gpu_lease_waits"] = [w.model_dump(mode="json") for w in executor.gpu_lease.waits]
         executor.close()
+        if placement is not None:
+            placement.release()
     return (EXIT_OK if all(t.passed for t in targets) else EXIT_FAILED), hello
 
 

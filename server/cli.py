@@ -14,6 +14,7 @@ from harness.worker_side.compile_policy import CompileRefused
 from harness.settings import TimingSettings
 from harness.task_model import LaunchSpec, TaskError
 from harness.task import load_task
+from harness.placement import parse_choice
 from server.check import run_check, targets_for
 from server.cost import CostInputs, cost_sheet, render, run_hours
 from server.demo import run_demo
@@ -37,6 +38,9 @@ COST_OPTIONS = ("engineer-hours", "hourly-rate", "model-cost", "gpu-hour-cost", 
                 "ms-saved-end-to-end")
 
 
+GPU_HELP = "the GPU to use: an index or a UUID, as nvidia-smi -L prints them (default: one no run serves on)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = Parser(prog="kernel-referee", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -50,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--no-cold-l2", action="store_true", help="time with a warm L2 (default: flushed)")
     check.add_argument("--json", type=Path, help="also write the full results as JSON here")
     check.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
+    check.add_argument("--gpu", metavar="N|UUID", help=GPU_HELP)
 
     _serve_parser(commands)
     _task_parsers(commands)
@@ -74,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--attempt", type=ATTEMPT_NUMBER, help="replay this attempt instead of the best (e.g. one that was "
                                                    "disqualified); writes replay-attempt-NNN.json")
     replay.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
+    replay.add_argument("--gpu", metavar="N|UUID", help=GPU_HELP + "; default: the run's own GPU where it is here")
 
     cost = commands.add_parser("cost", help="the cost sheet of a run: pilot cost, monthly saving, payback")
     cost.add_argument("run", type=Path)
@@ -110,6 +116,8 @@ def _serve_parser(commands) -> None:
     serve.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
     serve.add_argument("--profile", action="store_true",
                        help="let the agent profile candidates with Nsight Compute (profile_kernel); off by default")
+    serve.add_argument("--gpu", metavar="N|UUID", help="the GPU to serve on: an index or a UUID as nvidia-smi -L prints "
+                       "them (default: one no other run serves on; a resumed run goes back on its own)")
 
 def _task_parsers(commands) -> None:
     new = commands.add_parser("new-task", help="make a task folder from a signature, the reference and initial "
@@ -162,7 +170,9 @@ def _check(args, settings: RefereeSettings) -> int:
     if refusal:
         print(f"kernel-referee: {refusal}", file=sys.stderr)
         return 2
-    return run_check(task, targets, settings.run.timing, sys.stdout, args.json, confine=settings.confine)
+    if args.gpu is not None:
+        parse_choice(args.gpu)  # a malformed --gpu is refused before anything runs
+    return run_check(task, targets, settings.run.timing, sys.stdout, args.json, confine=settings.confine, gpu=args.gpu)
 
 
 def _run_folder(path: Path) -> Path:
@@ -217,7 +227,7 @@ def _dispatch(args, settings: RefereeSettings) -> int:
     if args.command == "serve":
         if args.task is not None:
             lint_first(load_task(args.task), settings.run.timing, sys.stderr, "kernel-referee serve: ")
-        return serve(settings, args.task, args.run, start_new=args.new_run)
+        return serve(settings, args.task, args.run, start_new=args.new_run, gpu=args.gpu)
     if args.command == "new-task":
         return new_task(args.folder, description=args.description, signature=args.signature, reference=args.reference,
                         initial=args.initial_kernel, cases_file=args.input_cases, oracle=args.oracle, name=args.name,
@@ -231,8 +241,10 @@ def _dispatch(args, settings: RefereeSettings) -> int:
     if args.command == "cost":
         return _cost(args)
     if args.command == "replay":
+        if args.gpu is not None:
+            parse_choice(args.gpu)
         return replay(_run_folder(args.run), sys.stdout, repeats=args.repeats, attempt=args.attempt,
-                      confine=settings.confine, sandbox_refusal=lambda: sandbox_refusal(settings.confine))
+                      confine=settings.confine, sandbox_refusal=lambda: sandbox_refusal(settings.confine), gpu=args.gpu)
     if args.command == "report":
         return _report(args)
     raise UsageError(f"unknown command {args.command!r}")

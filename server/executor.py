@@ -33,6 +33,8 @@ from sandbox.confine import landlock_abi
 from harness.gpu_workers import gpu_worker_pool
 from harness.ncu_profile import profile_once
 from sandbox.pool import Worker
+from harness.gpus import list_gpus
+from harness.placement import GpuInfo
 
 
 # The device's per-SM and per-block limits, as the GPU worker read them (harness/worker_side/gpu.py DeviceInfo):
@@ -74,13 +76,15 @@ def package_version(name: str) -> str | None:
 
 class GpuExecutor:
     def __init__(self, task: Task, settings: TimingSettings | None = None, cache: CompileCache | None = None,
-                 confine: bool = True, compile_deadline_s: float = DEFAULT_DEADLINE_S, lease_what: str = "serve"):
+                 confine: bool = True, compile_deadline_s: float = DEFAULT_DEADLINE_S, lease_what: str = "serve",
+                 gpu: GpuInfo | None = None):
         self.task = task
+        self.gpu = gpu  # the GPU placed on (harness/placement.py); None: the one CUDA numbers 0
         self.settings = settings or TimingSettings()
         self.cache = cache or CompileCache()
         self.confine = confine
         self.compiler = CompileService(cache=self.cache, confine=confine, deadline_s=compile_deadline_s)
-        self.pool = gpu_worker_pool(confine=confine)
+        self.pool = gpu_worker_pool(gpu.uuid if gpu else None, confine=confine)
         self.referee: Referee | None = None
         self.arch: str | None = None  # the candidate worker's, known once it started
         self.facts: dict | None = None
@@ -105,14 +109,16 @@ class GpuExecutor:
             raise ExecutorError(f"the task's reference does not compile:\n{reference.log}")
         kernel = CompiledKernel("reference", reference.cubin, reference.lowered_name, self.task.own_launch("reference"))
         self.referee = Referee(self.task, self.pool, kernel, self.settings)
-        self.referee.nvml = Nvml(hello.get("pci_bus_id"))
-        gpu_uuid = hello.get("gpu_uuid") or self.referee.nvml.uuid()
+        gpu_uuid = self._placed_uuid(hello.get("gpu_uuid"))
+        self.referee.nvml = Nvml(hello.get("pci_bus_id"), uuid=gpu_uuid)
+        gpu_uuid = gpu_uuid or self.referee.nvml.uuid()
         key = gpu_key(gpu_uuid, hello.get("pci_bus_id"))
         self.gpu_lease = self.referee.lease = GpuLease(key, self.lease_what) if key else None
         device = hello["device"]
         driver = device["driver_version"]
         self.facts = {
-            "gpu": device["name"], "gpu_uuid": gpu_uuid, "compute_capability": device["compute_capability"],
+            "gpu": device["name"], "gpu_uuid": gpu_uuid, "gpu_index": self._index(gpu_uuid),
+            "compute_capability": device["compute_capability"],
             "arch": hello["arch"],
             "sm_count": device["sm_count"], "l2_bytes": device["l2_bytes"],
             "total_memory_bytes": device["total_memory_bytes"], "sm_clock_khz": device["sm_clock_khz"],
@@ -129,6 +135,18 @@ class GpuExecutor:
         }
         self.facts.update(self._peaks(device))
         return self.facts
+
+    def _placed_uuid(self, seen: str | None) -> str | None:
+        """The workers' GPU's UUID; a worker on another GPU than the one placed on is an error, never a result."""
+        if self.gpu is not None and seen is not None and seen.lower() != self.gpu.uuid.lower():
+            raise ExecutorError(f"the GPU worker runs on {seen}, not on {self.gpu.describe()} where the run was placed")
+        return seen or (self.gpu.uuid if self.gpu else None)
+
+    def _index(self, gpu_uuid: str | None) -> int | None:
+        """The GPU's index as nvidia-smi numbers it (for people; the UUID names it); None where NVML cannot tell."""
+        if self.gpu is not None:
+            return self.gpu.index
+        return next((g.index for g in list_gpus() if gpu_uuid and g.uuid == gpu_uuid), None)
 
     def _peaks(self, device: dict) -> dict:
         """The device's measured peaks (cached per device fingerprint), for every timing's roofline fraction."""
@@ -168,7 +186,7 @@ class GpuExecutor:
         try:
             with held(self.gpu_lease):  # the profiler's replays would disturb another process's timing
                 return profile_once(kernel.symbol, metrics, run_once, device=self.pool.candidate.device,
-                                    confine=self.confine)
+                                    confine=self.confine, gpu_uuid=self.pool.gpu_uuid)
         finally:
             self.profiled = None
 

@@ -48,7 +48,8 @@ def new_run(task_dir: Path, results: Path, settings: RunSettings, executor: Exec
         raise
     run.folder_lock = folder
     name_lease(executor, run_dir.name)
-    run.audit.append(EventKind.RUN_CREATED, {"task": task.name, "settings": settings.model_dump(mode="json")})
+    run.audit.append(EventKind.RUN_CREATED, {"task": task.name, "settings": settings.model_dump(mode="json"),
+                                             **_device(environment)})
     run.write_json("run.json", {"task": task.name, "created": now_iso(), "settings": settings.model_dump(mode="json")})
     _write_expected(run, progress)
     run.lock_record = locking.make_lock(run_dir, environment)
@@ -74,9 +75,9 @@ def resume_run(run_dir: Path, executor: Executor, folder: FolderLock | None = No
     name_lease(executor, run_dir.name)
     try:
         differences = locking.environment_changes(lock_record, environment)
-        if any(d.startswith(("gpu:", "compute_capability:")) for d in differences):
+        if any(d.startswith(("gpu:", "gpu_uuid:", "compute_capability:")) for d in differences):
             raise RunError(f"{run_dir.name} began on another GPU: {'; '.join(differences)}")
-        run.audit.append(EventKind.RUN_RESUMED, {"environment_changes": differences})
+        run.audit.append(EventKind.RUN_RESUMED, {"environment_changes": differences, **_device(environment)})
         _preload_expected(run)
         run.load_state()
     except BaseException:
@@ -87,6 +88,11 @@ def resume_run(run_dir: Path, executor: Executor, folder: FolderLock | None = No
     if run.finished and not was_finished:
         write_report_files(run.dir)
     return run
+
+
+def _device(environment: dict) -> dict:
+    """The GPU a run began or resumed on, for its history: index (nvidia-smi's) and UUID, where known."""
+    return {"gpu_index": environment.get("gpu_index"), "gpu_uuid": environment.get("gpu_uuid")}
 
 
 def _checked_for_resume(run_dir: Path, executor: Executor) -> tuple[dict, dict]:

@@ -74,8 +74,24 @@ def referee_changes(lock: dict) -> list[str]:
 
 
 def environment_changes(lock: dict, environment: dict) -> list[str]:
-    """Facts that differ from the locked environment; the GPU itself must not differ."""
-    keys = ("gpu", "compute_capability", "driver_cuda_version", "nvrtc", "cuda_bindings", "sm_clock_khz")
+    """Facts that differ from the locked environment; the GPU itself must not differ (its model, and its UUID
+    where both name one: runs locked before the UUID was recorded, or where it could not be read, say nothing)."""
+    keys = ("gpu", "gpu_uuid", "gpu_index", "compute_capability", "driver_cuda_version", "nvrtc", "cuda_bindings",
+            "sm_clock_khz")
     before = lock["environment"]
     return [f"{key}: {before.get(key)} -> {environment.get(key)}" for key in keys
-            if before.get(key) != environment.get(key)]
+            if before.get(key) != environment.get(key)
+            and (key not in _NAMED_LATER or None not in (before.get(key), environment.get(key)))]
+
+
+# Facts a run's lock did not always hold, nor every machine tell: unknown on either side, they are not a change.
+_NAMED_LATER = ("gpu_uuid", "gpu_index")
+
+
+def locked_gpu_uuid(run_dir: Path) -> str | None:
+    """The UUID of the GPU a run began on, as its lock names it (None: an old run, or no lock)."""
+    try:
+        value = read_lock(run_dir).get("environment", {}).get("gpu_uuid")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value else None

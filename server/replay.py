@@ -22,6 +22,7 @@ from typing import Callable, TextIO
 import numpy as np
 
 from harness.device import gpu_absent_reason
+from harness.gpus import list_gpus, placement_for
 from harness.oracle import OracleError
 from harness.settings import CompiledKernel, ReferenceFailed, TimingSettings, input_seed
 from harness.side_by_side import TimingFailed, time_side_by_side
@@ -259,23 +260,26 @@ def output_name(attempt: int | None) -> str:
 
 
 def replay(run_dir: Path, out: TextIO, *, repeats: int = 3, attempt: int | None = None, confine: bool = True,
-           make_executor: MakeExecutor | None = None, sandbox_refusal: Callable[[], str | None] | None = None) -> int:
+           make_executor: MakeExecutor | None = None, sandbox_refusal: Callable[[], str | None] | None = None,
+           gpu: str | None = None) -> int:
     """The command, holding the run folder from the verification to the last write (server/folder_lock.py): a
-    folder a server or another replay holds is refused (EXIT_HELD)."""
+    folder a server or another replay holds is refused (EXIT_HELD). `gpu`: `--gpu`; None: the run's own GPU
+    where it is on this host, else one no serving run holds (harness/placement.py)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():  # nothing to hold: the verification says what is missing
-        return _replay_held(run_dir, out, repeats, attempt, confine, make_executor, sandbox_refusal)
+        return _replay_held(run_dir, out, repeats, attempt, confine, make_executor, sandbox_refusal, gpu)
     try:
         folder = FolderLock.take(run_dir, "replay")
     except FolderHeld as held:
         print(f"kernel-referee: {held}", file=sys.stderr)
         return EXIT_HELD
     with folder:
-        return _replay_held(run_dir, out, repeats, attempt, confine, make_executor, sandbox_refusal)
+        return _replay_held(run_dir, out, repeats, attempt, confine, make_executor, sandbox_refusal, gpu)
 
 
 def _replay_held(run_dir: Path, out: TextIO, repeats: int, attempt: int | None, confine: bool,
-                 make_executor: MakeExecutor | None, sandbox_refusal: Callable[[], str | None] | None) -> int:
+                 make_executor: MakeExecutor | None, sandbox_refusal: Callable[[], str | None] | None,
+                 gpu: str | None = None) -> int:
     """Verify, load, replay, write, print. Without `make_executor`, a GpuExecutor on this GPU."""
     if repeats < 1:
         print(f"kernel-referee replay: --repeats must be at least 1 (got {repeats})", file=sys.stderr)
@@ -302,8 +306,10 @@ def _replay_held(run_dir: Path, out: TextIO, repeats: int, attempt: int | None, 
         if refusal:
             print(f"kernel-referee: {refusal}", file=sys.stderr)
             return EXIT_BAD_RUN
+        placement = placement_for(list_gpus(), gpu, f"replay {run_dir.name}", locking.locked_gpu_uuid(run_dir))
         make_executor = lambda task, timing: GpuExecutor(task, timing, confine=confine,  # noqa: E731
-                                                         lease_what=f"replay {run_dir.name}")
+                                                         lease_what=f"replay {run_dir.name}",
+                                                         gpu=placement.gpu if placement else None)
     document = replay_run(record, make_executor, repeats, report.head, _say)
     path = run_dir / output_name(attempt)
     write_json_atomic(path, document)

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from harness.device import gpu_absent_reason
+from harness.gpus import Placement, list_gpus, placement_for
+from harness.placement import GpuInfo, PlacementError, parse_choice
 from harness.settings import TimingSettings
 from harness.task import load_task
 from harness.task_model import Task
@@ -18,18 +20,21 @@ from server.verify import verify_run
 from server.executor import Executor, GpuExecutor
 from server.folder_lock import EXIT_HELD, FolderHeld, FolderLock
 from server.lifecycle import new_run, resume_run
+from server.lock import locked_gpu_uuid
 from server.record_files import HISTORY, SUMMARY, read_summary
 from server.run import Run, RunError, RunSettings, TaskDoesNotFit
 from server.settings import RefereeSettings, sandbox_refusal
 
 log = logging.getLogger(__name__)
 EXIT_NO_GPU = 3
-MakeExecutor = Callable[[Task, TimingSettings], Executor]
+MakeExecutor = Callable[[Task, TimingSettings, GpuInfo | None], Executor]
 
 
-def serve(settings: RefereeSettings, task_dir: Path | None, run_dir: Path | None, start_new: bool = False) -> int:
+def serve(settings: RefereeSettings, task_dir: Path | None, run_dir: Path | None, start_new: bool = False,
+          gpu: str | None = None) -> int:
     """Start a run of the task in `task_dir` (or resume the unfinished one of the same task, unless
-    `start_new`), or resume `run_dir`, and serve it until the client leaves."""
+    `start_new`), or resume `run_dir`, and serve it until the client leaves; on GPU `gpu` (an index or a
+    UUID), else on a free one (harness/placement.py)."""
     absent = gpu_absent_reason()
     if absent is not None:
         print(f"kernel-referee serve needs an NVIDIA GPU: {absent}. `kernel-referee check TASK` compiles "
@@ -41,28 +46,46 @@ def serve(settings: RefereeSettings, task_dir: Path | None, run_dir: Path | None
         return 2
     token, generated = transport.resolve_token() if settings.transport == "http" else (None, False)
 
-    def make_executor(task: Task, timing: TimingSettings) -> Executor:
-        return GpuExecutor(task, timing, confine=settings.confine, compile_deadline_s=settings.compile_deadline_s)
+    def make_executor(task: Task, timing: TimingSettings, placed: GpuInfo | None) -> Executor:
+        return GpuExecutor(task, timing, confine=settings.confine, compile_deadline_s=settings.compile_deadline_s,
+                           gpu=placed)
 
     def served(run: Run) -> None:
         options = transport.http_auth(token, settings.host, settings.port) if settings.transport == "http" else {}
         transport.run(build_server(run, **options), settings.transport, host=settings.host, port=settings.port,
                       token=token, token_generated=generated)
 
-    return serve_run(settings.results, settings.run, task_dir, run_dir, start_new, make_executor, served)
+    return serve_run(settings.results, settings.run, task_dir, run_dir, start_new, make_executor, served,
+                     list_gpus(), gpu)
 
 
 def serve_run(results: Path, run_settings: RunSettings, task_dir: Path | None, run_dir: Path | None, start_new: bool,
-              make_executor: MakeExecutor, served: Callable[[Run], None]) -> int:
-    """Open the run (`serve`'s rules), hold its folder while `served(run)` serves it; the exit status.
+              make_executor: MakeExecutor, served: Callable[[Run], None], gpus: list[GpuInfo] | None = None,
+              gpu: str | None = None) -> int:
+    """Open the run (`serve`'s rules) on its GPU, hold its folder while `served(run)` serves it; the exit status.
 
     A run folder another process holds is refused (EXIT_HELD); with `--task`, a newest unfinished run that
-    is held is left to its server and a new run starts instead."""
-    folder = None
+    is held is left to its server and a new run starts instead. `gpus`: the host's (harness/gpus.py); a
+    resumed run goes back on its own GPU unless `gpu` names one, and a GPU not on the host is refused."""
+    try:
+        wanted = parse_choice(gpu) if gpu is not None else None
+        if wanted is not None and not gpus:
+            placement_for([], wanted, "serve")  # refuses: no GPU can be named
+    except PlacementError as exc:
+        print(f"kernel-referee: {exc}", file=sys.stderr)
+        return 2
+    folder, placement = None, None
     if run_dir is None and not start_new:
         run_dir, folder = _unfinished_run_to_resume(results, task_dir)
     try:
-        run = open_run(results, run_settings, task_dir, run_dir, make_executor, folder)
+        placement = _placement(gpus or [], wanted, run_dir)
+        run = open_run(results, run_settings, task_dir, run_dir, make_executor, folder,
+                       placement.gpu if placement else None)
+    except PlacementError as exc:
+        if folder is not None:
+            folder.release()
+        print(f"kernel-referee: {exc}", file=sys.stderr)
+        return 2
     except FolderHeld as held:
         print(f"kernel-referee: {held}", file=sys.stderr)
         return EXIT_HELD
@@ -77,7 +100,20 @@ def serve_run(results: Path, run_settings: RunSettings, task_dir: Path | None, r
     finally:
         run.close()
         run.executor.close()
+        if placement is not None:
+            placement.release()
     return 0
+
+
+def _placement(gpus: list[GpuInfo], wanted: int | str | None, run_dir: Path | None) -> Placement | None:
+    """The run's GPU and this server's claim on it (held until the process ends); None without NVML (one GPU,
+    as CUDA numbers it). A resumed run goes back on the GPU it began on, where that one is here (elsewhere,
+    resume_run refuses it)."""
+    placement = placement_for(gpus, wanted, f"serve {run_dir.name if run_dir else 'new run'}",
+                              locked_gpu_uuid(run_dir) if run_dir is not None else None)
+    if placement is not None and len(gpus) > 1:  # one GPU: as before, nothing to say
+        _say(f"on {placement.gpu.describe()}" + (", shared with another run served there" if placement.shared else ""))
+    return placement
 
 
 def _unfinished_run_to_resume(results: Path, task_dir: Path) -> tuple[Path | None, FolderLock | None]:
@@ -96,14 +132,14 @@ def _unfinished_run_to_resume(results: Path, task_dir: Path) -> tuple[Path | Non
 
 
 def open_run(results: Path, run_settings: RunSettings, task_dir: Path | None, run_dir: Path | None,
-             make_executor: MakeExecutor, folder: FolderLock | None = None) -> Run:
+             make_executor: MakeExecutor, folder: FolderLock | None = None, gpu: GpuInfo | None = None) -> Run:
     """A new run of `task_dir` under `results` (run_dir None), or `run_dir` resumed with its own settings;
     its folder held by this process (`folder` when already taken). Raises RunError (FolderHeld among them)."""
     try:
         task = load_task(task_dir if run_dir is None else run_dir / "task")
         # a resumed run keeps its own budget and protocol
         settings = run_settings if run_dir is None else RunSettings.of_run(run_dir)
-        executor = make_executor(task, settings.timing)
+        executor = make_executor(task, settings.timing, gpu)
     except BaseException:
         if folder is not None:
             folder.release()

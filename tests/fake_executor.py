@@ -36,6 +36,7 @@ from harness.vendor_yardstick import VendorReport
 from harness.compile_cache import CompileCache
 from harness.gpu_lease import GpuLease, held
 from harness.ncu_profile import NCU_MISSING, NO_PERMISSION, ProfilingUnavailable
+from harness.placement import GpuInfo
 from harness.nvrtc_features import nvrtc_features
 from harness.worker_side.nvrtc import compile_kernel
 from harness.settings import CompiledKernel
@@ -82,13 +83,21 @@ def fake_nvrtc_features() -> dict:
 FAKE_GPU_UUID = "GPU-fa4e0000-0000-4000-8000-000000000001"
 
 
+def fake_gpus(count: int) -> list[GpuInfo]:
+    """A host of `count` fake GPUs (harness/placement.py): GPU 0 is FAKE_GPU_UUID, as the one-GPU fake's."""
+    return [GpuInfo(i, FAKE_GPU_UUID if i == 0 else f"GPU-fa4e0000-0000-4000-8000-{i + 1:012d}", 141 << 30)
+            for i in range(count)]
+
+
 class FakeExecutor:
     def __init__(self, task: Task, gpu: str = "Fake GPU", vendor_latency_us: float | None = 20.0,
                  environment: dict | None = None, default_latency_us: float = 100.0,
-                 gpu_uuid: str | None = FAKE_GPU_UUID, lease_what: str = "serve"):
+                 gpu_uuid: str | None = FAKE_GPU_UUID, lease_what: str = "serve", placed: GpuInfo | None = None):
         self.task = task
         self.gpu = gpu
-        self.gpu_uuid = gpu_uuid
+        self.gpu_uuid = placed.uuid if placed else gpu_uuid  # placed: on that fake GPU, as GpuExecutor(gpu=...)
+        self.gpu_index = placed.index if placed else 0
+        gpu_uuid = self.gpu_uuid
         self.gpu_lease = GpuLease(gpu_uuid, lease_what) if gpu_uuid else None  # as GpuExecutor's, once started
         self.environment = environment or {}  # facts that replace or add to start()'s
         self.default_latency_us = default_latency_us  # a kernel without a latency_us marker (the baseline)
@@ -137,7 +146,7 @@ class FakeExecutor:
         time.sleep(seconds)
 
     def start(self) -> dict:
-        return {"gpu": self.gpu, "gpu_uuid": self.gpu_uuid, "compute_capability": [9, 0], "arch": "sm_90", "driver_cuda_version": "13.0",
+        return {"gpu": self.gpu, "gpu_uuid": self.gpu_uuid, "gpu_index": self.gpu_index, "compute_capability": [9, 0], "arch": "sm_90", "driver_cuda_version": "13.0",
                 "nvrtc": "13.x", "cuda_bindings": "13.x", "sm_clock_khz": 1980000, "event_overhead_ms": 0.002,
                 "kernel_floor_ms": 0.0023, "limits": H200_LIMITS, "nvrtc_features": fake_nvrtc_features(),
                 "peaks": FAKE_PEAKS, "peaks_notes": [], **self.environment}

@@ -3,7 +3,8 @@
 It opens its run as `kernel-referee serve` does (server/serve.py `serve_run`): FOLDER holding a run
 (lock.json) is resumed, as `serve --run FOLDER`; otherwise FOLDER is the results folder of
 `serve --task cases/matmul_f32 --results FOLDER` (the newest unfinished run there is resumed, unless
-another process holds it; the first run is FOLDER/run-001). Its exit status is serve's. Over stdio, or with PORT over
+another process holds it; the first run is FOLDER/run-001). Its exit status is serve's. The host has
+$FAKE_SERVER_GPUS fake GPUs (default 1; tests/fake_executor.py `fake_gpus`), and $FAKE_SERVER_GPU is `--gpu`. Over stdio, or with PORT over
 streamable HTTP on 127.0.0.1:PORT with the bearer token in $KERNEL_REFEREE_TOKEN. Used to kill a
 server mid-attempt, to drop its client, and to run two servers at once.
 """
@@ -20,7 +21,7 @@ from server import transport  # noqa: E402
 from server.app import build_server  # noqa: E402
 from server.run import RunSettings  # noqa: E402
 from server.serve import serve_run  # noqa: E402
-from tests.fake_executor import FakeExecutor  # noqa: E402
+from tests.fake_executor import FakeExecutor, fake_gpus  # noqa: E402
 
 MATMUL = Path(__file__).resolve().parents[1] / "cases" / "matmul_f32"
 
@@ -37,7 +38,8 @@ def main(folder: Path, port: int | None = None) -> int:
                           token=token)
 
     return serve_run(folder, RunSettings(), None if resume else MATMUL, folder if resume else None, False,
-                     lambda task, timing: FakeExecutor(task), served)
+                     lambda task, timing, gpu: FakeExecutor(task, placed=gpu), served,
+                     fake_gpus(int(os.environ.get("FAKE_SERVER_GPUS", "1"))), os.environ.get("FAKE_SERVER_GPU"))
 
 
 if __name__ == "__main__":

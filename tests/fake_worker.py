@@ -32,7 +32,8 @@ def main(argv):
     # --pipe-only: a worker that ignores the shared regions (the parent must fall back to the pipe)
     regions = (None, None) if "--pipe-only" in flags else regions_from_argv(argv)
     wire.send(answers, {"status": "ready", "device": {"name": "fake"}, "arch": "sm_90", "event_overhead_ms": 0.002,
-                        "pid": os.getpid(), "env": sorted(os.environ), "shared_regions": regions[0] is not None,
+                        "pid": os.getpid(), "env": sorted(os.environ),
+                        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "shared_regions": regions[0] is not None,
                         **confined})
     while True:
         try:

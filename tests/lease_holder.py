@@ -1,7 +1,7 @@
 """Another process holding a GPU's lease (harness/gpu_lease.py), for tests of processes that wait for it.
 
-`python tests/lease_holder.py GPU WHAT` takes the lease of GPU as WHAT ("bench"), prints "held" and holds it
-until a line (or EOF) arrives on its stdin. `LeaseHolder` starts one and waits until it holds the lease.
+`python tests/lease_holder.py GPU WHAT [serving]` takes the lease of GPU as WHAT ("bench") (with `serving`: the
+GPU's serving claim, as a serving run holds it), prints "held" and holds it until a line (or EOF) arrives on its stdin. `LeaseHolder` starts one and waits until it holds the lease.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.gpu_lease import GpuLease  # noqa: E402
+from harness.gpu_lease import GpuLease, ServingClaim  # noqa: E402
 
 
 class LeaseHolder:
     """The holder process: it holds the lease once constructed; `release()` lets it go, `kill()` SIGKILLs it."""
 
-    def __init__(self, gpu: str, what: str):
-        self.process = subprocess.Popen([sys.executable, __file__, gpu, what], stdin=subprocess.PIPE,
+    def __init__(self, gpu: str, what: str, serving: bool = False):
+        self.process = subprocess.Popen([sys.executable, __file__, gpu, what, *(["serving"] if serving else [])],
+                                        stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True)
         assert self.process.stdout.readline() == "held\n"
         self.pid = self.process.pid
@@ -40,11 +41,16 @@ class LeaseHolder:
         self.process.stdout.close()
 
 
-def main(gpu: str, what: str) -> None:
+def main(gpu: str, what: str, serving: bool) -> None:
+    if serving:
+        assert ServingClaim(gpu, what).try_take()
+        print("held", flush=True)
+        sys.stdin.readline()
+        return
     with GpuLease(gpu, what).held():
         print("held", flush=True)
         sys.stdin.readline()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3:] == ["serving"])
