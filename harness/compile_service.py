@@ -28,6 +28,7 @@ from harness.worker_side.compile_policy import (COMPILE_MEMORY_BYTES, DEFAULT_AR
 from harness.worker_side.nvrtc import check_request
 from sandbox.pool import JobTimeout, Worker, WorkerCrashed, WorkerError
 from sandbox.answers import Status
+from sandbox.deadline import Deadline
 
 # Well under the MCP client's 60 s per tool call, which also has to cover a worker start.
 DEFAULT_DEADLINE_S = 30.0
@@ -89,13 +90,14 @@ class CompileService:
             return self.worker.ensure_started()
 
     def compile(self, source: str, kernel_name: str, options: Sequence[str] = (),
-                arch: str = DEFAULT_ARCH) -> CompileResult:
-        """Compile in the worker; CompileRefused for a request refused by policy, else a result."""
+                arch: str = DEFAULT_ARCH, within: Deadline | None = None) -> CompileResult:
+        """Compile in the worker; CompileRefused for a request refused by policy, else a result. `within`: the
+        tool call's deadline, which caps the compile's own (a compile cut short by it is a failed compile)."""
         request = _Request.checked(source, kernel_name, options, arch)
         if (hit := self.cache.get(request.key)) is not None:
             return hit.model_copy(update={"cache_hit": True})
         with self._lock:
-            result = self._compile_in_worker(request)
+            result = self._compile_in_worker(request, within or Deadline.never())
         if result.ok:
             self.cache.put(result)
         return result
@@ -115,17 +117,21 @@ class CompileService:
         self.close()
 
     # -- the worker ---------------------------------------------------------------------------
-    def _compile_in_worker(self, request: _Request) -> CompileResult:
+    def _compile_in_worker(self, request: _Request, within: Deadline) -> CompileResult:
         started = time.perf_counter()
+        if within.expired:
+            return request.failed(_out_of_time_message(within), started)
         self._interrupted.clear()
         # A worker that died while idle (an operator, the OOM killer) must not fail this compile:
         # one that was already running gets one retry in a fresh process.
         retries = 1 if self.worker.alive else 0
         while True:
             try:
-                answer, blobs = self.worker.call(request.job(), [], self.deadline_s, MAX_ANSWER_BYTES)
+                answer, blobs = self.worker.call(request.job(), [], within.cap(self.deadline_s), MAX_ANSWER_BYTES)
                 return _result_from(request, answer, blobs)
             except JobTimeout:
+                if within.expired:
+                    return request.failed(_out_of_time_message(within), started)
                 return request.failed(_deadline_message(self.deadline_s), started)
             except WorkerCrashed as exc:
                 if self._interrupted.is_set():
@@ -149,6 +155,11 @@ class CompileService:
 def _deadline_message(deadline_s: float) -> str:
     return (f"compile killed after {deadline_s:g} s (deadline): NVRTC did not finish in time. Deep or wide "
             "template instantiation, large constexpr evaluation or heavy unrolling can cause this.")
+
+
+def _out_of_time_message(within: Deadline) -> str:
+    return (f"compile stopped: the call's {within.seconds:g} s ran out before NVRTC finished (the compile's own "
+            "deadline had not passed); compile it again with compile_kernel, which has a call of its own")
 
 
 def _short(detail: object) -> str:

@@ -29,11 +29,15 @@ from typing import Callable, Iterator
 
 from pydantic import BaseModel
 
+from harness.call_limits import OutOfTime
+from sandbox.deadline import Deadline
+
 log = logging.getLogger(__name__)
 
 LEASE_DIR_ENV = "KERNEL_REFEREE_GPU_LEASES"
 _FOLDER_NAME = "kernel-referee-gpu-leases"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_MAX_LOCK_WAIT_S = threading.TIMEOUT_MAX
 
 
 class LeaseHolder(BaseModel):
@@ -121,12 +125,16 @@ class GpuLease:
         self._state = threading.Lock()
 
     @contextmanager
-    def held(self) -> Iterator[None]:
-        """Hold the lease for the block: wait for another process's hold to end first, telling whom."""
+    def held(self, deadline: Deadline | None = None) -> Iterator[None]:
+        """Hold the lease for the block: wait for another process's hold to end first, telling whom. A wait
+        that outlasts `deadline` (a tool call's) ends with OutOfTime."""
         held = _held_for(self.path)
-        with held.lock:
+        if not held.lock.acquire(timeout=-1 if deadline is None else min(deadline.remaining(), _MAX_LOCK_WAIT_S)):
+            raise OutOfTime(f"the call's {deadline.seconds:g} s ran out waiting for GPU {self.gpu}, "
+                            "which another call of this process was timing on")
+        try:
             if held.depth == 0:
-                held.fd = self._acquire()
+                held.fd = self._acquire(deadline)
             held.depth += 1
             try:
                 yield
@@ -135,6 +143,8 @@ class GpuLease:
                 if held.depth == 0:
                     _release(held.fd)
                     held.fd = None
+        finally:
+            held.lock.release()
 
     def abort(self) -> None:
         """From another thread: a wait under way ends with LeaseWaitAborted (a hold or no wait is left alone)."""
@@ -149,13 +159,13 @@ class GpuLease:
         except OSError:
             return None
 
-    def _acquire(self) -> int:
+    def _acquire(self, deadline: Deadline | None) -> int:
         fd = _open_lease_file(self.folder, self.path)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                self._wait(fd)
+                self._wait(fd, deadline)
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps({"pid": os.getpid(), "what": self.what, "since": _now()}).encode(), 0)
         except BaseException:
@@ -163,7 +173,7 @@ class GpuLease:
             raise
         return fd
 
-    def _wait(self, fd: int) -> None:
+    def _wait(self, fd: int, deadline: Deadline | None) -> None:
         with self._state:
             self._abort.clear()
             self._waiting = True
@@ -179,8 +189,12 @@ class GpuLease:
                 if told_at is None or time.monotonic() - told_at >= self.tell_every_s:
                     self._tell(holder, since)
                     told_at = time.monotonic()
-                if self._abort.wait(self.poll_s):
+                if self._abort.wait(self.poll_s if deadline is None else deadline.cap(self.poll_s)):
                     raise LeaseWaitAborted(f"the wait for GPU {self.gpu} was given up")
+                if deadline is not None and deadline.expired:
+                    by = holder.describe() if holder else "another process"
+                    raise OutOfTime(f"the call's {deadline.seconds:g} s ran out waiting for GPU {self.gpu}, held by "
+                                    f"{by} since before {since}")
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
@@ -189,8 +203,9 @@ class GpuLease:
         finally:
             with self._state:
                 self._waiting = False
-        self.waits.append(LeaseWait(gpu=self.gpu, since=since, waited_s=round(time.monotonic() - started, 3),
-                                    holders=holders))
+            # recorded however it ended: given up, out of the call's time, or the lease taken
+            self.waits.append(LeaseWait(gpu=self.gpu, since=since, waited_s=round(time.monotonic() - started, 3),
+                                        holders=holders))
 
     def _tell(self, holder: LeaseHolder | None, since: str) -> None:
         by = holder.describe() if holder else "a process that has not said who it is"
@@ -201,9 +216,9 @@ class GpuLease:
             log.warning("%s", message)
 
 
-def held(lease: GpuLease | None):
-    """`lease.held()`, or nothing where there is no lease (the GPU could not be named)."""
-    return lease.held() if lease is not None else _nothing()
+def held(lease: GpuLease | None, deadline: Deadline | None = None):
+    """`lease.held(deadline)`, or nothing where there is no lease (the GPU could not be named)."""
+    return lease.held(deadline) if lease is not None else _nothing()
 
 
 @contextmanager

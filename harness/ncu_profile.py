@@ -13,8 +13,10 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from harness.call_limits import OutOfTime
 from harness.gpu_workers import GPU_WORKER_COMMAND
 from sandbox.confine import profiled_gpu_worker_confinement
+from sandbox.deadline import Deadline
 from sandbox.pool import Worker, WorkerError
 
 NCU_MISSING = "Nsight Compute (ncu) is not on this machine's PATH"
@@ -40,7 +42,7 @@ def ncu_command(ncu: str, symbol: str, metrics: tuple[str, ...], log_file: Path)
 
 
 def profile_once(symbol: str, metrics: tuple[str, ...], run_once: Callable[[Worker], object], *, device: int = 0,
-                 confine: bool = True, gpu_uuid: str | None = None) -> str:
+                 confine: bool = True, gpu_uuid: str | None = None, deadline: Deadline | None = None) -> str:
     """ncu's output for one launch: `run_once(worker)` sends a worker under ncu its one job (which starts it),
     the worker exits, and ncu's log is read. ProfilingUnavailable when ncu is missing or profiled nothing."""
     ncu = ncu_path()
@@ -56,8 +58,10 @@ def profile_once(symbol: str, metrics: tuple[str, ...], run_once: Callable[[Work
         except WorkerError as exc:
             worker.kill()
             raise ProfilingUnavailable(_why(_read(log_file)) or f"the profiled worker failed: {exc}") from None
-        worker.stop(grace_s=STOP_GRACE_S)
+        worker.stop(grace_s=STOP_GRACE_S if deadline is None else deadline.cap(STOP_GRACE_S))
         text = _read(log_file)
+        if '"Metric Name"' not in text and deadline is not None and deadline.expired:
+            raise OutOfTime(f"the call's {deadline.seconds:g} s ran out while ncu wrote its report")
         if '"Metric Name"' not in text:
             raise ProfilingUnavailable(_why(text) or f"ncu profiled no launch of {symbol}")
         return text

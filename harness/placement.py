@@ -1,6 +1,6 @@
 """Which GPU of the host a run goes on: the one asked for (`--gpu N|UUID`), else a free one.
 
-Pure: given the GPUs present and the UUIDs that a serving run already holds (harness/gpu_claim.py), it
+Pure: given the GPUs present and the UUIDs that a serving run already holds (harness/gpu_lease.py ServingClaim), it
 chooses one or refuses with one line. A GPU is named by its UUID everywhere after this choice (the lock,
 the lease, the workers' CUDA_VISIBLE_DEVICES), never by an ordinal that another process numbers otherwise;
 the index is nvidia-smi's (NVML's), for people.

@@ -36,7 +36,7 @@ class TimingProtocol:
         before this returns."""
         audits: list[tuple[str, Future]] = []  # (case, its comparison under way)
         timings: list[CaseTiming] = []
-        with held(self.lease):
+        with held(self.lease, self._deadline()):
             for case in cases:  # no further case after one that stopped or lost the worker (too_slow, timeout...)
                 timings.append(self._time_case(case, make_job, worker, audits))
                 if any(r.code in STOPS_A_SEQUENCE for r in timings[-1].reasons):

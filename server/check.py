@@ -70,8 +70,13 @@ def _run(task: Task, targets: list[Target], settings: TimingSettings, out: TextI
     if problems:
         raise DoesNotFit(problems)
     placement = placement_for(list_gpus(), gpu, f"check {task.name}")
-    executor = GpuExecutor(task, settings, confine=confine, lease_what=f"check {task.name}",
-                           gpu=placement.gpu if placement else None)
+    try:
+        executor = GpuExecutor(task, settings, confine=confine, lease_what=f"check {task.name}",
+                               gpu=placement.gpu if placement else None)
+    except BaseException:
+        if placement is not None:
+            placement.release()
+        raise
     try:
         hello = executor.hello()
         _print_device(hello, out)

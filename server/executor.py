@@ -157,7 +157,8 @@ class GpuExecutor:
 
     def compile(self, source: str, options: tuple[str, ...]) -> CompileResult:
         arch = self.arch or self.hello()["arch"]
-        return self.compiler.compile(source, self.task.kernel_name, options, arch)
+        deadline = self.referee.limits.deadline if self.referee is not None and self.referee.limits else None
+        return self.compiler.compile(source, self.task.kernel_name, options, arch, within=deadline)
 
     def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
         return self.referee.expected(case, seed)
@@ -183,10 +184,11 @@ class GpuExecutor:
             self.profiled = worker
             self.referee.run_on(worker, kernel, case)
 
+        deadline = self.referee.limits.deadline if self.referee.limits is not None else None
         try:
-            with held(self.gpu_lease):  # the profiler's replays would disturb another process's timing
+            with held(self.gpu_lease, deadline):  # the profiler's replays would disturb another process's timing
                 return profile_once(kernel.symbol, metrics, run_once, device=self.pool.candidate.device,
-                                    confine=self.confine, gpu_uuid=self.pool.gpu_uuid)
+                                    confine=self.confine, gpu_uuid=self.pool.gpu_uuid, deadline=deadline)
         finally:
             self.profiled = None
 

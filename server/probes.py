@@ -63,7 +63,7 @@ def compile_candidate(run: Run, make_candidate: Callable[[], Candidate]) -> Comp
                          compile_ms=compiled.compile_ms, cache_hit=compiled.cache_hit)
 
 
-def _compiled_kernel(run: Run, tool: str, candidate: Candidate):
+def compiled_kernel(run: Run, tool: str, candidate: Candidate):
     """The candidate's kernel. One that does not compile still costs the probe: the compile was done, and the
     probe is logged so that a resumed run counts it too."""
     kernel, compiled = run.kernel(candidate)
@@ -85,7 +85,7 @@ def check_cases(run: Run, tool: str, make_candidate: Callable[[], Candidate],
     run.charge_probe()
     cases = run.cases_named(case_names)
     candidate = make_candidate()
-    kernel = _compiled_kernel(run, tool, candidate)
+    kernel = compiled_kernel(run, tool, candidate)
     started = time.perf_counter()
     report = None
     try:
@@ -113,7 +113,7 @@ def time_candidate(run: Run, make_candidate: Callable[[], Candidate], case_names
     run.charge_probe()
     cases = run.cases_named(case_names, performance_only=True)
     candidate = make_candidate()
-    kernel = _compiled_kernel(run, "time_kernel", candidate)
+    kernel = compiled_kernel(run, "time_kernel", candidate)
     watch = LeaseWatch(run.executor, progress)  # a wait for another process's timing is told and recorded
     progress = watch.report
     started = time.perf_counter()

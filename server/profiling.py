@@ -14,8 +14,9 @@ from typing import Callable
 from harness.call_limits import OutOfTime
 from harness.ncu_profile import ProfilingUnavailable
 from harness.profile_digest import METRICS, NcuFormatError, digest
+from server.lease_waits import LeaseWatch
 from server.models import ProfileAnswer
-from server.probes import _compiled_kernel
+from server.probes import compiled_kernel
 from server.run import PROFILE_TOOL, Candidate, Progress, Refusal, Run
 
 PROFILES = "referee://profiles/{profile}"
@@ -35,7 +36,9 @@ def profile_candidate(run: Run, make_candidate: Callable[[], Candidate], case_na
     _charge(run)
     case = run.cases_named([case_name] if case_name else None, performance_only=True)[0]
     candidate = make_candidate()
-    kernel = _compiled_kernel(run, PROFILE_TOOL, candidate)
+    kernel = compiled_kernel(run, PROFILE_TOOL, candidate)
+    watch = LeaseWatch(run.executor, progress)  # a wait for another process's timing is told and recorded
+    progress = watch.report
     started, text = time.perf_counter(), None
     try:
         if progress:
@@ -52,8 +55,8 @@ def profile_candidate(run: Run, make_candidate: Callable[[], Candidate], case_na
     except ProfilingUnavailable as why:
         raise Refusal(f"no profile: {why}. The probe is counted; the run goes on.") from None
     finally:
-        run.probe_done(PROFILE_TOOL, time.perf_counter() - started,
-                       {"candidate": candidate.id, "case": case.name, "profiled": text is not None})
+        run.probe_done(PROFILE_TOOL, time.perf_counter() - started - watch.waited_s(),
+                       {"candidate": candidate.id, "case": case.name, "profiled": text is not None, **watch.record()})
     return _answer(run, candidate, case.name, text)
 
 

@@ -77,10 +77,16 @@ def serve_run(results: Path, run_settings: RunSettings, task_dir: Path | None, r
     folder, placement = None, None
     if run_dir is None and not start_new:
         run_dir, folder = _unfinished_run_to_resume(results, task_dir)
+    placement = None
     try:
         placement = _placement(gpus or [], wanted, run_dir)
-        run = open_run(results, run_settings, task_dir, run_dir, make_executor, folder,
-                       placement.gpu if placement else None)
+        try:
+            run = open_run(results, run_settings, task_dir, run_dir, make_executor, folder,
+                           placement.gpu if placement else None)
+        except BaseException:
+            if placement is not None:
+                placement.release()  # no run on it: the GPU is free for another server
+            raise
     except PlacementError as exc:
         if folder is not None:
             folder.release()

@@ -137,7 +137,7 @@ def _check_http_args(server: MCPServer, host: str, port: int, allow_remote: bool
 def _serve_stdio(server: MCPServer) -> None:
     """Serve over stdin and stdout until the client leaves. A client that goes while a call is in flight (its
     process killed, its pipes closed) breaks the pipe: the server says so in one line and ends normally, once
-    the call in flight has ended and been recorded (server/app.py waits for it)."""
+    the call in flight has ended and been recorded (server/call_gate.py waits for it)."""
     try:
         server.run("stdio")
     except* (BrokenPipeError, ConnectionResetError):

@@ -115,6 +115,9 @@ class FakeExecutor:
         self.profiled: list[tuple] = []  # (symbol, case, metrics) of each profile() call
         self.job_limits: list[CallLimits | None] = []  # the limits in force at each check() and time()
 
+    def _deadline(self):
+        return self.limits.deadline if self.limits else None
+
     @contextmanager
     def within(self, limits: CallLimits):
         self.limits = limits
@@ -199,7 +202,7 @@ class FakeExecutor:
         return CheckReport(passed=passed, cases=results)
 
     def time(self, kernel: CompiledKernel, cases: list[Case]) -> TimingReport:
-        with held(self.gpu_lease):  # as the Referee's timing protocol holds it around every timing job
+        with held(self.gpu_lease, self._deadline()):  # as the Referee's timing protocol holds it around every timing job
             return self._time(kernel, cases)
 
     def _time(self, kernel: CompiledKernel, cases: list[Case]) -> TimingReport:
@@ -234,7 +237,12 @@ class FakeExecutor:
                             score_ms=geometric_mean([t.stats.median_ms for t in timings]) if passed else None)
 
     def profile(self, kernel: CompiledKernel, case: Case, metrics: tuple[str, ...]) -> str:
-        """A recorded ncu CSV (tests/fixtures/ncu/), or ncu_profile's one-line reasons for no profile."""
+        """A recorded ncu CSV (tests/fixtures/ncu/), or ncu_profile's one-line reasons for no profile; under the
+        GPU lease within the call's deadline, as GpuExecutor.profile."""
+        with held(self.gpu_lease, self._deadline()):
+            return self._profile(kernel, case, metrics)
+
+    def _profile(self, kernel: CompiledKernel, case: Case, metrics: tuple[str, ...]) -> str:
         self.calls.append("profile")
         self.profiled.append((kernel.symbol, case.name, metrics))
         marks = markers(self._source(kernel))

@@ -17,6 +17,7 @@ from harness.worker_side.compile_policy import (COMPILE_MEMORY_BYTES, MAX_SOURCE
 from harness.worker_side.nvrtc import compile_kernel
 from harness.compile_service import DEFAULT_DEADLINE_S, CompileService
 from sandbox.confine import unavailable_reason
+from sandbox.deadline import Deadline
 from sandbox.pool import Worker
 
 ELF_MAGIC = b"\x7fELF"
@@ -319,3 +320,18 @@ def test_a_malformed_answer_is_a_failed_compile_not_a_cached_one(forge, honest_a
         assert not result.ok and result.cubin == b""
         assert "malformed answer" in result.log
         assert len(service.cache) == 0
+
+
+def test_a_tool_calls_deadline_caps_the_compile_and_the_next_compile_works():
+    # An unrolled kernel NVRTC needs well over 50 ms for, once the worker is up.
+    slow = GOOD.replace("{", "{\n#pragma unroll\n for (int r = 0; r < 4096; ++r) x[0] = x[0] * 1.0001f + r;\n", 1)
+    with CompileService(confine=CONFINE) as service:
+        service.start()
+        spent = service.compile(GOOD, "scale", [], "sm_90", within=Deadline(0))
+        assert not spent.ok and spent.log.startswith("compile stopped: the call's 0 s ran out")
+        assert service.worker.starts == 1  # nothing was sent to the worker
+        started = time.monotonic()
+        cut = service.compile(slow, "scale", [], "sm_90", within=Deadline(0.05))
+        assert time.monotonic() - started < 5
+        assert not cut.ok and cut.log.startswith("compile stopped: the call's 0.05 s ran out"), cut.log
+        assert service.compile(slow, "scale", [], "sm_90", within=Deadline(None)).ok  # a fresh worker, no limit
