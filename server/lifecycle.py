@@ -47,15 +47,35 @@ def new_run(task_dir: Path, results: Path, settings: RunSettings, executor: Exec
         folder.release()
         raise
     run.folder_lock = folder
-    name_lease(executor, run_dir.name)
-    run.audit.append(EventKind.RUN_CREATED, {"task": task.name, "settings": settings.model_dump(mode="json"),
-                                             **_device(environment)})
-    run.write_json("run.json", {"task": task.name, "created": now_iso(), "settings": settings.model_dump(mode="json")})
+    try:
+        _begin(run, environment, progress)
+    except BaseException:
+        _discard(run)
+        raise
+    return run
+
+
+def _begin(run: Run, environment: dict, progress: Progress | None) -> None:
+    """What a new run records before its first call: its creation, the expected outputs, the lock, the baseline."""
+    settings = run.settings.model_dump(mode="json")
+    name_lease(run.executor, run.dir.name)
+    run.audit.append(EventKind.RUN_CREATED, {"task": run.task.name, "settings": settings, **_device(environment)})
+    run.write_json("run.json", {"task": run.task.name, "created": now_iso(), "settings": settings})
     _write_expected(run, progress)
-    run.lock_record = locking.make_lock(run_dir, environment)
+    run.lock_record = locking.make_lock(run.dir, environment)
     run.write_json("lock.json", run.lock_record)
     record_baseline(run, progress)
-    return run
+
+
+def _discard(run: Run) -> None:
+    """A new run that failed before its baseline was recorded (a reference that fails, a full disk, an interrupt) is
+    no run: nothing was attempted, no resume would take it, so its folder goes rather than stay half made."""
+    run.close()  # its audit log, and its hold on the folder
+    for path in sorted(run.dir.rglob("*"), reverse=True):  # the task copy is read-only
+        if path.is_dir() and not path.is_symlink():
+            path.chmod(stat.S_IRWXU)
+    run.dir.chmod(stat.S_IRWXU)
+    shutil.rmtree(run.dir, ignore_errors=True)
 
 
 def resume_run(run_dir: Path, executor: Executor, folder: FolderLock | None = None) -> Run:

@@ -10,12 +10,15 @@ import pytest
 
 from harness.oracle import OracleError
 from harness.settings import ReferenceFailed
+from harness.task import load_task
+from server import lifecycle
 from server import serve as serve_module
 from server.cli import main
 from server.cli_args import EXIT_USAGE
 from server.cli_errors import failed
 from server.executor import ExecutorError
 from server.replay import replay
+from server.run import RunSettings
 from server.verify import verify_run
 from tests.fake_executor import FakeExecutor
 from tests.server_support import MATMUL, client, kernel, new_run, ok, read_json, refused
@@ -117,3 +120,22 @@ async def test_a_reference_failing_on_the_holdout_is_logged_in_one_line(tmp_path
     assert records and not any(r.exc_info for r in records)
     assert "the task's reference kernel failed on case holdout-97x83x61" in records[0].getMessage()
     run.close()
+
+
+class ReferenceFailsWhenTimed(FakeExecutor):
+    def time(self, kernel, cases):
+        raise ReferenceFailed(cases[0].name, "timeout on the inputs of audited launches: still running after 10 s")
+
+
+@pytest.mark.parametrize("failing", [ReferenceFailsAtOnce, ReferenceFailsWhenTimed],
+                         ids=["expected-outputs", "baseline"])
+def test_a_new_run_that_fails_before_its_baseline_leaves_no_folder(tmp_path, failing):
+    results = tmp_path / "results"
+    with pytest.raises(ReferenceFailed):
+        lifecycle.new_run(MATMUL, results, RunSettings(), failing(load_task(MATMUL)))
+    assert list(results.iterdir()) == []  # no half-made run-001 for a person or a resume to trip over
+    run = new_run(tmp_path)  # the next run takes the number
+    try:
+        assert run.dir == results / "run-001" and verify_run(run.dir).ok
+    finally:
+        run.close()
