@@ -120,11 +120,7 @@ def time_candidate(run: Run, make_candidate: Callable[[], Candidate], case_names
     try:
         if progress:
             progress(0, 3, "validating on the visible cases")
-        check = run.executor.check(kernel, list(run.task.visible_cases))
-        if not check.passed:
-            details = "; ".join(f"{r.code.value} [{r.case}]: {r.detail}" for r in check.reasons[:3])
-            raise Refusal(f"not timed: candidate {candidate.id} fails validation ({details}). Fix it first; "
-                          "validate or run_cases show the mismatches.")
+        require_valid(run, kernel, candidate, "timed")
         if progress:
             progress(1, 3, "timing beside the best and the baseline")
         # One round: a probe is a quick look; an attempt times settings.timing_rounds rounds the same way.
@@ -172,3 +168,10 @@ def _time_answer(run: Run, candidate: Candidate, measured: SideBySide) -> TimeAn
         speedup_vs_best=geomean_speedup([(best[n], stats["candidate"][n]) for n in names]), budget=run.budget())
 
 
+def require_valid(run: Run, kernel, candidate: Candidate, what: str) -> None:
+    """Validation on the visible cases before a candidate is timed or profiled: a wrong kernel is refused."""
+    check = run.executor.check(kernel, list(run.task.visible_cases))
+    if not check.passed:
+        details = "; ".join(f"{r.code.value} [{r.case}]: {r.detail}" for r in check.reasons[:3])
+        raise Refusal(f"not {what}: candidate {candidate.id} fails validation ({details}). Fix it first; "
+                      "validate or run_cases show the mismatches.")

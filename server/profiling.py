@@ -16,7 +16,7 @@ from harness.ncu_profile import ProfilingUnavailable
 from harness.profile_digest import METRICS, NcuFormatError, digest
 from server.lease_waits import LeaseWatch
 from server.models import ProfileAnswer
-from server.probes import compiled_kernel
+from server.probes import compiled_kernel, require_valid
 from server.run import PROFILE_TOOL, Candidate, Progress, Refusal, Run
 
 PROFILES = "referee://profiles/{profile}"
@@ -43,10 +43,7 @@ def profile_candidate(run: Run, make_candidate: Callable[[], Candidate], case_na
     try:
         if progress:
             progress(0, 2, "validating on the visible cases")
-        check = run.executor.check(kernel, list(run.task.visible_cases))
-        if not check.passed:
-            details = "; ".join(f"{r.code.value} [{r.case}]: {r.detail}" for r in check.reasons[:3])
-            raise Refusal(f"not profiled: candidate {candidate.id} fails validation ({details}). Fix it first.")
+        require_valid(run, kernel, candidate, "profiled")
         if progress:
             progress(1, 2, f"profiling one launch on {case.name} with Nsight Compute")
         text = run.executor.profile(kernel, case, METRICS)
