@@ -325,22 +325,29 @@ def degenerate_warning(expected: np.ndarray, atol: float) -> str | None:
     if expected.size == 0:
         return "expected output is empty"
     spread = _finite_spread(expected)
+    return spread_warning(spread.nonfinite, spread.finite_min, spread.finite_max, expected.size, atol)
+
+
+def spread_warning(nonfinite: int, finite_min: float, finite_max: float, size: int, atol: float) -> str | None:
+    """degenerate_warning() from the expected output's spread: its NaN/Inf count and finite extremes
+    (as a GPU worker measures them where the output lies)."""
+    if size == 0:
+        return "expected output is empty"
     warnings = []
-    if spread.nonfinite * 2 > expected.size:
-        warnings.append(
-            f"more than half of expected values are NaN/Inf ({spread.nonfinite} of {expected.size})"
-        )
-    finite_count = expected.size - spread.nonfinite
+    if nonfinite * 2 > size:
+        warnings.append(f"more than half of expected values are NaN/Inf ({nonfinite} of {size})")
+    finite_count = size - nonfinite
     if finite_count:
-        value_range = spread.finite_max - spread.finite_min
-        if spread.max_magnitude <= atol:
+        max_magnitude = max(abs(finite_min), abs(finite_max), 0.0)
+        value_range = finite_max - finite_min
+        if max_magnitude <= atol:
             warnings.append(f"near-zero: all finite expected values are within atol={atol:g} of zero")
         elif finite_count > 1 and (
-            value_range <= atol or value_range <= NEAR_CONSTANT_REL_SPREAD * spread.max_magnitude
+            value_range <= atol or value_range <= NEAR_CONSTANT_REL_SPREAD * max_magnitude
         ):
             warnings.append(
                 f"near-constant: finite expected values span only {value_range:g} "
-                f"(from {spread.finite_min:g} to {spread.finite_max:g})"
+                f"(from {finite_min:g} to {finite_max:g})"
             )
     return "; ".join(warnings) if warnings else None
 

@@ -17,12 +17,13 @@ import numpy as np
 
 from harness import jobs
 from harness.call_limits import CallLimits
-from harness.compare import Agreement, agreement, compare_output
+from harness.compare import Agreement, agreement
 from harness.gpu_lease import GpuLease
-from harness.judging import integrity_reasons, mismatch_detail, still_poisoned
+from harness.judging import integrity_reasons
 from harness.nvml import Nvml
 from harness.oracle import run_oracle
 from harness.peaks import DevicePeaks
+from harness.output_digest import OutputDigest, digest_on_host, digest_reasons, runs_agreement
 from harness.results import CaseCheck, CheckReport, Reason, ReasonCode, TimingReport
 from harness.settings import CompiledKernel, ReferenceFailed, TimingSettings, input_seed
 from harness.task_model import DTYPES, Case, Task
@@ -185,35 +186,14 @@ class Referee(TimingProtocol):
     def _judge_check(self, case: Case, expected: dict[str, np.ndarray], result: "RunResult") -> CaseCheck:
         if result.failure is not None:
             return CaseCheck(case=case.name, role=case.role, passed=False, reasons=[result.failure])
-        reasons = integrity_reasons(result.integrity, case.name)
-        outputs, warnings, verdict = [], [], Agreement.IDENTICAL
-        for spec in result.layout.outputs:
-            tol = self.task.tolerances[spec.name]
-            first, second = result.runs[0][spec.name], result.runs[1][spec.name]
-            check = compare_output(spec.name, expected[spec.name], first, tol.rtol, tol.atol)
-            outputs.append(check)
-            if check.warning:
-                warnings.append(f"{spec.name}: {check.warning}")
-            if not check.passed:
-                reasons.append(Reason(code=ReasonCode.MISMATCH, case=case.name, detail=mismatch_detail(check)))
-            unwritten = still_poisoned(first, second)
-            if unwritten.any():
-                first_at = [int(i) for i in np.unravel_index(np.argmax(unwritten), first.shape)]
-                reasons.append(Reason(code=ReasonCode.UNWRITTEN_OUTPUT, case=case.name, detail=(
-                    f"{spec.name}: {int(unwritten.sum())} of {unwritten.size} elements were never written "
-                    f"(they still hold the poison; first at {first_at})")))
-            pair = agreement(*((first[~unwritten], second[~unwritten]) if unwritten.any() else (first, second)),
-                             tol.rtol, tol.atol)
-            if pair is Agreement.DIFFERS:
-                verdict = pair
-                reasons.append(Reason(code=ReasonCode.RACE, case=case.name, detail=(
-                    f"{spec.name}: two runs on the same inputs disagree beyond tolerance "
-                    "(a race or a read of uninitialized memory)")))
-            elif pair is Agreement.WITHIN_TOLERANCE and verdict is Agreement.IDENTICAL:
-                verdict = pair
-                warnings.append(f"{spec.name}: nondeterministic (runs differ within tolerance)")
-        return CaseCheck(case=case.name, role=case.role, passed=not reasons, outputs=outputs,
-                         agreement=verdict.value, reasons=reasons, warnings=warnings)
+        digests = [digest_on_host(spec.name, expected[spec.name], result.runs[0][spec.name],
+                                  result.runs[1][spec.name], *self._tolerance(spec.name))
+                   for spec in result.layout.outputs]
+        return case_check(case, digests, integrity_reasons(result.integrity, case.name))
+
+    def _tolerance(self, output: str) -> tuple[float, float]:
+        tol = self.task.tolerances[output]
+        return tol.rtol, tol.atol
 
     def _run(self, worker: Worker, kernel: CompiledKernel, case: Case, inputs: dict[str, np.ndarray],
              hashes: dict[str, str] | None = None) -> "RunResult":
@@ -264,3 +244,13 @@ class Referee(TimingProtocol):
 
         return self._time_cases(cases, vendor_job, self.pool.reference)
 
+
+def case_check(case: Case, digests: list[OutputDigest], reasons: list[Reason]) -> CaseCheck:
+    """A case's check from its outputs' digests, after the integrity reasons (guard bands, inputs)."""
+    reasons, warnings = list(reasons), []
+    for digest in digests:
+        found, noted = digest_reasons(case.name, digest)
+        reasons += found
+        warnings += noted
+    return CaseCheck(case=case.name, role=case.role, passed=not reasons, outputs=[d.check for d in digests],
+                     agreement=runs_agreement(digests).value, reasons=reasons, warnings=warnings)

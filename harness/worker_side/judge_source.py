@@ -1,0 +1,337 @@
+"""The referee's judging kernels: a candidate's outputs compared with the expected outputs on the device.
+
+The rule is harness/compare.py's, element for element, in float64: |got - expected| <= atol + rtol *
+|expected|; NaN must meet NaN and an infinity the same infinity; the relative error divides by
+max(|expected|, 1e-30); a non-finite pair adds nothing to the error maxima. Two runs under different
+poisons give the unwritten elements (each run's poison pattern still in place) and the agreement of
+the runs (bitwise, then within tolerance, over the written elements) as harness/judging.py and
+compare.agreement() find them. The arithmetic uses round-to-nearest intrinsics so that no multiply-add
+is fused: a fused one rounds once where numpy rounds twice, and an element on the edge of the
+tolerance could change sides.
+
+The part marked PORTABLE is plain C++ as well: the tests compile it with a host compiler and hold it to
+harness/compare.py on the same arrays. Only the reduction across threads (warp shuffles and atomics)
+is device-only.
+
+Also here: SHA-256 of fixed-size chunks, one chunk per thread. sha256-tree(data) is the SHA-256 of the
+concatenated chunk digests (harness/worker_side/buffers.py's tree_sha256 on the host): a multi-GB
+output is hashed where it lies, at the device's pace.
+"""
+
+from __future__ import annotations
+
+# Task dtype name -> the kind number of the kernels' element conversions (the names end the kernels').
+JUDGE_KINDS = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "int8": 4, "int32": 5, "int64": 6,
+               "uint8": 7, "uint32": 8}
+
+# Fields of the totals one judging fills, in order (unsigned 64-bit each). Maxima are the bits of
+# non-negative doubles, which order as their values do; minima of indices start at all ones.
+TOTALS_FIELDS = ("mismatches", "nonfinite_mismatches", "max_abs_bits", "max_rel_bits", "first_mismatch",
+                 "unwritten", "first_unwritten", "pair_differ_bits", "pair_mismatches")
+STATS_FIELDS = ("nonfinite", "finite_min_key", "finite_max_key")
+NO_INDEX = (1 << 64) - 1
+
+PORTABLE_SOURCE = r"""
+// ---- PORTABLE: device and host ---------------------------------------------------------------
+typedef unsigned long long judge_u64;
+typedef unsigned int judge_u32;
+
+JUDGE_HD inline bool judge_finite(double x) {
+    return ((judge_bits_of_double(x) >> 52) & 0x7FFull) != 0x7FFull;
+}
+JUDGE_HD inline bool judge_nan(double x) {
+    judge_u64 b = judge_bits_of_double(x);
+    return ((b >> 52) & 0x7FFull) == 0x7FFull && (b & 0xFFFFFFFFFFFFFull) != 0;
+}
+JUDGE_HD inline double judge_abs(double x) { return judge_double_of_bits(judge_bits_of_double(x) & 0x7FFFFFFFFFFFFFFFull); }
+
+// IEEE binary16 -> double, exactly (subnormals, infinities and NaN included).
+JUDGE_HD inline double judge_from_half(judge_u32 h) {
+    judge_u32 sign = (h >> 15) & 1u, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
+    judge_u64 s = (judge_u64)sign << 63;
+    if (exponent == 0x1Fu)
+        return judge_double_of_bits(s | 0x7FF0000000000000ull | ((judge_u64)mantissa << 42));
+    if (exponent == 0) {
+        if (mantissa == 0) return judge_double_of_bits(s);
+        int e = -14;
+        while ((mantissa & 0x400u) == 0) { mantissa <<= 1; --e; }
+        mantissa &= 0x3FFu;
+        return judge_double_of_bits(s | ((judge_u64)(e + 1023) << 52) | ((judge_u64)mantissa << 42));
+    }
+    return judge_double_of_bits(s | ((judge_u64)(exponent - 15 + 1023) << 52) | ((judge_u64)mantissa << 42));
+}
+
+// An element's bits (zero-extended) and its value as a double, by kind (JUDGE_KINDS).
+template <int KIND> struct JudgeType;
+template <> struct JudgeType<0> { typedef judge_u32 Bits; JUDGE_HD static double value(judge_u64 b) { return (double)judge_float_of_bits((judge_u32)b); } };
+template <> struct JudgeType<1> { typedef unsigned short Bits; JUDGE_HD static double value(judge_u64 b) { return judge_from_half((judge_u32)b); } };
+template <> struct JudgeType<2> { typedef unsigned short Bits; JUDGE_HD static double value(judge_u64 b) { return (double)judge_float_of_bits((judge_u32)b << 16); } };
+template <> struct JudgeType<3> { typedef judge_u64 Bits; JUDGE_HD static double value(judge_u64 b) { return judge_double_of_bits(b); } };
+template <> struct JudgeType<4> { typedef unsigned char Bits; JUDGE_HD static double value(judge_u64 b) { return (double)(signed char)(unsigned char)b; } };
+template <> struct JudgeType<5> { typedef judge_u32 Bits; JUDGE_HD static double value(judge_u64 b) { return (double)(int)(judge_u32)b; } };
+template <> struct JudgeType<6> { typedef judge_u64 Bits; JUDGE_HD static double value(judge_u64 b) { return (double)(long long)b; } };
+template <> struct JudgeType<7> { typedef unsigned char Bits; JUDGE_HD static double value(judge_u64 b) { return (double)(unsigned char)b; } };
+template <> struct JudgeType<8> { typedef judge_u32 Bits; JUDGE_HD static double value(judge_u64 b) { return (double)(judge_u32)b; } };
+
+struct JudgeElement { bool ok; bool nonfinite_mismatch; double abs_error; double rel_error; };
+
+// harness/compare.py's rule for one pair, in float64, each operation rounded once.
+JUDGE_HD inline JudgeElement judge_element(double e, double g, double rtol, double atol) {
+    JudgeElement r;
+    if (!judge_finite(e) || !judge_finite(g)) {
+        r.ok = (judge_nan(e) && judge_nan(g)) || e == g;
+        r.nonfinite_mismatch = !r.ok;
+        r.abs_error = 0.0;
+        r.rel_error = 0.0;
+        return r;
+    }
+    double d = judge_abs(judge_sub(g, e));
+    double scale = judge_abs(e);
+    r.ok = d <= judge_add(judge_mul(scale, rtol), atol);
+    r.nonfinite_mismatch = false;
+    r.abs_error = d;
+    r.rel_error = judge_div(d, scale > 1e-30 ? scale : 1e-30);
+    return r;
+}
+
+// One thread's share of a judging: the totals of the elements first, first + stride, ... below n.
+struct JudgePartial {
+    judge_u64 mismatches, nonfinite_mismatches, max_abs_bits, max_rel_bits, first_mismatch;
+    judge_u64 unwritten, first_unwritten, pair_differ_bits, pair_mismatches;
+};
+
+JUDGE_HD inline void judge_partial_start(JudgePartial& p) {
+    p.mismatches = p.nonfinite_mismatches = p.max_abs_bits = p.max_rel_bits = 0;
+    p.unwritten = p.pair_differ_bits = p.pair_mismatches = 0;
+    p.first_mismatch = p.first_unwritten = ~0ull;
+}
+
+template <int KIND>
+JUDGE_HD void judge_range(const void* expected, const void* first_run, const void* second_run, judge_u64 n,
+                          double rtol, double atol, judge_u64 poison_first, judge_u64 poison_second,
+                          judge_u64 start, judge_u64 stride, JudgePartial& p) {
+    typedef typename JudgeType<KIND>::Bits Bits;
+    const Bits* exp = (const Bits*)expected;
+    const Bits* one = (const Bits*)first_run;
+    const Bits* two = (const Bits*)second_run;
+    for (judge_u64 i = start; i < n; i += stride) {
+        judge_u64 a = one[i], b = two[i];
+        double got = JudgeType<KIND>::value(a);
+        JudgeElement r = judge_element(JudgeType<KIND>::value(exp[i]), got, rtol, atol);
+        if (!r.ok) {
+            p.mismatches += 1;
+            p.nonfinite_mismatches += r.nonfinite_mismatch;
+            if (i < p.first_mismatch) p.first_mismatch = i;
+        }
+        judge_u64 abs_bits = judge_bits_of_double(r.abs_error), rel_bits = judge_bits_of_double(r.rel_error);
+        if (abs_bits > p.max_abs_bits) p.max_abs_bits = abs_bits;
+        if (rel_bits > p.max_rel_bits) p.max_rel_bits = rel_bits;
+        if (a == poison_first && b == poison_second) {
+            p.unwritten += 1;
+            if (i < p.first_unwritten) p.first_unwritten = i;
+        } else if (a != b) {
+            p.pair_differ_bits += 1;
+            p.pair_mismatches += !judge_element(got, JudgeType<KIND>::value(b), rtol, atol).ok;
+        }
+    }
+}
+
+// The index of the first element at or after `from` beyond tolerance (~0 when none), one thread's share.
+template <int KIND>
+JUDGE_HD judge_u64 judge_first_after(const void* expected, const void* got, judge_u64 n, double rtol, double atol,
+                                     judge_u64 from, judge_u64 start, judge_u64 stride) {
+    typedef typename JudgeType<KIND>::Bits Bits;
+    const Bits* exp = (const Bits*)expected;
+    const Bits* run = (const Bits*)got;
+    for (judge_u64 i = from + start; i < n; i += stride)
+        if (!judge_element(JudgeType<KIND>::value(exp[i]), JudgeType<KIND>::value(run[i]), rtol, atol).ok) return i;
+    return ~0ull;
+}
+
+// Order-preserving key of a double (as unsigned), for minima and maxima of signed values.
+JUDGE_HD inline judge_u64 judge_order_key(double x) {
+    judge_u64 b = judge_bits_of_double(x);
+    return (b >> 63) ? ~b : (b | 0x8000000000000000ull);
+}
+
+// One thread's share of the expected output's spread: non-finite elements, finite minimum and maximum.
+template <int KIND>
+JUDGE_HD void judge_spread(const void* values, judge_u64 n, judge_u64 start, judge_u64 stride,
+                           judge_u64& nonfinite, judge_u64& min_key, judge_u64& max_key) {
+    typedef typename JudgeType<KIND>::Bits Bits;
+    const Bits* v = (const Bits*)values;
+    for (judge_u64 i = start; i < n; i += stride) {
+        double x = JudgeType<KIND>::value(v[i]);
+        if (!judge_finite(x)) { nonfinite += 1; continue; }
+        judge_u64 key = judge_order_key(x);
+        if (key < min_key) min_key = key;
+        if (key > max_key) max_key = key;
+    }
+}
+
+// SHA-256 (FIPS 180-4) of `length` bytes at `data` into `digest` (32 bytes).
+JUDGE_CONST judge_u32 judge_sha256_k[64] = {
+    0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu, 0x59f111f1u, 0x923f82a4u, 0xab1c5ed5u,
+    0xd807aa98u, 0x12835b01u, 0x243185beu, 0x550c7dc3u, 0x72be5d74u, 0x80deb1feu, 0x9bdc06a7u, 0xc19bf174u,
+    0xe49b69c1u, 0xefbe4786u, 0x0fc19dc6u, 0x240ca1ccu, 0x2de92c6fu, 0x4a7484aau, 0x5cb0a9dcu, 0x76f988dau,
+    0x983e5152u, 0xa831c66du, 0xb00327c8u, 0xbf597fc7u, 0xc6e00bf3u, 0xd5a79147u, 0x06ca6351u, 0x14292967u,
+    0x27b70a85u, 0x2e1b2138u, 0x4d2c6dfcu, 0x53380d13u, 0x650a7354u, 0x766a0abbu, 0x81c2c92eu, 0x92722c85u,
+    0xa2bfe8a1u, 0xa81a664bu, 0xc24b8b70u, 0xc76c51a3u, 0xd192e819u, 0xd6990624u, 0xf40e3585u, 0x106aa070u,
+    0x19a4c116u, 0x1e376c08u, 0x2748774cu, 0x34b0bcb5u, 0x391c0cb3u, 0x4ed8aa4au, 0x5b9cca4fu, 0x682e6ff3u,
+    0x748f82eeu, 0x78a5636fu, 0x84c87814u, 0x8cc70208u, 0x90befffau, 0xa4506cebu, 0xbef9a3f7u, 0xc67178f2u};
+
+JUDGE_HD inline judge_u32 judge_rotr(judge_u32 x, int r) { return (x >> r) | (x << (32 - r)); }
+
+JUDGE_HD inline void judge_sha256_block(judge_u32* state, const unsigned char* block) {
+    const judge_u32* k = judge_sha256_k;
+    judge_u32 w[64];
+    for (int t = 0; t < 16; ++t)
+        w[t] = ((judge_u32)block[4 * t] << 24) | ((judge_u32)block[4 * t + 1] << 16)
+             | ((judge_u32)block[4 * t + 2] << 8) | (judge_u32)block[4 * t + 3];
+    for (int t = 16; t < 64; ++t) {
+        judge_u32 s0 = judge_rotr(w[t - 15], 7) ^ judge_rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
+        judge_u32 s1 = judge_rotr(w[t - 2], 17) ^ judge_rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
+        w[t] = w[t - 16] + s0 + w[t - 7] + s1;
+    }
+    judge_u32 a = state[0], b = state[1], c = state[2], d = state[3];
+    judge_u32 e = state[4], f = state[5], g = state[6], h = state[7];
+    for (int t = 0; t < 64; ++t) {
+        judge_u32 t1 = h + (judge_rotr(e, 6) ^ judge_rotr(e, 11) ^ judge_rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[t] + w[t];
+        judge_u32 t2 = (judge_rotr(a, 2) ^ judge_rotr(a, 13) ^ judge_rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    state[0] += a; state[1] += b; state[2] += c; state[3] += d;
+    state[4] += e; state[5] += f; state[6] += g; state[7] += h;
+}
+
+JUDGE_HD inline void judge_sha256(const unsigned char* data, judge_u64 length, unsigned char* digest) {
+    judge_u32 state[8] = {0x6a09e667u, 0xbb67ae85u, 0x3c6ef372u, 0xa54ff53au,
+                          0x510e527fu, 0x9b05688cu, 0x1f83d9abu, 0x5be0cd19u};
+    judge_u64 whole = length / 64;
+    for (judge_u64 i = 0; i < whole; ++i) judge_sha256_block(state, data + 64 * i);
+    unsigned char tail[128];
+    judge_u64 rest = length - 64 * whole;
+    for (judge_u64 i = 0; i < 128; ++i) tail[i] = 0;
+    for (judge_u64 i = 0; i < rest; ++i) tail[i] = data[64 * whole + i];
+    tail[rest] = 0x80;
+    judge_u64 blocks = rest + 9 > 64 ? 2 : 1;
+    judge_u64 bits = length * 8;
+    for (int i = 0; i < 8; ++i) tail[64 * blocks - 1 - i] = (unsigned char)(bits >> (8 * i));
+    for (judge_u64 i = 0; i < blocks; ++i) judge_sha256_block(state, tail + 64 * i);
+    for (int i = 0; i < 8; ++i) {
+        digest[4 * i] = (unsigned char)(state[i] >> 24); digest[4 * i + 1] = (unsigned char)(state[i] >> 16);
+        digest[4 * i + 2] = (unsigned char)(state[i] >> 8); digest[4 * i + 3] = (unsigned char)state[i];
+    }
+}
+// ---- end PORTABLE -----------------------------------------------------------------------------
+"""
+
+DEVICE_PRELUDE = r"""
+#define JUDGE_HD __device__
+#define JUDGE_CONST __constant__
+__device__ __forceinline__ unsigned long long judge_bits_of_double(double x) { return (unsigned long long)__double_as_longlong(x); }
+__device__ __forceinline__ double judge_double_of_bits(unsigned long long b) { return __longlong_as_double((long long)b); }
+__device__ __forceinline__ float judge_float_of_bits(unsigned int b) { return __int_as_float((int)b); }
+__device__ __forceinline__ double judge_add(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ double judge_sub(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ double judge_mul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ double judge_div(double a, double b) { return __ddiv_rn(a, b); }
+"""
+
+# The host prelude the tests compile the portable part with (g++ -ffp-contract=off).
+HOST_PRELUDE = r"""
+#include <cstring>
+#define JUDGE_HD
+#define JUDGE_CONST static const
+inline unsigned long long judge_bits_of_double(double x) { unsigned long long b; std::memcpy(&b, &x, 8); return b; }
+inline double judge_double_of_bits(unsigned long long b) { double x; std::memcpy(&x, &b, 8); return x; }
+inline float judge_float_of_bits(unsigned int b) { float x; std::memcpy(&x, &b, 4); return x; }
+inline double judge_add(double a, double b) { return a + b; }
+inline double judge_sub(double a, double b) { return a - b; }
+inline double judge_mul(double a, double b) { return a * b; }
+inline double judge_div(double a, double b) { return a / b; }
+"""
+
+DEVICE_KERNELS = r"""
+// ---- device only: across threads -------------------------------------------------------------
+__device__ __forceinline__ unsigned long long judge_warp_sum(unsigned long long v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ unsigned long long judge_warp_max(unsigned long long v) {
+    for (int o = 16; o > 0; o >>= 1) { unsigned long long w = __shfl_down_sync(0xffffffffu, v, o); v = w > v ? w : v; }
+    return v;
+}
+__device__ __forceinline__ unsigned long long judge_warp_min(unsigned long long v) {
+    for (int o = 16; o > 0; o >>= 1) { unsigned long long w = __shfl_down_sync(0xffffffffu, v, o); v = w < v ? w : v; }
+    return v;
+}
+// Lane 0 of each warp adds its warp's share to the totals (TOTALS_FIELDS order).
+__device__ void judge_commit(const JudgePartial& p, unsigned long long* t) {
+    unsigned long long v[9] = {judge_warp_sum(p.mismatches), judge_warp_sum(p.nonfinite_mismatches),
+                               judge_warp_max(p.max_abs_bits), judge_warp_max(p.max_rel_bits),
+                               judge_warp_min(p.first_mismatch), judge_warp_sum(p.unwritten),
+                               judge_warp_min(p.first_unwritten), judge_warp_sum(p.pair_differ_bits),
+                               judge_warp_sum(p.pair_mismatches)};
+    if ((threadIdx.x & 31) != 0) return;
+    if (v[0]) atomicAdd(t + 0, v[0]);
+    if (v[1]) atomicAdd(t + 1, v[1]);
+    if (v[2]) atomicMax(t + 2, v[2]);
+    if (v[3]) atomicMax(t + 3, v[3]);
+    if (v[4] != ~0ull) atomicMin(t + 4, v[4]);
+    if (v[5]) atomicAdd(t + 5, v[5]);
+    if (v[6] != ~0ull) atomicMin(t + 6, v[6]);
+    if (v[7]) atomicAdd(t + 7, v[7]);
+    if (v[8]) atomicAdd(t + 8, v[8]);
+}
+
+#define JUDGE_KERNELS(NAME, KIND)                                                                              \
+extern "C" __global__ void referee_judge_##NAME(const void* expected, const void* one, const void* two,       \
+        unsigned long long n, double rtol, double atol, unsigned long long p1, unsigned long long p2,            \
+        unsigned long long* totals) {                                                                          \
+    JudgePartial p; judge_partial_start(p);                                                                    \
+    judge_range<KIND>(expected, one, two, n, rtol, atol, p1, p2,                                               \
+                      blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x,                                \
+                      (unsigned long long)gridDim.x * blockDim.x, p);                                          \
+    judge_commit(p, totals);                                                                                   \
+}                                                                                                              \
+extern "C" __global__ void referee_first_after_##NAME(const void* expected, const void* got,                  \
+        unsigned long long n, double rtol, double atol, unsigned long long from, unsigned long long* first) {  \
+    unsigned long long i = judge_warp_min(judge_first_after<KIND>(expected, got, n, rtol, atol, from,         \
+        blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x, (unsigned long long)gridDim.x * blockDim.x)); \
+    if ((threadIdx.x & 31) == 0 && i != ~0ull) atomicMin(first, i);                                           \
+}                                                                                                              \
+extern "C" __global__ void referee_spread_##NAME(const void* values, unsigned long long n,                    \
+                                                  unsigned long long* stats) {                                 \
+    unsigned long long nonfinite = 0, lo = ~0ull, hi = 0;                                                      \
+    judge_spread<KIND>(values, n, blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x,                  \
+                       (unsigned long long)gridDim.x * blockDim.x, nonfinite, lo, hi);                        \
+    nonfinite = judge_warp_sum(nonfinite); lo = judge_warp_min(lo); hi = judge_warp_max(hi);                   \
+    if ((threadIdx.x & 31) != 0) return;                                                                       \
+    if (nonfinite) atomicAdd(stats + 0, nonfinite);                                                            \
+    if (lo != ~0ull) atomicMin(stats + 1, lo);                                                                 \
+    if (hi) atomicMax(stats + 2, hi);                                                                          \
+}
+
+JUDGE_KERNELS(float32, 0)
+JUDGE_KERNELS(float16, 1)
+JUDGE_KERNELS(bfloat16, 2)
+JUDGE_KERNELS(float64, 3)
+JUDGE_KERNELS(int8, 4)
+JUDGE_KERNELS(int32, 5)
+JUDGE_KERNELS(int64, 6)
+JUDGE_KERNELS(uint8, 7)
+JUDGE_KERNELS(uint32, 8)
+
+// One thread per chunk of `chunk` bytes: digests[32 * i] = SHA-256 of chunk i (the last may be shorter).
+extern "C" __global__ void referee_chunk_sha256(const unsigned char* data, unsigned long long n,
+                                                unsigned long long chunk, unsigned char* digests) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    unsigned long long first = i * chunk;
+    if (first >= n) return;
+    unsigned long long length = n - first < chunk ? n - first : chunk;
+    judge_sha256(data + first, length, digests + 32 * i);
+}
+"""
+
+JUDGE_SOURCE = DEVICE_PRELUDE + PORTABLE_SOURCE + DEVICE_KERNELS
