@@ -18,6 +18,7 @@ import numpy as np
 from harness import jobs
 from harness.call_limits import CallLimits
 from harness.compare import Agreement, agreement
+from harness.device_checks import DeviceChecks
 from harness.gpu_lease import GpuLease
 from harness.judging import integrity_reasons
 from harness.nvml import Nvml
@@ -35,7 +36,7 @@ from harness.worker_side import buffers
 from sandbox.pool import Worker, WorkerPool
 
 
-class Referee(TimingProtocol):
+class Referee(TimingProtocol, DeviceChecks):
     def __init__(self, task: Task, pool: WorkerPool, reference: CompiledKernel, settings: TimingSettings | None = None):
         self.task = task
         self.pool = pool
@@ -57,6 +58,7 @@ class Referee(TimingProtocol):
         self._preparer: ThreadPoolExecutor | None = None
         self._comparer: ThreadPoolExecutor | None = None  # audited outputs compared while the GPU goes on
         self.limits: CallLimits | None = None  # the tool call in progress: its deadline and launch limits
+        self._device_init()
 
     @contextmanager
     def within(self, limits: CallLimits) -> Iterator[None]:
@@ -172,6 +174,10 @@ class Referee(TimingProtocol):
     def _expected_and_run(self, kernel: CompiledKernel, case: Case, seed: int, against_oracle: bool):
         """The outputs to compare with and the candidate's raw run. A secret seed's reference run (in
         the reference worker) and the candidate's (in its own) go at the same time."""
+        if not against_oracle and self.judges_on_device(case):
+            result = self.check_on_device(kernel, case, seed)
+            if result is not None:
+                return None, result  # judged: the digests are in the result
         made = self.inputs(case, seed)
         if against_oracle:
             return self.oracle_expected(case, seed), self._run(self.pool.candidate, kernel, case, *made)
@@ -186,6 +192,8 @@ class Referee(TimingProtocol):
     def _judge_check(self, case: Case, expected: dict[str, np.ndarray], result: "RunResult") -> CaseCheck:
         if result.failure is not None:
             return CaseCheck(case=case.name, role=case.role, passed=False, reasons=[result.failure])
+        if result.digests is not None:  # judged on the device (harness/device_checks.py)
+            return case_check(case, result.digests, integrity_reasons(result.integrity, case.name))
         digests = [digest_on_host(spec.name, expected[spec.name], result.runs[0][spec.name],
                                   result.runs[1][spec.name], *self._tolerance(spec.name))
                    for spec in result.layout.outputs]
@@ -196,23 +204,29 @@ class Referee(TimingProtocol):
         return tol.rtol, tol.atol
 
     def _run(self, worker: Worker, kernel: CompiledKernel, case: Case, inputs: dict[str, np.ndarray],
-             hashes: dict[str, str] | None = None) -> "RunResult":
+             hashes: dict[str, str] | None = None, on_device: dict | None = None) -> "RunResult":
+        """The kernel once per poison. `on_device`: header fields that leave the outputs on the device
+        (harness/device_checks.py); the answer then comes back in the result instead of the outputs."""
         layout = jobs.Layout.for_case(self.task, case.dims)
         geometry, failure = launch_geometry(kernel, case)
         if failure is not None:
             return RunResult(layout, failure=failure)
         guard_seed = secrets.randbits(62)
-        out_bytes = sum(a.nbytes for a in layout.outputs) * len(buffers.POISON_BYTES)
+        out_bytes = 0 if on_device else sum(a.nbytes for a in layout.outputs) * len(buffers.POISON_BYTES)
         limit = self._launch_limit(worker, case)
 
         def build(resident: frozenset[str]):
-            return jobs.make_run_job(kernel.cubin, kernel.symbol, layout, geometry, inputs, buffers.POISON_BYTES,
-                                guard_seed, hashes, resident, limit)
+            header, blobs = jobs.make_run_job(kernel.cubin, kernel.symbol, layout, geometry, inputs,
+                                              buffers.POISON_BYTES, guard_seed, hashes, resident, limit)
+            return {**header, **(on_device or {})}, blobs
 
         answer, answer_blobs, failure = call_worker(worker, build, self.settings.run_deadline_s,
                                                    out_bytes + guard_bytes_of(layout, 1), case.name, self._deadline())
         if failure is not None:
             return RunResult(layout, failure=self._explained(failure))
+        if on_device:
+            integrity = jobs.check_integrity(answer, answer_blobs, layout, guard_seed, [inputs], [hashes])
+            return RunResult(layout, integrity=integrity, answer=answer)
         n = len(layout.outputs)
         outputs, guards = jobs.unpack_outputs(answer, answer_blobs, buffers.run_slots(len(buffers.POISON_BYTES), n), {})
         runs = [jobs.read_arrays(outputs[i * n:(i + 1) * n], layout.outputs) for i in range(len(buffers.POISON_BYTES))]

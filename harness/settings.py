@@ -34,6 +34,10 @@ class TimingSettings(BaseModel):
     # False: launches rotate the `rotation_sets` fixed input sets (the protocol before fresh inputs; the bench
     # times both).
     fresh_inputs: bool = True
+    # A check whose case has at least this many bytes of outputs is judged on the device (harness/device_checks.py):
+    # no output crosses to the host. None: always on the host. Below it, the host path, whose verdicts the
+    # device path matches.
+    device_judging_from_bytes: int | None = 256 << 20
 
     @property
     def checked_launches(self) -> int:

@@ -68,7 +68,13 @@ def read_answer(answer: dict, answer_blobs: list, case: str):
         return None, None, Reason(code=_FAILURES[status], case=case, detail=detail)
     if status == Status.UNAVAILABLE:
         raise Unavailable(detail)
+    if status == Status.EXPECTED_MISSING:
+        raise ExpectedMissing(detail)
     raise RuntimeError(f"worker error on case {case}: {detail}")
+
+
+class ExpectedMissing(Exception):
+    """The reference's worker no longer keeps the expected outputs a judging job names (harness/device_checks.py)."""
 
 
 class Refused(Exception):
@@ -85,6 +91,8 @@ class RunResult:
     runs: list[dict[str, np.ndarray]] | None = None
     integrity: jobs.Integrity | None = None
     failure: Reason | None = None
+    answer: dict | None = None  # the worker's answer, where the outputs stayed on the device
+    digests: list | None = None  # each output's OutputDigest, where it was judged on the device
 
 
 def run_ahead(produce: Callable) -> Iterator:

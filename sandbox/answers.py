@@ -16,6 +16,7 @@ class Status(StrEnum):
     TOO_SLOW = "too_slow"  # a launch ran past the job's launch limit: the kernel still runs, the worker ends
     UNAVAILABLE = "unavailable"  # an optional library (cuBLAS) does not load there
     RESIDENT_MISSING = "resident_missing"  # the job names a kept input the worker no longer holds
+    EXPECTED_MISSING = "expected_missing"  # the judge job names expected outputs the worker no longer keeps
     REFUSED = "refused"  # the compile worker's policy refused the request
     ERROR = "error"  # a bug or an unknown op, with its traceback
 

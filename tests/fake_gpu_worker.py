@@ -120,10 +120,13 @@ def _evidence(header, input_sets, behaviour):
     return hashes, guards
 
 
-def _run(header, blobs, behaviour):
+def _run(header, blobs, behaviour, device=None):
     inputs, shape = _inputs(header, blobs[1:])
     outputs = [_launch(inputs, shape, byte, behaviour, run) for run, byte in enumerate(header["poisons"])]
     hashes, guards = _evidence(header, [inputs], behaviour)
+    if header.get("hold_outputs") or header.get("keep_as"):
+        fields = device.hold(outputs) if header.get("hold_outputs") else device.keep(header, outputs, shape)
+        return {"status": "ok", "input_sha256": hashes, **fields}, guards
     fields, sent = pack_outputs(outputs, run_slots(len(outputs), 1), {})
     return {"status": "ok", "input_sha256": hashes, **fields}, sent + guards
 
@@ -253,11 +256,91 @@ def _time(header, blobs, behaviour, compute=None):
     return answer, sent + guards
 
 
+class DeviceJudging:
+    """Outputs judged "on the device" (harness/worker_side/device_judging.py's protocol), emulated: a held output
+    is a file in the --ipc-dir folder shared by both stand-ins, its "IPC handle" the file's path; the judging
+    itself is the host path's (harness/output_digest.py), reported as the judging kernels' totals. Without
+    --ipc-dir the candidate cannot export its outputs, as on a system without CUDA IPC. --forget-kept: the
+    reference's worker drops its kept outputs after every judging job (as after a restart)."""
+
+    def __init__(self, folder, forget):
+        self.folder, self.forget = folder, forget
+        self.kept, self.count = {}, 0
+
+    def hold(self, outputs):
+        if self.folder is None:
+            return {"held_outputs": None, "held_error": "CUDA_ERROR_NOT_SUPPORTED: operation not supported (fake)"}
+        entries = []
+        for blob in outputs:
+            self.count += 1
+            path = os.path.join(self.folder, f"{os.getpid()}-{self.count}.bin")
+            with open(path, "wb") as f:
+                f.write(blob)
+            entries.append({"handle": path.encode().hex(), "offset": 0})
+        return {"held_outputs": [entries]}  # one output (c): [first run, second run]
+
+    def keep(self, header, outputs, shape):
+        from harness.compare import agreement, raw_words
+        from harness.worker_side.buffers import tree_sha256
+        first, second = (np.frombuffer(b, dtype=np.float32).reshape(shape) for b in outputs)
+        rtol, atol = header["tolerances"]["c"]
+        self.kept[header["keep_as"]] = first
+        finite = first[np.isfinite(first)].astype(np.float64)
+        spread = {"nonfinite": int(first.size - finite.size),
+                  "finite_min_key": _order_key(finite.min()) if finite.size else (1 << 64) - 1,
+                  "finite_max_key": _order_key(finite.max()) if finite.size else 0}
+        return {"kept": [{"name": "c", "tree_sha256": tree_sha256(first), "spread": spread,
+                          "differ": int(np.count_nonzero(raw_words(first) != raw_words(second))),
+                          "mismatches": int(agreement(first, second, rtol, atol).value == "differs")}],
+                "kept_expected": sorted(self.kept)}
+
+    def judge(self, header):
+        from harness.compare import compare_output, raw_words
+        from harness.output_digest import digest_on_host
+        if header["expected"] not in self.kept:
+            return {"status": "expected_missing", "error": "EXPECTED_MISSING", "detail": header["expected"]}
+        expected = self.kept[header["expected"]]
+        if self.forget:
+            self.kept.clear()
+        (out,) = header["outputs"]
+        runs = []
+        for entry in out["runs"]:
+            with open(bytes.fromhex(entry["handle"]).decode(), "rb") as f:
+                runs.append(np.frombuffer(f.read(), dtype=np.float32).reshape(expected.shape))
+        first, second = runs
+        digest = digest_on_host("c", expected, first, second, out["rtol"], out["atol"])
+        check, flat = digest.check, first.reshape(-1)
+        written = ~(raw_words(first) == 0xFFFFFFFF) | ~(raw_words(second) == 0x7F7F7F7F)
+        pair = compare_output("c", first.reshape(-1)[written], second.reshape(-1)[written], out["rtol"], out["atol"])
+        firsts = [int(np.ravel_multi_index(m.index, expected.shape)) for m in check.first_mismatches]
+        totals = {"mismatches": check.mismatches, "nonfinite_mismatches": check.nonfinite_mismatches,
+                  "max_abs_bits": _bits(check.max_abs_error), "max_rel_bits": _bits(check.max_rel_error),
+                  "first_mismatch": firsts[0] if firsts else (1 << 64) - 1, "unwritten": digest.unwritten,
+                  "first_unwritten": (int(np.ravel_multi_index(digest.first_unwritten, expected.shape))
+                                      if digest.unwritten else (1 << 64) - 1),
+                  "pair_differ_bits": int(np.count_nonzero(raw_words(first)[written] != raw_words(second)[written])),
+                  "pair_mismatches": pair.mismatches}
+        mismatches = [[i, expected.reshape(-1)[i:i + 1].tobytes().hex(), flat[i:i + 1].tobytes().hex()]
+                      for i in firsts[:header["first_mismatches"]]]
+        return {"status": "ok", "judged": [{"name": "c", "totals": totals, "mismatches": mismatches}]}
+
+
+def _bits(value):
+    return int(np.array(value, dtype=np.float64).view(np.uint64))
+
+
+def _order_key(value):
+    bits = _bits(value)
+    return (~bits & ((1 << 64) - 1)) if bits >> 63 else bits | (1 << 63)
+
+
 def main(argv):
     flags = [a for a in argv[1:] if a.startswith("--")]
     fds = [a for a in argv[1:] if not a.startswith("--")]
     behaviours = [f.split("=", 1)[1] for f in flags if f.startswith("--behaviour=")]
     behaviour = behaviours[-1] if behaviours else "honest"
+    folders = [f.split("=", 1)[1] for f in flags if f.startswith("--ipc-dir=")]
+    device = DeviceJudging(folders[-1] if folders else None, "--forget-kept" in flags)
     jobs = os.fdopen(int(fds[0]), "rb")
     answers = os.fdopen(int(fds[1]), "wb")
     if behaviour not in BEHAVIOURS:
@@ -288,7 +371,9 @@ def main(argv):
             wire.send(answers, slow, [], regions[1])
             return EXIT_TOO_SLOW
         if op == "run":
-            answer, out = _run(header, blobs, behaviour)
+            answer, out = _run(header, blobs, behaviour, device)
+        elif op == "judge":
+            answer, out = device.judge(header), []
         elif op == "time":
             answer, out = _time(header, blobs, behaviour)
         elif op == "draw_run":

@@ -1,14 +1,15 @@
 """The GPU worker's "run" and "draw_run" jobs (the timed "time" job is timed_loop.py).
 
-Runs inside the worker process only. It judges nothing: it returns raw outputs, guard bands and
-input hashes, and the parent decides (harness/jobs.py, harness/referee.py).
+Runs inside the worker process only. It judges nothing: it returns raw outputs (or, for outputs judged on
+the device, their handles: harness/worker_side/device_judging.py), guard bands and input hashes, and the
+parent decides (harness/jobs.py, harness/referee.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from harness.worker_side import gpu
+from harness.worker_side import device_judging, gpu
 from harness.worker_side.buffers import digests_later, pack_outputs, run_slots
 from harness.worker_side.job import Job
 from harness.worker_side.messages import DrawRunJob, RunJob
@@ -19,10 +20,14 @@ from sandbox.answers import Status
 
 def run_job(context: gpu.Context, header: RunJob, blobs: list[bytes],
         utilities: Utilities | None = None) -> tuple[dict, list[bytes]]:
-    """One launch per poison on the same inputs; the outputs of each, then the evidence."""
+    """One launch per poison on the same inputs; the outputs of each, then the evidence. With
+    "hold_outputs" (a candidate judged on the device) the outputs stay here and their IPC handles go back;
+    with "keep_as" (the reference) the first run's outputs stay here as the expected outputs of that key."""
     if utilities is not None:
         utilities.begin()
     job = Job(context, header, blobs[0], sets=1, resident=utilities.resident if utilities is not None else None)
+    on_device = header.get("hold_outputs") or header.get("keep_as")
+    firsts: list[gpu.Allocation] = []
     try:
         job.upload_inputs(0, blobs[1:])
         outputs: list[np.ndarray] = []
@@ -31,18 +36,32 @@ def run_job(context: gpu.Context, header: RunJob, blobs: list[bytes],
             job.poison(0, byte)
             job.launch(0)
             context.wait(header.get("launch_limit_s"), f"launch {number} of {len(poisons)}")
-            outputs += job.read_outputs(0)
+            if not on_device:
+                outputs += job.read_outputs(0)
+            elif number == 1:
+                firsts = device_judging.snapshot(job.outputs(0), context.stream)
         output_hashes = digests_later(outputs)  # hashed while the inputs are read back and checked
         staging = utilities.staging if utilities is not None else Staging()
         hashes, guards = job.evidence(staging.take(job.input_bytes()))
         job.keep_inputs(hashes)
-        fields, sent = pack_outputs(outputs, run_slots(len(header["poisons"]), len(job.outputs(0))), {},
-                                    output_hashes())
         gpu_busy_ms = utilities.finish([])[1] if utilities is not None else None
         resident = utilities.resident.keys() if utilities is not None else []
-        return {"status": Status.OK, "input_sha256": hashes, "gpu_busy_ms": gpu_busy_ms, "resident_inputs": resident,
-                **fields}, sent + guards
+        base = {"status": Status.OK, "input_sha256": hashes, "gpu_busy_ms": gpu_busy_ms, "resident_inputs": resident}
+        if header.get("hold_outputs"):
+            fields = device_judging.hold(job, firsts, utilities.held)
+            if fields["held_outputs"] is not None:
+                firsts = []  # held until the next job
+            return {**base, **fields}, guards
+        if header.get("keep_as"):
+            fields = device_judging.keep(job, firsts, header, utilities)
+            firsts = []  # kept as the expected outputs
+            return {**base, **fields}, guards
+        fields, sent = pack_outputs(outputs, run_slots(len(header["poisons"]), len(job.outputs(0))), {},
+                                    output_hashes())
+        return {**base, **fields}, sent + guards
     finally:
+        for allocation in firsts:  # not handed on: a job that failed
+            allocation.free()
         job.close()
 
 

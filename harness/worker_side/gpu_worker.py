@@ -12,7 +12,7 @@ import traceback
 
 from cuda.bindings import driver
 
-from harness.worker_side import cublas, execute, gpu, timed_loop, utility_kernels
+from harness.worker_side import cublas, device_judging, execute, gpu, timed_loop, utility_kernels
 from harness.worker_side.compile_policy import arch_for
 from harness.worker_side.cuda_check import CudaError
 from harness.worker_side.job import JobFailed
@@ -40,6 +40,10 @@ def _start(ordinal: int):
 
 def _answer(context, utilities, header: dict, blobs: list[bytes]):
     op = header.get("op")
+    if op != "judge":
+        utilities.held.release()  # the last job's outputs, judged by now
+    if op == "judge":  # the reference's worker: a candidate's held outputs against the expected ones
+        return device_judging.judge_job(context, header, utilities)
     if op == "run":
         return execute.run_job(context, header, blobs, utilities)
     if op == "time":
@@ -96,6 +100,9 @@ def serve(jobs, answers, ordinal: int, confined: dict, regions=(None, None)) -> 
             return EXIT_TOO_SLOW
         except JobFailed as failed:
             answer, out = {"status": failed.status, "error": failed.error, "detail": failed.detail}, []
+        except device_judging.ExpectedMissing as missing:
+            answer, out = {"status": Status.EXPECTED_MISSING, "error": "EXPECTED_MISSING",
+                           "detail": f"expected outputs {missing} are no longer kept; keep them again"}, []
         except ResidentMissing as missing:
             answer, out = {"status": Status.RESIDENT_MISSING, "error": "RESIDENT_MISSING",
                            "detail": f"input {missing} is no longer held; send it"}, []

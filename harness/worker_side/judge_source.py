@@ -114,6 +114,7 @@ JUDGE_HD void judge_range(const void* expected, const void* first_run, const voi
     const Bits* exp = (const Bits*)expected;
     const Bits* one = (const Bits*)first_run;
     const Bits* two = (const Bits*)second_run;
+    JUDGE_UNROLL
     for (judge_u64 i = start; i < n; i += stride) {
         judge_u64 a = one[i], b = two[i];
         double got = JudgeType<KIND>::value(a);
@@ -229,6 +230,7 @@ JUDGE_HD inline void judge_sha256(const unsigned char* data, judge_u64 length, u
 DEVICE_PRELUDE = r"""
 #define JUDGE_HD __device__
 #define JUDGE_CONST __constant__
+#define JUDGE_UNROLL _Pragma("unroll 4")
 __device__ __forceinline__ unsigned long long judge_bits_of_double(double x) { return (unsigned long long)__double_as_longlong(x); }
 __device__ __forceinline__ double judge_double_of_bits(unsigned long long b) { return __longlong_as_double((long long)b); }
 __device__ __forceinline__ float judge_float_of_bits(unsigned int b) { return __int_as_float((int)b); }
@@ -243,6 +245,7 @@ HOST_PRELUDE = r"""
 #include <cstring>
 #define JUDGE_HD
 #define JUDGE_CONST static const
+#define JUDGE_UNROLL
 inline unsigned long long judge_bits_of_double(double x) { unsigned long long b; std::memcpy(&b, &x, 8); return b; }
 inline double judge_double_of_bits(unsigned long long b) { double x; std::memcpy(&x, &b, 8); return x; }
 inline float judge_float_of_bits(unsigned int b) { float x; std::memcpy(&x, &b, 4); return x; }

@@ -54,6 +54,35 @@ class _KernelJob(TypedDict):
 class RunJob(_KernelJob):
     op: Literal["run"]
     poisons: list[int]  # one launch per poison byte, on the same inputs
+    # Outputs left on the device (harness/worker_side/device_judging.py): a candidate's held for a judging job,
+    # their IPC handles in the answer; or the reference's first run kept as the expected outputs of this key,
+    # judged against the second run with these tolerances ({output: [rtol, atol]}).
+    hold_outputs: NotRequired[bool]
+    keep_as: NotRequired[str]
+    tolerances: NotRequired[dict[str, list[float]]]
+
+
+class HeldRuns(TypedDict):
+    handle: str  # a CUDA IPC memory handle, hex
+    offset: int  # where the output starts in the exported allocation
+
+
+class JudgedOutput(TypedDict):
+    name: str
+    dtype: str
+    itemsize: int
+    elements: int
+    rtol: float
+    atol: float
+    runs: list[HeldRuns]  # the candidate's first and second run
+
+
+class JudgeJob(TypedDict):
+    op: Literal["judge"]
+    expected: str  # the key the reference's outputs were kept as
+    outputs: list[JudgedOutput]
+    poisons: list[int]  # each run's poison byte: what an unwritten element holds
+    first_mismatches: int  # how many mismatches to report with their values
 
 
 class Draws(TypedDict):

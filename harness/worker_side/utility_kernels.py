@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 
 from harness.worker_side import fresh_inputs, gpu
+from harness.worker_side.device_judging import KEPT_SHARE, Held, Kept
 from harness.worker_side.kernel_clock import KernelClock, busy_ms, launch_records, launch_spans_ms
 from harness.worker_side.resident import RESIDENT_MAX_BYTES, Resident, Staging
 
@@ -96,6 +97,11 @@ class Utilities:
         self.flush_blocks = context.info.sm_count * 4
         self.staging = Staging()
         self.resident = Resident(min(RESIDENT_MAX_BYTES, context.info.total_memory_bytes // 10))
+        # Outputs judged on the device (harness/worker_side/device_judging.py): a candidate's, held until its
+        # next job; the reference's, kept as expected outputs; the judging kernels, made on first use.
+        self.held = Held()
+        self.kept = Kept(int(KEPT_SHARE * context.info.total_memory_bytes))
+        self.judges = None
         self.queue_ns_per_launch = HOST_QUEUE_NS_PER_LAUNCH
         self.event_overhead_ms, self.kernel_floor_ms = self._floor_ms()
 

@@ -1,0 +1,98 @@
+"""How fast outputs are judged on the device: the judging kernels (harness/worker_side/judge_source.py) comparing
+a candidate's two runs with an expected output, and hashing one (sha256-tree), per output size and dtype, in
+bytes of output per second. Runs in this process, on GPU 0, with the worker's own code (no sandbox: the
+kernels are the referee's, not a candidate's).
+
+    python bench/device_judging.py [--gib 0.25 1 4] [--repeats 5] [--json OUT]
+
+Without a GPU it says so and exits 0 with no numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from harness.device import gpu_absent_reason  # noqa: E402
+from harness.task_model import DTYPES  # noqa: E402
+from harness.worker_side import gpu  # noqa: E402
+from harness.worker_side.compile_policy import arch_for  # noqa: E402
+from harness.worker_side.device_judging import Judges  # noqa: E402
+from harness.worker_side.judge_source import JUDGE_SOURCE  # noqa: E402
+from harness.worker_side.nvrtc import compile_kernel  # noqa: E402
+
+
+def _seconds(work, repeats: int) -> float:
+    """The median wall time of `work` (which synchronizes), after one unmeasured run."""
+    work()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def measure(sizes_gib: list[float], dtypes: list[str], repeats: int) -> dict:
+    context = gpu.Context(0)
+    compiled = compile_kernel(JUDGE_SOURCE, "referee_judge_float32", arch=arch_for(*context.info.compute_capability))
+    if not compiled.ok:
+        raise RuntimeError(compiled.log)
+    judges = Judges(context, compiled.cubin)
+    rows = []
+    for gib in sizes_gib:
+        nbytes = int(gib * (1 << 30)) // 16 * 16
+        buffers = [gpu.Allocation(nbytes) for _ in range(3)]
+        try:
+            for allocation in buffers:  # equal outputs: every element is compared and passes
+                gpu.fill(allocation.ptr, 0x3C, nbytes, context.stream)
+            context.synchronize()
+            for dtype in dtypes:
+                elements = nbytes // DTYPES[dtype].itemsize
+                expected, first, second = (a.ptr for a in buffers)
+                judge_s = _seconds(lambda: judges.judge(dtype, expected, first, second, elements, 1e-3, 1e-3,
+                                                        (0xFFFFFFFF, 0x7F7F7F7F)), repeats)
+                rows.append({"dtype": dtype, "output_bytes": nbytes, "judge_s": judge_s,
+                             "judge_output_gbps": nbytes / judge_s / 1e9})
+            hash_s = _seconds(lambda: judges.tree_sha256(buffers[0].ptr, nbytes), repeats)
+            rows.append({"dtype": "bytes", "output_bytes": nbytes, "tree_sha256_s": hash_s,
+                         "tree_sha256_gbps": nbytes / hash_s / 1e9})
+        finally:
+            for allocation in buffers:
+                allocation.free()
+    return {"device": context.info.name, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gib", type=float, nargs="+", default=[0.25, 1.0, 4.0], help="output sizes, GiB")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "float64"])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="write the numbers here as JSON")
+    args = parser.parse_args(argv)
+    absent = gpu_absent_reason()
+    if absent is not None:
+        print(f"no GPU to measure on: {absent}")
+        return 0
+    numbers = measure(args.gib, args.dtypes, args.repeats)
+    for row in numbers["rows"]:
+        if "judge_s" in row:
+            print(f"{row['dtype']:>9} {row['output_bytes'] / 2**30:6.2f} GiB  judged in {row['judge_s'] * 1e3:8.2f} ms"
+                  f"  = {row['judge_output_gbps']:7.0f} GB/s of output")
+        else:
+            print(f"{'sha256':>9} {row['output_bytes'] / 2**30:6.2f} GiB  hashed in {row['tree_sha256_s'] * 1e3:8.2f} ms"
+                  f"  = {row['tree_sha256_gbps']:7.0f} GB/s")
+    if args.json:
+        args.json.write_text(json.dumps(numbers, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Checks judged on the device: a case whose outputs are large is judged by the reference's worker, against
+expected outputs it computed and kept on its own device, through the IPC handles of the candidate's outputs
+(harness/worker_side/device_judging.py). Only totals and a few elements cross to the host, so a case's
+reach is the GPU's memory, not the host's pipe.
+
+The verdict is the host path's: the same rule (harness/worker_side/judge_source.py, held to
+harness/compare.py by tests), the same digest (harness/output_digest.py) and the same reasons. Where the
+device path cannot run (no IPC on this system, a judging job that fails), the check falls back to the host
+path and says why once (`device_off`). Expected outputs the parent already holds (a run's locked ones)
+bind the kept ones: where their sha256-tree differs, that case is judged on the host, against the locked
+bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness import jobs
+from harness.output_digest import FIRST_MISMATCHES, OutputDigest, digest_from_totals
+from harness.settings import CompiledKernel, ReferenceFailed, input_seed
+from harness.task_model import DTYPES, Case
+from harness.worker_calls import ExpectedMissing, RunResult, call_worker
+from harness.worker_side import buffers
+from harness.worker_side.judge_source import STATS_FIELDS, TOTALS_FIELDS
+
+JUDGE_ANSWER_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class KeptExpected:
+    """Expected outputs the reference's worker keeps, by key: each output's sha256-tree and spread."""
+
+    key: str
+    tree_sha256: dict[str, str]
+    spread: dict[str, dict[str, int]]
+
+
+class DeviceChecks:
+    """The Referee's device path (a mixin: it uses the Referee's pool, task, settings, inputs and runs)."""
+
+    def _device_init(self) -> None:
+        self.device_off: str | None = None  # why checks are judged on the host after all, once known
+        self._kept: dict[tuple[str, int], KeptExpected] = {}
+        self._host_trees: dict[tuple[str, int], dict[str, str]] = {}
+        self.judged_on_device = 0  # cases judged there so far
+
+    def judges_on_device(self, case: Case) -> bool:
+        threshold = self.settings.device_judging_from_bytes
+        if threshold is None or self.device_off is not None:
+            return False
+        layout = jobs.Layout.for_case(self.task, case.dims)
+        return sum(a.nbytes for a in layout.outputs) >= threshold
+
+    def check_on_device(self, kernel: CompiledKernel, case: Case, seed: int) -> RunResult | None:
+        """The candidate's run on the case, judged on the device; None where that cannot be done (the
+        check then goes the host's way)."""
+        made = self.inputs(case, seed)
+        kept = self._kept_expected(case, seed, made)
+        if kept is None:
+            return None
+        result = self._run(self.pool.candidate, kernel, case, *made, on_device={"hold_outputs": True})
+        if result.failure is not None:
+            return result
+        held = result.answer.get("held_outputs")
+        if not isinstance(held, list) or len(held) != len(result.layout.outputs):
+            self._off(f"the candidate's outputs could not be shared with the judging worker "
+                      f"({result.answer.get('held_error') or 'no handles'})")
+            return None
+        try:
+            digests = self._judge(case, seed, made, kept, result.layout, held)
+        except ExpectedMissing:
+            self._kept.pop((case.name, seed), None)
+            kept = self._kept_expected(case, seed, made)
+            digests = self._judge(case, seed, made, kept, result.layout, held) if kept is not None else None
+        if digests is None:
+            return None
+        result.digests = digests
+        self.judged_on_device += 1
+        return result
+
+    def _off(self, why: str) -> None:
+        if self.device_off is None:
+            self.device_off = why
+
+    # -- the expected outputs, kept in the reference's worker ----------------------------------------
+    def _kept_expected(self, case: Case, seed: int, made) -> KeptExpected | None:
+        key = (case.name, seed)
+        if key in self._kept:
+            return self._kept[key]
+        tolerances = {p.name: list(self._tolerance(p.name)) for p in self.task.output_params}
+        result = self._run(self.pool.reference, self.reference, case, *made,
+                           on_device={"keep_as": f"{case.name}/{seed}", "tolerances": tolerances})
+        if result.failure is not None:
+            raise ReferenceFailed(case.name, f"{result.failure.code.value}: {result.failure.detail}")
+        problems = result.integrity.guard_violations + [f"modified input {n}" for n in result.integrity.modified_inputs]
+        if problems:
+            raise ReferenceFailed(case.name, "; ".join(problems))
+        try:
+            kept = _read_kept(result.answer, result.layout, f"{case.name}/{seed}", case.name)
+        except jobs.AnswerError as exc:
+            self._off(f"the reference's outputs kept on the device do not read: {exc}")
+            return None
+        held = self._expected.get(key)
+        if held is not None and self._host_tree(key, held) != kept.tree_sha256:
+            return None  # not the bytes the run locked: this case is judged on the host, against those
+        if seed in {input_seed(case, i) for i in range(self.settings.rotation_sets)}:
+            self._kept[key] = kept
+        return kept
+
+    def _host_tree(self, key: tuple[str, int], outputs: dict[str, np.ndarray]) -> dict[str, str]:
+        if key not in self._host_trees:
+            self._host_trees[key] = {name: buffers.tree_sha256(array) for name, array in outputs.items()}
+        return self._host_trees[key]
+
+    # -- the judging job -----------------------------------------------------------------------------
+    def _judge(self, case: Case, seed: int, made, kept: KeptExpected, layout: jobs.Layout,
+               held: list) -> list[OutputDigest] | None:
+        outputs = []
+        for spec, runs in zip(layout.outputs, held):
+            rtol, atol = self._tolerance(spec.name)
+            itemsize = DTYPES[spec.dtype].itemsize
+            outputs.append({"name": spec.name, "dtype": spec.dtype, "itemsize": itemsize,
+                            "elements": spec.nbytes // itemsize, "rtol": rtol, "atol": atol, "runs": runs})
+        header = {"op": "judge", "expected": kept.key, "outputs": outputs, "poisons": list(buffers.POISON_BYTES),
+                  "first_mismatches": FIRST_MISMATCHES}
+        answer, _, failure = call_worker(self.pool.reference, lambda resident: (header, []),
+                                         self.settings.run_deadline_s, JUDGE_ANSWER_BYTES, case.name, self._deadline())
+        if failure is not None:
+            self._off(f"judging on the device failed: {failure.code.value}: {failure.detail}")
+            return None
+        try:
+            return _read_judged(answer, layout, kept, {s.name: self._tolerance(s.name)[1] for s in layout.outputs})
+        except jobs.AnswerError as exc:
+            self._off(f"judging on the device gave an answer that does not read: {exc}")
+            return None
+
+
+def _read_kept(answer: dict, layout: jobs.Layout, key: str, case: str) -> KeptExpected:
+    facts = answer.get("kept")
+    names = [spec.name for spec in layout.outputs]
+    if not isinstance(facts, list) or [f.get("name") for f in facts if isinstance(f, dict)] != names:
+        raise jobs.AnswerError("the reference's kept outputs do not match the case's outputs")
+    for fact in facts:
+        if fact.get("differ") and fact.get("mismatches"):
+            raise ReferenceFailed(case, f"it is not deterministic: two runs on the same inputs differ beyond the "
+                                        f"tolerance in {fact['name']}")
+        if not isinstance(fact.get("tree_sha256"), str) or set(fact.get("spread") or {}) != set(STATS_FIELDS):
+            raise jobs.AnswerError(f"the reference's kept output {fact['name']} lacks its hash or spread")
+    return KeptExpected(key=key, tree_sha256={f["name"]: f["tree_sha256"] for f in facts},
+                        spread={f["name"]: {k: int(v) for k, v in f["spread"].items()} for f in facts})
+
+
+def _read_judged(answer: dict, layout: jobs.Layout, kept: KeptExpected, atols: dict[str, float]) -> list[OutputDigest]:
+    judged = answer.get("judged")
+    if not isinstance(judged, list) or len(judged) != len(layout.outputs):
+        raise jobs.AnswerError("the judging answer does not name every output")
+    digests = []
+    for spec, entry in zip(layout.outputs, judged):
+        totals = entry.get("totals") if isinstance(entry, dict) else None
+        if entry.get("name") != spec.name or not isinstance(totals, dict) or \
+                not all(isinstance(totals.get(f), int) for f in TOTALS_FIELDS):
+            raise jobs.AnswerError(f"the judging answer for {spec.name} lacks its totals")
+        dtype = DTYPES[spec.dtype]
+        mismatches = [(int(index), _element(expected, dtype), _element(got, dtype))
+                      for index, expected, got in entry.get("mismatches") or []]
+        digests.append(digest_from_totals(spec.name, spec.shape, {f: totals[f] for f in TOTALS_FIELDS},
+                                          kept.spread[spec.name], mismatches, atols[spec.name]))
+    return digests
+
+
+def _element(hex_bytes: str, dtype: np.dtype) -> float:
+    raw = bytes.fromhex(hex_bytes)
+    if len(raw) != dtype.itemsize:
+        raise jobs.AnswerError("a reported element has the wrong size")
+    return float(np.frombuffer(raw, dtype=dtype)[0])

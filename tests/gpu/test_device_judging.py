@@ -1,0 +1,73 @@
+"""Outputs judged on the device give the host path's verdicts, on the real workers: the exploit corpus's
+checkable kernels, the honest reference and the wrong ones, each checked both ways; the reference's outputs
+kept on the device hash (sha256-tree, computed there) to the host's hash of the same outputs."""
+
+from pathlib import Path
+
+import pytest
+
+from harness.referee import Referee
+from harness.settings import TimingSettings
+from harness.task_model import LaunchSpec
+from harness.worker_side import buffers
+from tests.gpu.conftest import build
+
+pytestmark = pytest.mark.gpu
+EXPLOITS = Path(__file__).resolve().parents[1] / "exploits"
+TILED32 = {"grid": ["ceil_div(n, 32)", "ceil_div(m, 32)"], "block": [32, 32]}
+# Checked both ways: their verdicts come from the outputs (and guard bands and inputs), not from a worker
+# that dies; those that kill or stall the worker end the same way on either path before any judging.
+CHECKED = ["correct_control", "wrong_control", "writes_nothing", "partial_output", "half_precision",
+           "oob_write_after", "oob_write_before", "write_input", "zero_inputs", "visible_shapes_only",
+           "memo_pointer", "memo_sampled_values", "memo_whole_input_hash", "launch_counter_skip",
+           "recompute_on_change"]
+
+
+@pytest.fixture(scope="module")
+def referees(matmul_task, pool, arch):
+    reference = build(matmul_task.source("reference"), matmul_task, arch, label="reference")
+    host = Referee(matmul_task, pool, reference, TimingSettings(device_judging_from_bytes=None))
+    device = Referee(matmul_task, pool, reference, TimingSettings(device_judging_from_bytes=0))
+    return host, device
+
+
+def _verdict(report) -> list[str]:
+    return [case.model_dump_json() for case in report.cases]
+
+
+@pytest.mark.parametrize("name", CHECKED)
+def test_an_exploit_gets_the_same_verdict_on_the_device_as_on_the_host(matmul_task, arch, referees, name):
+    host, device = referees
+    path = EXPLOITS / f"{name}.cu"
+    if not path.exists():
+        pytest.fail(f"{path} is gone: update CHECKED")
+    launch = LaunchSpec.model_validate(TILED32) if name == "correct_control" else None
+    kernel = build(path.read_text(), matmul_task, arch, launch=launch)
+    cases = list(matmul_task.visible_cases) + list(matmul_task.holdout_cases)
+    judged = device.judged_on_device
+    on_device, on_host = device.check(kernel, cases), host.check(kernel, cases)
+    assert device.device_off is None, device.device_off
+    assert device.judged_on_device > judged
+    assert on_device.passed == on_host.passed
+    deterministic = all(c.agreement == "identical" for c in on_host.cases + on_device.cases)
+    if deterministic:
+        assert _verdict(on_device) == _verdict(on_host)
+    else:  # a racy kernel's runs may differ from one check to the next: the same reasons, not the same numbers
+        assert [sorted({r.code for r in c.reasons}) for c in on_device.cases] == \
+               [sorted({r.code for r in c.reasons}) for c in on_host.cases]
+
+
+def test_the_reference_passes_on_the_device(matmul_task, referees):
+    _, device = referees
+    report = device.check(device.reference, list(matmul_task.cases))
+    assert report.passed, report.reasons
+    assert device.device_off is None
+
+
+def test_kept_expected_outputs_hash_on_the_device_as_on_the_host(matmul_task, referees):
+    host, device = referees
+    case = matmul_task.visible_cases[0]
+    kept = device._kept_expected(case, case.seed, device.inputs(case, case.seed))
+    assert kept is not None
+    expected = host.expected(case, case.seed)
+    assert kept.tree_sha256 == {name: buffers.tree_sha256(array) for name, array in expected.items()}

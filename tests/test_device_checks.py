@@ -1,0 +1,122 @@
+"""Checks judged on the device reach the host path's verdicts, case for case, and fall back to it where the
+device path cannot run. CPU stand-ins (tests/fake_gpu_worker.py) emulate the protocol: held outputs are files
+in a shared folder, the judging is the host rule reported as the judging kernels' totals. The rule itself,
+kernel against host, is tests/test_judge_kernels.py's."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.referee import Referee
+from harness.settings import CompiledKernel, ReferenceFailed, TimingSettings
+from harness.task import load_task
+from sandbox.pool import Worker
+
+MATMUL = Path(__file__).resolve().parents[1] / "cases" / "matmul_f32"
+FAKE_GPU = (sys.executable, str(Path(__file__).with_name("fake_gpu_worker.py")))
+CUBIN = b"\x7fELF" + bytes(60)
+BEHAVIOURS = ["honest", "unwritten", "race", "oob_after", "modify_input"]
+
+
+class _Pool:
+    def __init__(self, reference: Worker, candidate: Worker):
+        self.reference, self.candidate = reference, candidate
+
+
+def _worker(name: str, *flags: str) -> Worker:
+    return Worker(name, command=FAKE_GPU + flags, confine=False, startup_timeout_s=30)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task(MATMUL)
+
+
+@pytest.fixture
+def workers(tmp_path):
+    """start(behaviour, *reference flags, ipc=True) -> a referee's pool; every worker stopped after the test."""
+    started = []
+
+    def start(behaviour: str, *reference_flags: str, ipc: bool = True) -> _Pool:
+        folder = (f"--ipc-dir={tmp_path}",) if ipc else ()
+        pool = _Pool(_worker("reference", *folder, *reference_flags),
+                     _worker("candidate", f"--behaviour={behaviour}", *folder))
+        started.extend([pool.reference, pool.candidate])
+        return pool
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def _referee(task, pool, device: bool) -> Referee:
+    settings = TimingSettings(run_deadline_s=60.0, device_judging_from_bytes=0 if device else None)
+    return Referee(task, pool, CompiledKernel("reference", CUBIN, task.kernel_name, task.launch), settings)
+
+
+def _check(referee, task, cases=None):
+    kernel = CompiledKernel("candidate", CUBIN, "matmul_f32", task.launch)
+    return referee.check(kernel, cases or [task.visible_cases[0]])
+
+
+def _verdict(report) -> list:
+    return [c.model_dump_json() for c in report.cases]  # as JSON: a reported NaN equals itself there
+
+
+@pytest.mark.parametrize("behaviour", BEHAVIOURS)
+def test_the_device_path_reaches_the_host_paths_verdict(task, workers, behaviour):
+    on_host = _check(_referee(task, workers(behaviour), device=False), task)
+    device_referee = _referee(task, workers(behaviour), device=True)
+    on_device = _check(device_referee, task)
+    assert device_referee.device_off is None and device_referee.judged_on_device == 1
+    assert _verdict(on_device) == _verdict(on_host)
+    assert on_device.passed is (behaviour == "honest")
+
+
+def test_without_ipc_the_check_falls_back_to_the_host_and_says_why(task, workers):
+    referee = _referee(task, workers("unwritten", ipc=False), device=True)
+    report = _check(referee, task)
+    assert "could not be shared" in referee.device_off and "NOT_SUPPORTED" in referee.device_off
+    assert not report.passed and {r.code.value for r in report.reasons} == {"mismatch", "unwritten_output"}
+    assert not referee.judges_on_device(task.visible_cases[0])  # said once, then the host's way at once
+    assert referee.judged_on_device == 0
+
+
+def test_expected_outputs_the_worker_no_longer_keeps_are_kept_again(task, workers):
+    referee = _referee(task, workers("honest", "--forget-kept"), device=True)
+    first, second = _check(referee, task), _check(referee, task)
+    assert first.passed and second.passed
+    assert referee.device_off is None and referee.judged_on_device == 2
+
+
+def test_locked_expected_outputs_bind_the_kept_ones(task, workers):
+    """Expected outputs the parent holds (a run's locked ones) that are not the bytes the reference's worker
+    kept: that case is judged on the host, against the locked bytes."""
+    referee = _referee(task, workers("honest"), device=True)
+    case = task.visible_cases[0]
+    locked = {name: array.copy() for name, array in referee.expected(case, case.seed).items()}
+    locked["c"].reshape(-1)[0] += np.float32(1000.0)
+    referee.preload(case, case.seed, locked)
+    report = _check(referee, task, [case])
+    assert not report.passed and {r.code.value for r in report.reasons} == {"mismatch"}
+    assert referee.judged_on_device == 0
+
+
+def test_a_nondeterministic_reference_fails_on_the_device_as_on_the_host(task, workers):
+    for device in (False, True):
+        pool = _Pool(_worker("reference", "--behaviour=race"), _worker("candidate"))
+        try:
+            with pytest.raises(ReferenceFailed, match="not deterministic"):
+                _check(_referee(task, pool, device=device), task)
+        finally:
+            pool.reference.stop()
+            pool.candidate.stop()
+
+
+def test_small_outputs_stay_on_the_host_by_default(task):
+    referee = Referee(task, _Pool(None, None), CompiledKernel("reference", CUBIN, task.kernel_name, task.launch))
+    assert all(not referee.judges_on_device(case) for case in task.cases)
