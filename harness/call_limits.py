@@ -11,6 +11,12 @@ from harness.jobs import Layout
 from harness.task_model import Task
 from sandbox.deadline import Deadline
 
+# No tool call outlives this much wall time, whatever the kernel: the TypeScript SDK, and so the MCP
+# Inspector and many clients, give up on a request after 60 s. Every job a call sends to a worker
+# inherits what is left of it (sandbox/deadline.py); a case whose work cannot fit it is refused up front
+# (harness/job_deadlines.py).
+CALL_DEADLINE_S = 55.0
+
 # A candidate's launch is too slow past this many times the baseline's launch on the same case, and
 # at least MIN_LAUNCH_LIMIT_S: far beyond any honest kernel worth timing, well inside a call's deadline.
 TOO_SLOW_FACTOR = 20.0

@@ -126,7 +126,7 @@ class DeviceChecks:
         header = {"op": "judge", "expected": kept.key, "outputs": outputs, "poisons": list(buffers.POISON_BYTES),
                   "first_mismatches": FIRST_MISMATCHES}
         answer, _, failure = call_worker(self.pool.reference, lambda resident: (header, []),
-                                         self.settings.run_deadline_s, JUDGE_ANSWER_BYTES, case.name, self._deadline())
+                                         self.run_deadline_s(case), JUDGE_ANSWER_BYTES, case.name, self._deadline())
         if failure is not None:
             self._off(f"judging on the device failed: {failure.code.value}: {failure.detail}")
             return None

@@ -15,6 +15,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.call_limits import CALL_DEADLINE_S
+from harness.job_deadlines import time_shortfalls
 from harness.settings import TimingSettings
 from harness.jobs import Layout
 from harness.worker_side.buffers import guarded_bytes
@@ -64,7 +66,15 @@ def usable_bytes(device: dict) -> int | None:
 
 
 def shortfalls(task: Task, settings: TimingSettings, device: dict) -> list[str]:
-    """One sentence per case that cannot fit on this device; empty when every case fits."""
+    """One sentence per case that cannot fit on this device, or cannot be checked or timed within a tool call
+    (harness/job_deadlines.py); empty when every case fits."""
+    on_device = settings.device_judging_from_bytes
+    return memory_shortfalls(task, settings, device) + time_shortfalls(
+        task, settings, device, CALL_DEADLINE_S,
+        lambda case: on_device is not None and CaseArrays.of(task, case).outputs >= on_device)
+
+
+def memory_shortfalls(task: Task, settings: TimingSettings, device: dict) -> list[str]:
     usable = usable_bytes(device)
     if usable is None:
         return []  # a device that does not say its size is not refused on a guess

@@ -20,6 +20,7 @@ from harness.call_limits import CallLimits
 from harness.compare import Agreement, agreement
 from harness.device_checks import DeviceChecks
 from harness.gpu_lease import GpuLease
+from harness.job_deadlines import case_work, run_deadline_s, time_deadline_s
 from harness.judging import integrity_reasons
 from harness.nvml import Nvml
 from harness.oracle import run_oracle
@@ -45,6 +46,7 @@ class Referee(TimingProtocol, DeviceChecks):
         self.peaks: DevicePeaks | None = None  # measured (harness/peaks.py): each timing's roofline fraction
         self.nvml: Nvml | None = None  # clocks, throttling and other processes read around each timing
         self.lease: GpuLease | None = None  # the GPU's host-wide lease, held around every timing job
+        self.device: dict | None = None  # the worker's device facts: its peaks scale the jobs' deadlines
         # Inputs of a case's fixed seeds (its own and its rotation sets'), with their hashes: made once.
         self._inputs: dict[tuple[str, int], tuple[dict[str, np.ndarray], dict[str, str]]] = {}
         self._expected: dict[tuple[str, int], dict[str, np.ndarray]] = {}
@@ -78,6 +80,14 @@ class Referee(TimingProtocol, DeviceChecks):
         if self.limits is None or worker is not self.pool.candidate:
             return None
         return self.limits.launch_s.get(case.name)
+
+    def run_deadline_s(self, case: Case) -> float:
+        """A check job's deadline on this case: the settings' floor, or what its size needs (harness/job_deadlines.py)."""
+        work = case_work(self.task, case, self.settings, self.device, self.judges_on_device(case))
+        return run_deadline_s(work, self.settings)
+
+    def time_deadline_s(self, case: Case) -> float:
+        return time_deadline_s(case_work(self.task, case, self.settings, self.device), self.settings)
 
     def _explained(self, failure: Reason) -> Reason:
         """A too_slow reason with the baseline's launch time its limit came from."""
@@ -220,7 +230,7 @@ class Referee(TimingProtocol, DeviceChecks):
                                               buffers.POISON_BYTES, guard_seed, hashes, resident, limit)
             return {**header, **(on_device or {})}, blobs
 
-        answer, answer_blobs, failure = call_worker(worker, build, self.settings.run_deadline_s,
+        answer, answer_blobs, failure = call_worker(worker, build, self.run_deadline_s(case),
                                                    out_bytes + guard_bytes_of(layout, 1), case.name, self._deadline())
         if failure is not None:
             return RunResult(layout, failure=self._explained(failure))

@@ -117,7 +117,7 @@ class TimingProtocol:
                                      timed.input_sets[0], fresh, launches, guard_seed, timed.sent_hashes[0], resident)
 
         out_bytes = sum(a.nbytes for a in layout.outputs) * len(launches)
-        answer, blobs, failure = call_worker(self.pool.reference, build, self.settings.run_deadline_s,
+        answer, blobs, failure = call_worker(self.pool.reference, build, self.run_deadline_s(case),
                                             out_bytes + guard_bytes_of(layout, 1), case.name, self._deadline())
         if failure is not None:
             raise ReferenceFailed(case.name, f"{failure.code.value} on the inputs of audited launches: {failure.detail}")
@@ -161,7 +161,7 @@ class TimingProtocol:
             return header, blobs
 
         try:
-            answer, blobs_back, failure = call_worker(worker, build, s.time_deadline_s,
+            answer, blobs_back, failure = call_worker(worker, build, self.time_deadline_s(case),
                                                      out_bytes + guard_bytes_of(layout, sets), case.name,
                                                      self._deadline())
         except Refused as refused:

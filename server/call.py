@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-# No tool call outlives this much wall time, whatever the kernel: the TypeScript SDK, and so the MCP
-# Inspector and many clients, give up on a request after 60 s. Every job a call sends to a worker
-# inherits what is left of it (harness/call_limits.py, sandbox/deadline.py).
-CALL_DEADLINE_S = 55.0
+from harness.call_limits import CALL_DEADLINE_S  # noqa: F401 - every tool call's wall-time bound
 
 Progress = Callable[[float, float, str], None]
 

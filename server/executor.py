@@ -109,6 +109,7 @@ class GpuExecutor:
             raise ExecutorError(f"the task's reference does not compile:\n{reference.log}")
         kernel = CompiledKernel("reference", reference.cubin, reference.lowered_name, self.task.own_launch("reference"))
         self.referee = Referee(self.task, self.pool, kernel, self.settings)
+        self.referee.device = hello["device"]
         gpu_uuid = self._placed_uuid(hello.get("gpu_uuid"))
         self.referee.nvml = Nvml(hello.get("pci_bus_id"), uuid=gpu_uuid)
         gpu_uuid = gpu_uuid or self.referee.nvml.uuid()

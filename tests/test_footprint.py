@@ -7,8 +7,8 @@ import pytest
 
 from harness.settings import TimingSettings
 from harness.footprint import (CONTEXT_RESERVE_BYTES, NPY_HEADER_BYTES, available_memory_bytes, case_bytes,
-                               disk_shortfalls, free_disk_bytes, host_need, host_shortfalls, run_disk_bytes, shortfalls,
-                               timing_bytes)
+                               disk_shortfalls, free_disk_bytes, host_need, host_shortfalls, memory_shortfalls,
+                               run_disk_bytes, shortfalls, timing_bytes)
 from harness.jobs import Layout
 from harness.worker_side.buffers import GUARD_BYTES
 from harness.task import load_task
@@ -53,15 +53,30 @@ def test_a_shipped_task_fits_and_a_huge_case_is_named(tmp_path):
     # 2^31 floats = 8 GiB per array: one set fits, but timing holds 4 sets and 3 snapshots (120 GiB): more
     # than an 80 GB GPU offers, less than an H200's.
     task = load_task(huge_saxpy(tmp_path, 2**31 - 1))
-    assert shortfalls(task, TimingSettings(), H200) == []
-    (problem,) = shortfalls(task, TimingSettings(), H100)
+    assert memory_shortfalls(task, TimingSettings(), H200) == []
+    (problem,) = memory_shortfalls(task, TimingSettings(), H100)
     assert problem.startswith("case large needs 120.0 GiB of device memory (4 input sets and 3 output snapshots")
     assert f"offers {(H100['total_memory_bytes'] - 2 * H100['l2_bytes'] - CONTEXT_RESERVE_BYTES) / 2**30:.1f} GiB" \
         in problem
 
 
 def test_a_device_that_does_not_say_its_size_is_not_refused(tmp_path):
-    assert shortfalls(load_task(huge_saxpy(tmp_path, 2**31 - 1)), TimingSettings(), {"gpu": "x"}) == []
+    assert memory_shortfalls(load_task(huge_saxpy(tmp_path, 2**31 - 1)), TimingSettings(), {"gpu": "x"}) == []
+
+
+def test_a_case_whose_check_cannot_fit_a_tool_call_is_named_with_its_need(tmp_path):
+    """8 GiB per array: judged on the host, 34 GB cross it in a check (two inputs, and both runs' output),
+    minutes at the host's best rate; judged on the device (the default for outputs this large), the outputs stay
+    there, and the inputs alone still need more than 55 s."""
+    task = load_task(huge_saxpy(tmp_path, 2**31 - 1))
+    on_host = shortfalls(task, TimingSettings(device_judging_from_bytes=None), H200)
+    assert on_host and all(p.startswith("case large: ") and "beyond the 55 s a tool call has" in p for p in on_host)
+    assert "checking it needs at least" in on_host[0] and "34.4 GB through the host" in on_host[0]
+    on_device = shortfalls(task, TimingSettings(), H200)
+    assert "17.2 GB through the host" in on_device[0]
+    (tmp_path / "fits").mkdir()
+    fits = load_task(huge_saxpy(tmp_path / "fits", 2**28))  # 1 GiB per array
+    assert shortfalls(fits, TimingSettings(), H200) == []
 
 
 class _SmallGpu(FakeExecutor):
