@@ -45,6 +45,29 @@ class DeviceChecks:
         self._kept: dict[tuple[str, int], KeptExpected] = {}
         self._host_trees: dict[tuple[str, int], dict[str, str]] = {}
         self.judged_on_device = 0  # cases judged there so far
+        # The sha256-trees a run locked for expected outputs it keeps only as hashes, by (case, seed): every
+        # computation of those outputs, on the device or the host, must give them again.
+        self._locked_trees: dict[tuple[str, int], dict[str, str]] = {}
+
+    def expected_trees(self, case: Case, seed: int) -> dict[str, str] | None:
+        """The sha256-trees of a case's expected outputs, computed and kept on the device where the case is
+        judged there; None where it is judged on the host (its outputs then come from expected())."""
+        if not self.judges_on_device(case):
+            return None
+        kept = self._kept_expected(case, seed, self.inputs(case, seed))
+        return None if kept is None else dict(kept.tree_sha256)
+
+    def lock_trees(self, case: Case, seed: int, trees: dict[str, str]) -> None:
+        """A run's locked sha256-trees of expected outputs it does not hold (a resumed run, a replay)."""
+        self._locked_trees[(case.name, seed)] = dict(trees)
+
+    def check_locked(self, case: Case, seed: int, trees: dict[str, str]) -> None:
+        """Raise ReferenceFailed where the run locked other outputs for this case and seed."""
+        locked = self._locked_trees.get((case.name, seed))
+        if locked is not None and locked != trees:
+            raise ReferenceFailed(case.name, "its outputs are not the ones the run locked (their sha256-tree "
+                                             "differs): the reference does not reproduce them bit for bit here, or "
+                                             "the GPU or its driver changed")
 
     def judges_on_device(self, case: Case) -> bool:
         threshold = self.settings.device_judging_from_bytes
@@ -102,12 +125,16 @@ class DeviceChecks:
         except jobs.AnswerError as exc:
             self._off(f"the reference's outputs kept on the device do not read: {exc}")
             return None
+        self.check_locked(case, seed, kept.tree_sha256)
         held = self._expected.get(key)
         if held is not None and self._host_tree(key, held) != kept.tree_sha256:
             return None  # not the bytes the run locked: this case is judged on the host, against those
         if seed in {input_seed(case, i) for i in range(self.settings.rotation_sets)}:
             self._kept[key] = kept
         return kept
+
+    def host_trees(self, case: Case, seed: int, outputs: dict[str, np.ndarray]) -> dict[str, str]:
+        return self._host_tree((case.name, seed), outputs)
 
     def _host_tree(self, key: tuple[str, int], outputs: dict[str, np.ndarray]) -> dict[str, str]:
         if key not in self._host_trees:

@@ -99,7 +99,10 @@ class Referee(TimingProtocol, DeviceChecks):
     def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
         key = (case.name, seed)
         if key not in self._expected:
-            self._expected[key] = self._run_reference(case, seed)
+            outputs = self._run_reference(case, seed)
+            if key in self._locked_trees:
+                self.check_locked(case, seed, self.host_trees(case, seed, outputs))
+            self._expected[key] = outputs
         return self._expected[key]
 
     def preload(self, case: Case, seed: int, outputs: dict[str, np.ndarray]) -> None:

@@ -116,6 +116,9 @@ def _serve_parser(commands) -> None:
     serve.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
     serve.add_argument("--profile", action="store_true",
                        help="let the agent profile candidates with Nsight Compute (profile_kernel); off by default")
+    serve.add_argument("--keep-expected", action="store_true",
+                       help="write every case's expected outputs into the run folder, even those of cases judged on "
+                       "the device (kept there as sha256-trees by default)")
     serve.add_argument("--gpu", metavar="N|UUID", help="the GPU to serve on: an index or a UUID as nvidia-smi -L prints "
                        "them (default: one no other run serves on; a resumed run goes back on its own)")
 
@@ -152,7 +155,7 @@ def settings_of(args: argparse.Namespace) -> RefereeSettings:
     given = vars(args)
     timing = TimingSettings(**{key: given[key] for key in ("warmups", "iterations") if given.get(key) is not None},
                             cold_l2=not given.get("no_cold_l2", False))
-    run = RunSettings(timing=timing, profile=bool(given.get("profile")),
+    run = RunSettings(timing=timing, profile=bool(given.get("profile")), keep_expected=bool(given.get("keep_expected")),
                       **{key: given[key] for key in ("max_attempts", "probes_per_window") if given.get(key) is not None})
     return RefereeSettings(run=run, confine=not given.get("no_sandbox", False),
                            **{key: given[key] for key in ("transport", "host", "port", "results")

@@ -53,6 +53,9 @@ class Executor(Protocol):
     def compile(self, source: str, options: tuple[str, ...]) -> CompileResult: ...
     def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]: ...
     def preload(self, case: Case, seed: int, outputs: dict[str, np.ndarray]) -> None: ...
+    # The sha256-trees of expected outputs kept on the device (a case judged there); None: judged on the host
+    def expected_trees(self, case: Case, seed: int) -> dict[str, str] | None: ...
+    def lock_trees(self, case: Case, seed: int, trees: dict[str, str]) -> None: ...  # a run's locked trees
     def prepare(self, cases: list[Case], seeds: dict[str, int]) -> None: ...  # make these inputs ahead of a check
     def check(self, kernel: CompiledKernel, cases: list[Case], seeds: dict[str, int] | None = None,
               against_oracle: bool = False) -> CheckReport: ...
@@ -166,6 +169,12 @@ class GpuExecutor:
 
     def preload(self, case: Case, seed: int, outputs: dict[str, np.ndarray]) -> None:
         self.referee.preload(case, seed, outputs)
+
+    def expected_trees(self, case: Case, seed: int) -> dict[str, str] | None:
+        return self.referee.expected_trees(case, seed)
+
+    def lock_trees(self, case: Case, seed: int, trees: dict[str, str]) -> None:
+        self.referee.lock_trees(case, seed, trees)
 
     def prepare(self, cases: list[Case], seeds: dict[str, int]) -> None:
         self.referee.prepare(cases, seeds)

@@ -6,25 +6,22 @@ Run's constructor only holds state: what is recorded when a run begins or comes 
 
 from __future__ import annotations
 
-import io
 import shutil
 import stat
 from pathlib import Path
 
-import numpy as np
-
 from harness.footprint import machine_shortfalls, shortfalls
-from harness.settings import input_seed
 from harness.task import load_task
 from server import lock as locking
 from server.attempt import record_baseline, settle_interrupted
-from server.audit import LOG_NAME, write_bytes_atomic
+from server.audit import LOG_NAME
 from server.executor import Executor
 from server.folder_lock import FolderLock
 from server.lease_waits import name_lease
 from server.records import EventKind
 from server.report_files import write_report_files
-from server.run import Progress, Run, RunError, RunSettings, TaskDoesNotFit, expected_path, now_iso
+from server.expected_files import load_expected, write_expected
+from server.run import Progress, Run, RunError, RunSettings, TaskDoesNotFit, now_iso
 from server.verify import chain_break
 
 
@@ -134,28 +131,16 @@ def _checked_for_resume(run_dir: Path, executor: Executor) -> tuple[dict, dict]:
 
 
 def _write_expected(run: Run, progress: Progress | None) -> None:
-    cases = list(run.task.cases)
     sets = run.settings.timing.rotation_sets
-    for index, case in enumerate(cases):
-        if progress:
-            progress(index, len(cases), f"reference outputs for {case.name}")
-        for s in range(sets):
-            outputs = run.executor.expected(case, input_seed(case, s))
-            for name, array in outputs.items():
-                buffer = io.BytesIO()
-                np.save(buffer, array, allow_pickle=False)
-                path = run.dir / expected_path(case, s, name)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                write_bytes_atomic(path, buffer.getvalue())
-    run.audit.append(EventKind.EXPECTED_OUTPUTS_WRITTEN, {"cases": [c.name for c in cases], "sets": sets})
+    kinds = write_expected(run.dir, run.task, sets, run.executor, run.settings.keep_expected, progress)
+    stored = {"cases": [c.name for c in run.task.cases], "sets": sets}
+    if any(kind != "files" for kind in kinds.values()):
+        stored["sha256_tree_only"] = sorted(name for name, kind in kinds.items() if kind != "files")
+    run.audit.append(EventKind.EXPECTED_OUTPUTS_WRITTEN, stored)
 
 
 def _preload_expected(run: Run) -> None:
-    for case in run.task.cases:
-        for s in range(run.settings.timing.rotation_sets):
-            outputs = {p.name: np.load(run.dir / expected_path(case, s, p.name), allow_pickle=False)
-                       for p in run.task.output_params}
-            run.executor.preload(case, input_seed(case, s), outputs)
+    load_expected(run.dir, run.task, run.settings.timing.rotation_sets, run.executor)
 
 
 def _next_run_dir(results: Path) -> Path:

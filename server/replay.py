@@ -19,12 +19,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, TextIO
 
-import numpy as np
-
 from harness.device import gpu_absent_reason
 from harness.gpus import list_gpus, placement_for
 from harness.oracle import OracleError
-from harness.settings import CompiledKernel, ReferenceFailed, TimingSettings, input_seed
+from harness.settings import CompiledKernel, ReferenceFailed, TimingSettings
 from harness.side_by_side import TimingFailed, time_side_by_side
 from harness.stats import geomean_speedup, significance, speedup
 from harness.task_model import Case, LaunchSpec, Task
@@ -40,7 +38,8 @@ from server.folder_lock import EXIT_HELD, FolderHeld, FolderLock
 from server.replay_record import RunFolderError, RunRecord, Subject, load_record
 from server.report_files import REPORT_NAME, write_report_files
 from server.records import NO_INDEPENDENT_ORACLE
-from server.run import expected_path, now_iso
+from server.expected_files import load_expected
+from server.run import now_iso
 
 log = logging.getLogger(__name__)
 EXIT_GO, EXIT_NO_GO, EXIT_BAD_RUN, EXIT_NO_GPU = 0, 1, 2, 3
@@ -98,12 +97,9 @@ def _no_bytecode():
 
 
 def _preload(executor: Executor, record: RunRecord) -> None:
-    """The run's locked reference outputs: the replay judges against what the run judged against."""
-    for case in record.task.cases:
-        for s in range(record.settings.timing.rotation_sets):
-            outputs = {p.name: np.load(record.dir / expected_path(case, s, p.name), allow_pickle=False)
-                       for p in record.task.output_params}
-            executor.preload(case, input_seed(case, s), outputs)
+    """The run's locked reference outputs (or the sha256-trees they must hash to): the replay judges against
+    what the run judged against."""
+    load_expected(record.dir, record.task, record.settings.timing.rotation_sets, executor)
 
 
 def _replay(executor: Executor, record: RunRecord, repeats: int, say: Say, checks: list[CheckResult],

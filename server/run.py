@@ -66,6 +66,10 @@ class RunSettings(BaseModel):
     compiles_per_minute: int = 30
     timing_rounds: int = 2
     timing: TimingSettings = TimingSettings()
+    # Cases judged on the device keep their expected outputs there: the run folder holds each output's
+    # sha256-tree (expected/CASE/SET/OUTPUT.sha256-tree), and a resumed run or a replay computes them again and
+    # must find the same. True (serve --keep-expected): their .npy files are written as for every other case.
+    keep_expected: bool = False
 
     @classmethod
     def of_run(cls, run_dir: Path) -> "RunSettings":
@@ -95,6 +99,11 @@ def now_iso() -> str:
 
 def expected_path(case: Case, set_index: int, output: str) -> str:
     return f"expected/{case.name}/{set_index}/{output}.npy"
+
+
+def expected_tree_path(case: Case, set_index: int, output: str) -> str:
+    """Where a case judged on the device keeps its expected output's sha256-tree instead of the output."""
+    return f"expected/{case.name}/{set_index}/{output}.sha256-tree"
 
 
 class Run:

@@ -39,7 +39,8 @@ from harness.ncu_profile import NCU_MISSING, NO_PERMISSION, ProfilingUnavailable
 from harness.placement import GpuInfo
 from harness.nvrtc_features import nvrtc_features
 from harness.worker_side.nvrtc import compile_kernel
-from harness.settings import CompiledKernel
+from harness.settings import CompiledKernel, ReferenceFailed
+from harness.worker_side.buffers import tree_sha256
 from harness.stats import geometric_mean, summarize
 from harness.task_model import Case, Task
 from harness.results import CaseCheck, CaseTiming, CheckReport, Reason, ReasonCode, TimingReport
@@ -92,7 +93,8 @@ def fake_gpus(count: int) -> list[GpuInfo]:
 class FakeExecutor:
     def __init__(self, task: Task, gpu: str = "Fake GPU", vendor_latency_us: float | None = 20.0,
                  environment: dict | None = None, default_latency_us: float = 100.0,
-                 gpu_uuid: str | None = FAKE_GPU_UUID, lease_what: str = "serve", placed: GpuInfo | None = None):
+                 gpu_uuid: str | None = FAKE_GPU_UUID, lease_what: str = "serve", placed: GpuInfo | None = None,
+                 trees_from_bytes: int | None = None):
         self.task = task
         self.gpu = gpu
         self.gpu_uuid = placed.uuid if placed else gpu_uuid  # placed: on that fake GPU, as GpuExecutor(gpu=...)
@@ -114,6 +116,10 @@ class FakeExecutor:
         self.limits_seen: list[CallLimits] = []  # every call's, in order
         self.profiled: list[tuple] = []  # (symbol, case, metrics) of each profile() call
         self.job_limits: list[CallLimits | None] = []  # the limits in force at each check() and time()
+        # Cases with at least this many bytes of outputs are "judged on the device": their expected outputs are
+        # kept as sha256-trees (harness/device_checks.py); None: every case on the host.
+        self.trees_from_bytes = trees_from_bytes
+        self.locked_trees: dict[tuple[str, int], dict[str, str]] = {}
 
     def _deadline(self):
         return self.limits.deadline if self.limits else None
@@ -173,6 +179,19 @@ class FakeExecutor:
 
     def preload(self, case: Case, seed: int, outputs: dict) -> None:
         self.preloaded[(case.name, seed)] = outputs
+
+    def expected_trees(self, case: Case, seed: int) -> dict[str, str] | None:
+        nbytes = self.task.nbytes(case.dims)
+        if self.trees_from_bytes is None or sum(nbytes[p.name] for p in self.task.output_params) < self.trees_from_bytes:
+            return None
+        trees = {name: tree_sha256(array) for name, array in self.expected(case, seed).items()}
+        locked = self.locked_trees.get((case.name, seed))
+        if locked is not None and locked != trees:
+            raise ReferenceFailed(case.name, "its outputs are not the ones the run locked (their sha256-tree differs)")
+        return trees
+
+    def lock_trees(self, case: Case, seed: int, trees: dict[str, str]) -> None:
+        self.locked_trees[(case.name, seed)] = dict(trees)
 
     def _source(self, kernel: CompiledKernel) -> str:
         return self.sources[hashlib.sha256(kernel.cubin).digest()]

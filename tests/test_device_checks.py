@@ -120,3 +120,23 @@ def test_a_nondeterministic_reference_fails_on_the_device_as_on_the_host(task, w
 def test_small_outputs_stay_on_the_host_by_default(task):
     referee = Referee(task, _Pool(None, None), CompiledKernel("reference", CUBIN, task.kernel_name, task.launch))
     assert all(not referee.judges_on_device(case) for case in task.cases)
+
+
+@pytest.mark.parametrize("device", [True, False], ids=["on-the-device", "on-the-host"])
+def test_outputs_that_do_not_hash_to_the_locked_trees_are_refused(task, workers, device):
+    """A resumed run's locked sha256-trees bind the reference's outputs computed again, whichever path judges."""
+    referee = _referee(task, workers("honest"), device=device)
+    case = task.visible_cases[0]
+    referee.lock_trees(case, case.seed, {"c": "0" * 64})
+    with pytest.raises(ReferenceFailed, match="not the ones the run locked"):
+        _check(referee, task, [case])
+
+
+def test_the_trees_of_kept_outputs_are_those_of_the_host_outputs(task, workers):
+    referee = _referee(task, workers("honest"), device=True)
+    case = task.visible_cases[0]
+    trees = referee.expected_trees(case, case.seed)
+    assert trees == referee.host_trees(case, case.seed, referee.expected(case, case.seed))
+    referee.lock_trees(case, case.seed, trees)
+    assert _check(referee, task, [case]).passed
+    assert _referee(task, workers("honest"), device=False).expected_trees(case, case.seed) is None
