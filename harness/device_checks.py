@@ -13,15 +13,17 @@ bytes.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 import numpy as np
 
 from harness import jobs
+from harness.judging import mismatch_detail
 from harness.output_digest import FIRST_MISMATCHES, OutputDigest, digest_from_totals
 from harness.settings import CompiledKernel, ReferenceFailed, input_seed
 from harness.task_model import DTYPES, Case
-from harness.worker_calls import ExpectedMissing, RunResult, call_worker
+from harness.worker_calls import ExpectedMissing, RunResult, call_worker, guard_bytes_of, launch_geometry
 from harness.worker_side import buffers
 from harness.worker_side.judge_source import STATS_FIELDS, TOTALS_FIELDS
 
@@ -35,6 +37,7 @@ class KeptExpected:
     key: str
     tree_sha256: dict[str, str]
     spread: dict[str, dict[str, int]]
+    poison_count: dict[str, int]  # elements holding the timing poison's pattern (a right output may)
 
 
 class DeviceChecks:
@@ -45,6 +48,7 @@ class DeviceChecks:
         self._kept: dict[tuple[str, int], KeptExpected] = {}
         self._host_trees: dict[tuple[str, int], dict[str, str]] = {}
         self.judged_on_device = 0  # cases judged there so far
+        self.audits_on_device = 0  # audited timed launches judged there so far
         # The sha256-trees a run locked for expected outputs it keeps only as hashes, by (case, seed): every
         # computation of those outputs, on the device or the host, must give them again.
         self._locked_trees: dict[tuple[str, int], dict[str, str]] = {}
@@ -141,9 +145,65 @@ class DeviceChecks:
             self._host_trees[key] = {name: buffers.tree_sha256(array) for name, array in outputs.items()}
         return self._host_trees[key]
 
+    def kept_facts(self, case: Case, seed: int) -> KeptExpected | None:
+        """The facts of a case's expected outputs kept on the device (its poison count...), where it is judged
+        there; None where it is judged on the host."""
+        if not self.judges_on_device(case):
+            return None
+        return self._kept_expected(case, seed, self.inputs(case, seed))
+
+    # -- a fresh-input timing's audits --------------------------------------------------------------
+    def device_draws(self, timed, fresh: jobs.FreshDraws, launches: list[int]) -> list[KeptExpected]:
+        """The reference's outputs for the inputs the given launches of a fresh time job draw, kept on the device
+        (one key per launch), with each output's spread and poison count."""
+        case, layout = timed.case, timed.layout
+        geometry, failure = launch_geometry(self.reference, case)
+        if failure is not None:
+            raise ReferenceFailed(case.name, f"{failure.code.value}: {failure.detail}")
+        guard_seed = secrets.randbits(62)
+        prefix = f"{case.name}/draws/{fresh.key:016x}"
+
+        def build(resident: frozenset[str]):
+            header, blobs = jobs.make_draw_run_job(self.reference.cubin, self.reference.symbol, layout, geometry,
+                                                   timed.input_sets[0], fresh, launches, guard_seed,
+                                                   timed.sent_hashes[0], resident)
+            return {**header, "keep_as": prefix}, blobs
+
+        answer, _, failure = call_worker(self.pool.reference, build, self.run_deadline_s(case),
+                                         guard_bytes_of(layout, 1), case.name, self._deadline())
+        if failure is not None:
+            raise ReferenceFailed(case.name, f"{failure.code.value} on the inputs of audited launches: {failure.detail}")
+        kept = answer.get("kept")
+        if not isinstance(kept, list) or len(kept) != len(launches):
+            raise jobs.AnswerError("the reference's kept audit outputs do not match the launches")
+        return [KeptExpected(key=entry.get("key"), tree_sha256={}, **_facts(entry.get("outputs") or []))
+                for entry in kept]
+
+    def judge_audits(self, timed, answer: dict, audited: list[int], expected: list[KeptExpected]) -> list[str] | None:
+        """"launch I: detail" for each audited launch whose held outputs are wrong; None where they could not be
+        judged on the device (device_off says why; the batch is then timed again on the host)."""
+        held = answer.get("held_outputs")
+        if not isinstance(held, list) or len(held) != len(audited):
+            self._off(f"the candidate's timed outputs could not be shared with the judging worker "
+                      f"({answer.get('held_error') or 'no handles'})")
+            return None
+        wrong = []
+        for i, kept, entries in zip(audited, expected, held):
+            runs = [[entry, entry] for entry in entries]  # one launch: its outputs stand for both runs
+            try:
+                digests = self._judge(timed.case, None, None, kept, timed.layout, runs, drop=True)
+            except ExpectedMissing:
+                digests = None
+            if digests is None:
+                self._off(self.device_off or "an audited launch could not be judged on the device")
+                return None
+            wrong += [f"launch {i}: {mismatch_detail(d.check)}" for d in digests if not d.check.passed]
+        self.audits_on_device += len(audited)
+        return wrong
+
     # -- the judging job -----------------------------------------------------------------------------
-    def _judge(self, case: Case, seed: int, made, kept: KeptExpected, layout: jobs.Layout,
-               held: list) -> list[OutputDigest] | None:
+    def _judge(self, case: Case, seed: int | None, made, kept: KeptExpected, layout: jobs.Layout,
+               held: list, drop: bool = False) -> list[OutputDigest] | None:
         outputs = []
         for spec, runs in zip(layout.outputs, held):
             rtol, atol = self._tolerance(spec.name)
@@ -151,7 +211,7 @@ class DeviceChecks:
             outputs.append({"name": spec.name, "dtype": spec.dtype, "itemsize": itemsize,
                             "elements": spec.nbytes // itemsize, "rtol": rtol, "atol": atol, "runs": runs})
         header = {"op": "judge", "expected": kept.key, "outputs": outputs, "poisons": list(buffers.POISON_BYTES),
-                  "first_mismatches": FIRST_MISMATCHES}
+                  "first_mismatches": FIRST_MISMATCHES, "drop_expected": drop}
         answer, _, failure = call_worker(self.pool.reference, lambda resident: (header, []),
                                          self.run_deadline_s(case), JUDGE_ANSWER_BYTES, case.name, self._deadline())
         if failure is not None:
@@ -173,10 +233,18 @@ def _read_kept(answer: dict, layout: jobs.Layout, key: str, case: str) -> KeptEx
         if fact.get("differ") and fact.get("mismatches"):
             raise ReferenceFailed(case, f"it is not deterministic: two runs on the same inputs differ beyond the "
                                         f"tolerance in {fact['name']}")
-        if not isinstance(fact.get("tree_sha256"), str) or set(fact.get("spread") or {}) != set(STATS_FIELDS):
-            raise jobs.AnswerError(f"the reference's kept output {fact['name']} lacks its hash or spread")
-    return KeptExpected(key=key, tree_sha256={f["name"]: f["tree_sha256"] for f in facts},
-                        spread={f["name"]: {k: int(v) for k, v in f["spread"].items()} for f in facts})
+        if not isinstance(fact.get("tree_sha256"), str):
+            raise jobs.AnswerError(f"the reference's kept output {fact['name']} lacks its hash")
+    return KeptExpected(key=key, tree_sha256={f["name"]: f["tree_sha256"] for f in facts}, **_facts(facts))
+
+
+def _facts(facts: list) -> dict:
+    """The spread and poison count of each kept output, by name, as KeptExpected holds them."""
+    for fact in facts:
+        if set(fact.get("spread") or {}) != set(STATS_FIELDS) or not isinstance(fact.get("poison_count"), int):
+            raise jobs.AnswerError(f"the reference's kept output {fact.get('name')} lacks its spread or poison count")
+    return {"spread": {f["name"]: {k: int(v) for k, v in f["spread"].items()} for f in facts},
+            "poison_count": {f["name"]: f["poison_count"] for f in facts}}
 
 
 def _read_judged(answer: dict, layout: jobs.Layout, kept: KeptExpected, atols: dict[str, float]) -> list[OutputDigest]:

@@ -90,9 +90,11 @@ class TimingProtocol:
         files) from the case's own seed, the same in every set."""
         draws = {p.name: fresh_inputs.draw_spec(g.kind, p.dtype, g.low, g.high, g.mean, g.std)
                  for p in self.task.input_params if (g := self.task.inputs[p.name]).kind != "npy"}
-        inputs, hashes = self.inputs(case, case.seed)
-        fixed = {name: array for name, array in inputs.items() if name not in draws}
-        fixed_hashes = {name: hashes[name] for name in fixed}
+        fixed, fixed_hashes = {}, {}
+        if len(draws) < len(self.task.input_params):  # the host makes the inputs only where some are not drawn
+            inputs, hashes = self.inputs(case, case.seed)
+            fixed = {name: array for name, array in inputs.items() if name not in draws}
+            fixed_hashes = {name: hashes[name] for name in fixed}
         sets = self.settings.rotation_sets
         # Whether a right output can hold the timing poison (all bits set: a NaN no arithmetic makes, but -1
         # or the maximum of an integer): then only the audited launches, whose right outputs are known, are
@@ -128,7 +130,9 @@ class TimingProtocol:
     def _poison_count(self, case: Case, seed: int, layout: jobs.Layout) -> int:
         key = (case.name, seed)
         if key not in self._poison_counts:
-            self._poison_counts[key] = poison_count(self.expected(case, seed), layout, buffers.TIMING_POISON)
+            kept = self.kept_facts(case, seed)  # counted where the expected outputs are kept, if on the device
+            self._poison_counts[key] = (sum(kept.poison_count.values()) if kept is not None else
+                                        poison_count(self.expected(case, seed), layout, buffers.TIMING_POISON))
         return self._poison_counts[key]
 
     def _our_pids(self) -> list[int]:
@@ -147,16 +151,22 @@ class TimingProtocol:
         if limit is not None:
             timing["launch_limit_s"] = limit
         sets = len(timed.input_sets)
+        on_device = timed.draws is not None and worker is self.pool.candidate and self.judges_on_device(case)
+        # The answer's bound: on the device, a worker that cannot export the outputs reads them back after all.
         out_bytes = sum(a.nbytes for a in layout.outputs) * (len(checked) + sets)
         expected = None
         if timed.draws is not None:
             fresh = jobs.FreshDraws(key=secrets.randbits(64), draws=timed.draws)
             timing.update(fresh=fresh, known_outputs={}, hashes=timed.sent_hashes)
-            expected = self._reference_draws(timed, fresh, [s.warmups + i for i in checked])
+            launches = [s.warmups + i for i in checked]
+            expected = (self.device_draws(timed, fresh, launches) if on_device
+                        else self._reference_draws(timed, fresh, launches))
         built: list[dict] = []
 
         def build(resident: frozenset[str]):
             header, blobs = make_job(case, layout, timed.input_sets, {**timing, "resident": resident})
+            if on_device:
+                header["hold_outputs"] = True  # the audited launches' outputs stay on the device, judged there
             built[:] = [header]
             return header, blobs
 
@@ -168,6 +178,12 @@ class TimingProtocol:
             failure = refused.reason
         if failure is not None:
             return CaseTiming(case=case.name, passed=False, reasons=[self._explained(failure)])
+        if on_device:
+            wrong = self.judge_audits(timed, answer, checked, expected)
+            if wrong is None:  # not judged on the device after all (device_off says why): the batch again, on the host
+                return self._time_batch(timed, make_job, worker, audits)
+            return self._judge_fresh_timing(timed, answer, blobs_back, checked, guard_seed, expected, built[0], audits,
+                                            wrong)
         if expected is not None:
             return self._judge_fresh_timing(timed, answer, blobs_back, checked, guard_seed, expected, built[0], audits)
         return self._judge_timing(timed, answer, blobs_back, checked, guard_seed)
@@ -248,19 +264,21 @@ class TimingProtocol:
             warnings=warnings, **counts, **self._rates(case, stats))
 
     def _judge_fresh_timing(self, timed: _TimedCase, answer, blobs, audited, guard_seed,
-                            expected: list[dict[str, np.ndarray]], header: dict,
-                            audits: list[tuple[str, Future]]) -> CaseTiming:
+                            expected: list, header: dict, audits: list[tuple[str, Future]],
+                            wrong: list[str] | None = None) -> CaseTiming:
         """A fresh-input timing: guard bands and fixed inputs as for any job; every launch's drawn inputs
         still hold their draw; every launch's outputs fully written (where no right output can hold the
         poison); each audited launch's outputs right for its own inputs; and each launch exactly the
-        declared kernel, grid and block where the kernel clock recorded it."""
+        declared kernel, grid and block where the kernel clock recorded it. `wrong`: the audited launches
+        already judged on the device (harness/device_checks.py), whose `expected` are the kept outputs' facts."""
         case, layout = timed.case, timed.layout
         n_out, iterations = len(layout.outputs), self.settings.iterations
         clock, samples, events = clocked_samples(answer, iterations)
         unwritten, changed = answer.get("unwritten", []), answer.get("changed_inputs")
         if len(unwritten) != iterations or not isinstance(changed, list) or len(changed) != iterations:
             raise jobs.AnswerError("timing answer has the wrong number of launch counts")
-        outputs, guards = jobs.unpack_outputs(answer, blobs, buffers.audit_slots(audited, n_out), {})
+        slots = [] if wrong is not None else buffers.audit_slots(audited, n_out)
+        outputs, guards = jobs.unpack_outputs(answer, blobs, slots, {})
         reasons = integrity_reasons(jobs.check_integrity(
             answer, guards, layout, guard_seed, timed.input_sets, timed.sent_hashes), case.name)
         touched = [i for i, count in enumerate(changed) if count]
@@ -269,7 +287,8 @@ class TimingProtocol:
                 f"inputs changed by the kernel during {len(touched)} of {iterations} timed launches "
                 f"(first: launch {touched[0]}, {changed[touched[0]]} elements)")))
         # An audited launch's right output may itself hold the poison's pattern: counted only where needed.
-        allowed = {i: poison_count(expected[k], layout, buffers.TIMING_POISON)
+        allowed = {i: (sum(expected[k].poison_count.values()) if wrong is not None
+                       else poison_count(expected[k], layout, buffers.TIMING_POISON))
                    for k, i in enumerate(audited) if unwritten[i]}
         short = [i for i, count in enumerate(unwritten)
                  if count != allowed.get(i, 0) and (i in allowed or not timed.poison_is_a_value)]
@@ -277,7 +296,10 @@ class TimingProtocol:
             reasons.append(Reason(code=ReasonCode.UNWRITTEN_OUTPUT, case=case.name, detail=(
                 f"{len(short)} of {iterations} timed launches left output elements unwritten "
                 f"(first: launch {short[0]}, {unwritten[short[0]] - allowed.get(short[0], 0)} elements)")))
-        audits.append((case.name, self._comparing().submit(self._audit_reasons, timed, outputs, audited, expected)))
+        if wrong is not None:
+            reasons += audit_reasons(case.name, wrong, len(audited))
+        else:
+            audits.append((case.name, self._comparing().submit(self._audit_reasons, timed, outputs, audited, expected)))
         reasons += undeclared_launches(answer.get("launch_records"), header, case.name)
         return self._case_timing(case, answer, clock, samples, events, reasons, checked_launches=len(audited),
                                  audited_launches=len(audited), inputs="fresh", unwritten_launches=len(short))
@@ -289,12 +311,7 @@ class TimingProtocol:
 
     def _audit_reasons(self, timed: _TimedCase, outputs: list, audited: list[int],
                        expected: list[dict[str, np.ndarray]]) -> list[Reason]:
-        wrong = self._wrong_audited(timed, outputs, audited, expected)
-        if not wrong:
-            return []
-        return [Reason(code=ReasonCode.TIMED_OUTPUT_MISMATCH, case=timed.case.name, detail=(
-            f"{len(wrong)} of {len(audited)} audited timed launches gave wrong outputs for their own fresh "
-            f"inputs (first: {wrong[0]}); a result must be computed from the inputs of its launch"))]
+        return audit_reasons(timed.case.name, self._wrong_audited(timed, outputs, audited, expected), len(audited))
 
     def _wrong_audited(self, timed: _TimedCase, outputs: list, audited: list[int],
                        expected: list[dict[str, np.ndarray]]) -> list[str]:
@@ -351,6 +368,15 @@ class _TimedCase:
     # Fresh inputs: how each drawn input is drawn, by name (None: the rotated fixed sets)
     draws: dict[str, dict] | None = None
     poison_is_a_value: bool = False
+
+
+def audit_reasons(case: str, wrong: list[str], audited: int) -> list[Reason]:
+    """The reason of a timing whose audited launches gave wrong outputs (`wrong`: "launch I: detail" each)."""
+    if not wrong:
+        return []
+    return [Reason(code=ReasonCode.TIMED_OUTPUT_MISMATCH, case=case, detail=(
+        f"{len(wrong)} of {audited} audited timed launches gave wrong outputs for their own fresh "
+        f"inputs (first: {wrong[0]}); a result must be computed from the inputs of its launch"))]
 
 
 def _with_audits(timing: CaseTiming, audits: list[Future]) -> CaseTiming:

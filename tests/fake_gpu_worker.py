@@ -125,7 +125,7 @@ def _run(header, blobs, behaviour, device=None):
     outputs = [_launch(inputs, shape, byte, behaviour, run) for run, byte in enumerate(header["poisons"])]
     hashes, guards = _evidence(header, [inputs], behaviour)
     if header.get("hold_outputs") or header.get("keep_as"):
-        fields = device.hold(outputs) if header.get("hold_outputs") else device.keep(header, outputs, shape)
+        fields = device.hold([outputs]) if header.get("hold_outputs") else device.keep(header, outputs, shape)
         return {"status": "ok", "input_sha256": hashes, **fields}, guards
     fields, sent = pack_outputs(outputs, run_slots(len(outputs), 1), {})
     return {"status": "ok", "input_sha256": hashes, **fields}, sent + guards
@@ -199,7 +199,7 @@ def _drawn(header, key, launch):
     return arrays, (m, n)
 
 
-def _draw_run(header):
+def _draw_run(header, device=None):
     """The reference's outputs for the draws of the given launches (always honest)."""
     draws = header["draws"]
     outputs = []
@@ -207,11 +207,15 @@ def _draw_run(header):
         inputs, shape = _drawn(header, draws["key"], launch)
         outputs.append(_launch(inputs, shape, header["poisons"][0], "honest"))
     hashes, guards = _evidence(header, [{}], "honest")
+    if header.get("keep_as"):
+        kept = [device.keep_launch(f"{header['keep_as']}/{launch}", blob, shape)
+                for launch, blob in zip(draws["launches"], outputs)]
+        return {"status": "ok", "input_sha256": hashes, "kept": kept, "output_sha256": [], "outputs_sent": 0}, guards
     fields, sent = pack_outputs(outputs, [f"{launch}/0" for launch in draws["launches"]], {})
     return {"status": "ok", "input_sha256": hashes, **fields}, sent + guards
 
 
-def _fresh_time(header, behaviour, compute=None):
+def _fresh_time(header, behaviour, compute=None, device=None):
     """A time job on fresh inputs: only the audited launches are computed."""
     iterations, warmups, key = header["iterations"], header["warmups"], header["fresh"]["key"]
     checked = sorted(set(header["checked_launches"]))
@@ -224,15 +228,18 @@ def _fresh_time(header, behaviour, compute=None):
     changed = [1 if behaviour == "modify_input" and i == 0 else 0 for i in range(iterations)]
     samples = _samples(header, behaviour)
     hashes, guards = _evidence(header, [{}] * header["sets"], "honest")
-    fields, sent = pack_outputs(outputs, audit_slots(checked, 1), {})
     answer = {"status": "ok", "samples_ms": samples, "unwritten": unwritten, "changed_inputs": changed,
-              "input_sha256": hashes, "event_overhead_ms": 0.002, "host_kept_up": True, **fields}
-    return answer, sent + guards
+              "input_sha256": hashes, "event_overhead_ms": 0.002, "host_kept_up": True}
+    held = device.hold([[blob] for blob in outputs]) if header.get("hold_outputs") else {}
+    if held.get("held_outputs") is not None:
+        return {**answer, **held, "output_sha256": [], "outputs_sent": 0}, guards
+    fields, sent = pack_outputs(outputs, audit_slots(checked, 1), {})
+    return {**answer, **held, **fields}, sent + guards
 
 
-def _time(header, blobs, behaviour, compute=None):
+def _time(header, blobs, behaviour, compute=None, device=None):
     if header.get("fresh"):
-        return _fresh_time(header, behaviour, compute)
+        return _fresh_time(header, behaviour, compute, device)
     sets, iterations = header["sets"], header["iterations"]
     poison = header["poison"]
     checked = sorted(set(header["checked_launches"]))
@@ -267,17 +274,27 @@ class DeviceJudging:
         self.folder, self.forget = folder, forget
         self.kept, self.count = {}, 0
 
-    def hold(self, outputs):
+    def hold(self, groups):
+        """groups: a check's [first run, second run] of its one output (c), or a timing's [c] per audited launch."""
         if self.folder is None:
             return {"held_outputs": None, "held_error": "CUDA_ERROR_NOT_SUPPORTED: operation not supported (fake)"}
-        entries = []
-        for blob in outputs:
-            self.count += 1
-            path = os.path.join(self.folder, f"{os.getpid()}-{self.count}.bin")
-            with open(path, "wb") as f:
-                f.write(blob)
-            entries.append({"handle": path.encode().hex(), "offset": 0})
-        return {"held_outputs": [entries]}  # one output (c): [first run, second run]
+        held = []
+        for group in groups:
+            held.append([])
+            for blob in group:
+                self.count += 1
+                path = os.path.join(self.folder, f"{os.getpid()}-{self.count}.bin")
+                with open(path, "wb") as f:
+                    f.write(blob)
+                held[-1].append({"handle": path.encode().hex(), "offset": 0})
+        return {"held_outputs": held}
+
+    def keep_launch(self, key, blob, shape):
+        from harness.compare import raw_words
+        c = np.frombuffer(blob, dtype=np.float32).reshape(shape)
+        self.kept[key] = c
+        return {"key": key, "outputs": [{"name": "c", "spread": _spread(c),
+                                         "poison_count": int(np.count_nonzero(raw_words(c) == 0xFFFFFFFF))}]}
 
     def keep(self, header, outputs, shape):
         from harness.compare import agreement, raw_words
@@ -285,11 +302,9 @@ class DeviceJudging:
         first, second = (np.frombuffer(b, dtype=np.float32).reshape(shape) for b in outputs)
         rtol, atol = header["tolerances"]["c"]
         self.kept[header["keep_as"]] = first
-        finite = first[np.isfinite(first)].astype(np.float64)
-        spread = {"nonfinite": int(first.size - finite.size),
-                  "finite_min_key": _order_key(finite.min()) if finite.size else (1 << 64) - 1,
-                  "finite_max_key": _order_key(finite.max()) if finite.size else 0}
-        return {"kept": [{"name": "c", "tree_sha256": tree_sha256(first), "spread": spread,
+        spread = _spread(first)
+        poisoned = int(np.count_nonzero(raw_words(first) == 0xFFFFFFFF))
+        return {"kept": [{"name": "c", "tree_sha256": tree_sha256(first), "spread": spread, "poison_count": poisoned,
                           "differ": int(np.count_nonzero(raw_words(first) != raw_words(second))),
                           "mismatches": int(agreement(first, second, rtol, atol).value == "differs")}],
                 "kept_expected": sorted(self.kept)}
@@ -302,6 +317,8 @@ class DeviceJudging:
         expected = self.kept[header["expected"]]
         if self.forget:
             self.kept.clear()
+        if header.get("drop_expected"):
+            self.kept.pop(header["expected"], None)
         (out,) = header["outputs"]
         runs = []
         for entry in out["runs"]:
@@ -323,6 +340,13 @@ class DeviceJudging:
         mismatches = [[i, expected.reshape(-1)[i:i + 1].tobytes().hex(), flat[i:i + 1].tobytes().hex()]
                       for i in firsts[:header["first_mismatches"]]]
         return {"status": "ok", "judged": [{"name": "c", "totals": totals, "mismatches": mismatches}]}
+
+
+def _spread(values):
+    finite = values[np.isfinite(values)].astype(np.float64)
+    return {"nonfinite": int(values.size - finite.size),
+            "finite_min_key": _order_key(finite.min()) if finite.size else (1 << 64) - 1,
+            "finite_max_key": _order_key(finite.max()) if finite.size else 0}
 
 
 def _bits(value):
@@ -375,9 +399,9 @@ def main(argv):
         elif op == "judge":
             answer, out = device.judge(header), []
         elif op == "time":
-            answer, out = _time(header, blobs, behaviour)
+            answer, out = _time(header, blobs, behaviour, device=device)
         elif op == "draw_run":
-            answer, out = _draw_run(header)
+            answer, out = _draw_run(header, device)
         elif op == "vendor_time" and behaviour == "no_cublas":
             answer, out = {"status": "unavailable", "error": "CUBLAS_UNAVAILABLE",
                            "detail": "cuBLAS could not be loaded: DynamicLibNotFoundError (fake)"}, []

@@ -140,3 +140,40 @@ def test_the_trees_of_kept_outputs_are_those_of_the_host_outputs(task, workers):
     referee.lock_trees(case, case.seed, trees)
     assert _check(referee, task, [case]).passed
     assert _referee(task, workers("honest"), device=False).expected_trees(case, case.seed) is None
+
+
+# Audited outputs wrong for their own inputs (stale), launches that leave outputs unwritten (skip): the audited
+# launches are a secret draw, so the two timings agree on the reasons, not on which launch a detail names.
+TIMING_BEHAVIOURS = ["honest", "stale_timing", "skip_timing"]
+
+
+def _timing_referee(task, pool, device: bool) -> Referee:
+    settings = TimingSettings(warmups=2, iterations=20, run_deadline_s=60.0,
+                              device_judging_from_bytes=0 if device else None)
+    return Referee(task, pool, CompiledKernel("reference", CUBIN, task.kernel_name, task.launch), settings)
+
+
+def _codes(report) -> list:
+    return [sorted(r.code.value for r in case.reasons) for case in report.cases]
+
+
+@pytest.mark.parametrize("behaviour", TIMING_BEHAVIOURS)
+def test_a_timings_audits_judged_on_the_device_give_the_hosts_reasons(task, workers, behaviour):
+    case = task.performance_cases[-1]  # the smaller one: the stand-ins multiply on the CPU
+    kernel = CompiledKernel("candidate", CUBIN, "matmul_f32", task.launch)
+    on_host = _timing_referee(task, workers(behaviour), device=False).time(kernel, [case])
+    device = _timing_referee(task, workers(behaviour), device=True)
+    on_device = device.time(kernel, [case])
+    assert device.device_off is None and device.audits_on_device >= device.settings.checked_launches
+    assert on_device.passed == on_host.passed == (behaviour == "honest")
+    assert _codes(on_device) == _codes(on_host)
+    if behaviour == "stale_timing":
+        assert on_device.cases[0].reasons[0].detail.split("(first:")[0] == \
+               on_host.cases[0].reasons[0].detail.split("(first:")[0]
+
+
+def test_a_timing_whose_outputs_cannot_be_shared_is_audited_on_the_host(task, workers):
+    case = task.performance_cases[-1]
+    referee = _timing_referee(task, workers("honest", ipc=False), device=True)
+    report = referee.time(CompiledKernel("candidate", CUBIN, "matmul_f32", task.launch), [case])
+    assert report.passed and "could not be shared" in referee.device_off and referee.audits_on_device == 0

@@ -19,7 +19,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from harness.worker_side import gpu
-from harness.worker_side.buffers import TREE_CHUNK_BYTES
+from harness.worker_side.buffers import TIMING_POISON, TREE_CHUNK_BYTES
 from harness.worker_side.compile_policy import arch_for
 from harness.worker_side.cuda_check import CudaError, check
 from harness.worker_side.nvrtc import compile_kernel
@@ -27,7 +27,7 @@ from harness.worker_side.judge_source import JUDGE_SOURCE, NO_INDEX, STATS_FIELD
 from sandbox.answers import Status
 
 IPC_HANDLE_BYTES = 64
-KEPT_SHARE = 0.4  # of the device's memory, at most, for expected outputs kept between jobs
+KEPT_SHARE = 0.25  # of the device's memory, at most, for expected outputs kept between jobs
 BLOCK = 256
 # A thread per 1 MiB chunk: small blocks spread a few thousand chunks over every SM.
 HASH_BLOCK = 32
@@ -174,6 +174,11 @@ class Judges:
         finally:
             digests.free()
 
+    def count_equal(self, utilities, ptr: int, elements: int, itemsize: int, byte: int) -> int:
+        self._counters([0])
+        utilities.count_equal(ptr, elements, itemsize, byte, self.counters.ptr)
+        return self._read(1)[0]
+
     def differ(self, utilities, a: int, b: int, nbytes: int) -> int:
         self._counters([0])
         utilities.differ(a, b, nbytes, self.counters.ptr)
@@ -244,10 +249,32 @@ def keep(job, firsts: list[gpu.Allocation], header: dict, utilities) -> dict:
         beyond = judges.judge(p["dtype"], allocation.ptr, buffer.ptr, buffer.ptr, elements, rtol, atol, (0, 0))
         facts.append({"name": p["name"], "tree_sha256": judges.tree_sha256(allocation.ptr, p["nbytes"]),
                       "spread": judges.spread(p["dtype"], allocation.ptr, elements),
+                      "poison_count": judges.count_equal(utilities, allocation.ptr, elements, p["itemsize"],
+                                                         TIMING_POISON),
                       "differ": judges.differ(utilities, allocation.ptr, buffer.ptr, p["nbytes"]),
                       "mismatches": beyond["mismatches"]})
     utilities.kept.keep(header["keep_as"], {p["name"]: a for a, (_, p, _) in zip(firsts, job.outputs(0))})
     return {"kept": facts, "kept_expected": utilities.kept.keys()}
+
+
+def keep_launch(job, key: str, poison: int, utilities) -> dict:
+    """The reference's side of a timing's audit: this launch's outputs, copied and kept as `key`; each one's
+    spread and how many of its elements hold the timing poison's pattern (a right output may)."""
+    judges = judges_of(utilities)
+    copies = snapshot(job.outputs(0), utilities.context.stream)
+    try:
+        facts = []
+        for allocation, (_, p, _) in zip(copies, job.outputs(0)):
+            elements = p["nbytes"] // p["itemsize"]
+            facts.append({"name": p["name"], "spread": judges.spread(p["dtype"], allocation.ptr, elements),
+                          "poison_count": judges.count_equal(utilities, allocation.ptr, elements, p["itemsize"],
+                                                             poison)})
+    except BaseException:
+        for allocation in copies:
+            allocation.free()
+        raise
+    utilities.kept.keep(key, {p["name"]: a for a, (_, p, _) in zip(copies, job.outputs(0))})
+    return {"key": key, "outputs": facts}
 
 
 def judge_job(context: gpu.Context, header: dict, utilities) -> tuple[dict, list]:
@@ -284,4 +311,6 @@ def judge_job(context: gpu.Context, header: dict, utilities) -> tuple[dict, list
         finally:
             for handle in opened:
                 handle.close()
+    if header.get("drop_expected"):  # used once (a secret seed's, an audited launch's)
+        utilities.kept.drop(header["expected"])
     return {"status": Status.OK, "judged": judged}, []

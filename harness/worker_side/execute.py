@@ -69,9 +69,11 @@ def draw_run_job(context: gpu.Context, header: DrawRunJob, blobs: list[bytes],
              utilities: Utilities) -> tuple[dict, list[bytes]]:
     """The reference's outputs for inputs drawn on the device: one launch per launch number in
     header["draws"]["launches"], each on the inputs that launch of a time job drew with the same key
-    (harness/worker_side/fresh_inputs.py). The expected outputs of a timing's audited launches."""
+    (harness/worker_side/fresh_inputs.py). The expected outputs of a timing's audited launches. With
+    "keep_as", each launch's outputs stay here, kept as "KEEP_AS/LAUNCH" (harness/worker_side/device_judging.py)."""
     utilities.begin()
     job = Job(context, header, blobs[0], sets=1, resident=utilities.resident)
+    kept: list[dict] = []
     try:
         job.upload_inputs(0, blobs[1:])
         key, outputs = header["draws"]["key"], []
@@ -80,13 +82,20 @@ def draw_run_job(context: gpu.Context, header: DrawRunJob, blobs: list[bytes],
             job.poison(0, header["poisons"][0])
             job.launch(0)
             context.synchronize()
-            outputs += job.read_outputs(0)
+            if header.get("keep_as"):
+                kept.append(device_judging.keep_launch(job, f"{header['keep_as']}/{launch}", header["poisons"][0],
+                                                       utilities))
+            else:
+                outputs += job.read_outputs(0)
         output_hashes = digests_later(outputs)
         hashes, guards = job.evidence(utilities.staging.take(job.input_bytes()))
         job.keep_inputs(hashes)
+        base = {"status": Status.OK, "input_sha256": hashes, "gpu_busy_ms": utilities.finish([])[1],
+                "resident_inputs": utilities.resident.keys()}
+        if header.get("keep_as"):
+            return {**base, "kept": kept, "output_sha256": [], "outputs_sent": 0}, guards
         fields, sent = pack_outputs(outputs, [f"{launch}/{j}" for launch in header["draws"]["launches"]
                                               for j in range(len(job.outputs(0)))], {}, output_hashes())
-        return {"status": Status.OK, "input_sha256": hashes, "gpu_busy_ms": utilities.finish([])[1],
-                "resident_inputs": utilities.resident.keys(), **fields}, sent + guards
+        return {**base, **fields}, sent + guards
     finally:
         job.close()

@@ -19,7 +19,8 @@ from time import perf_counter
 
 import numpy as np
 
-from harness.worker_side import gpu
+from harness.worker_side import device_judging, gpu
+from harness.worker_side.cuda_check import CudaError
 from harness.worker_side.job import Job, Launcher
 from harness.worker_side.messages import TimeAnswer, TimeJob
 from harness.worker_side.utility_kernels import MAX_HOLD_NS, Utilities
@@ -191,7 +192,11 @@ class TimedLoop:
             kernel_ms = records = None
         counts = np.frombuffer(gpu.download(self.counters.ptr, self.counters.nbytes).tobytes(), dtype=np.uint64)
         unwritten, changed = counts[:iterations], counts[iterations:2 * iterations]
-        inputs_host, blobs, slots = self.read_back(counts[2 * iterations:])
+        held = self.hold_snapshots() if self.header.get("hold_outputs") and self.fresh_key is not None else {}
+        if held.get("held_outputs") is not None:  # judged on the device: only the inputs' evidence is read back
+            inputs_host, blobs, slots = self.utilities.staging.take(self.job.input_bytes()), [], []
+        else:
+            inputs_host, blobs, slots = self.read_back(counts[2 * iterations:])
         output_hashes = digests_later(blobs)  # hashed on the hashing threads while the inputs are checked
         self.phase("read_back")
         hashes, guards = self.job.evidence(inputs_host)
@@ -206,8 +211,21 @@ class TimedLoop:
                   "launch_records": records if self.job.function_name() is not None else None,
                   "input_sha256": hashes, "event_overhead_ms": utilities.event_overhead_ms,
                   "kernel_floor_ms": utilities.kernel_floor_ms, "host_kept_up": self.host_kept_up,
-                  "phases_s": self.phases, "resident_inputs": utilities.resident.keys(), **fields}
+                  "phases_s": self.phases, "resident_inputs": utilities.resident.keys(), **held, **fields}
         return answer, sent + guards
+
+    def hold_snapshots(self) -> dict:
+        """Fresh inputs judged on the device (harness/worker_side/device_judging.py): the audited launches'
+        snapshots stay here until the next job, and their handles go back, per audited launch per output.
+        Where they cannot be exported, they are read back as usual ("held_error")."""
+        try:
+            entries = [[device_judging.export(self.snapshots.ptr, ptr) for ptr in launch]
+                       for launch in self.snapshot_offsets()]
+        except CudaError as exc:
+            return {"held_outputs": None, "held_error": f"{exc.name}: {exc}"}
+        self.utilities.held.keep(self.snapshots)
+        self.snapshots = None  # freed at the next job, once judged
+        return {"held_outputs": entries}
 
     def read_back(self, differs: np.ndarray) -> tuple[np.ndarray, list, list[str]]:
         """(host room for the inputs' evidence, the output blobs to send, their slots). Fresh inputs: every

@@ -71,3 +71,18 @@ def test_kept_expected_outputs_hash_on_the_device_as_on_the_host(matmul_task, re
     assert kept is not None
     expected = host.expected(case, case.seed)
     assert kept.tree_sha256 == {name: buffers.tree_sha256(array) for name, array in expected.items()}
+
+
+@pytest.mark.parametrize("name", ["correct_control", "memo_pointer"])
+def test_a_timings_audits_get_the_same_reasons_on_the_device(matmul_task, arch, referees, name):
+    host, device = referees
+    launch = LaunchSpec.model_validate(TILED32) if name == "correct_control" else None
+    kernel = build((EXPLOITS / f"{name}.cu").read_text(), matmul_task, arch, launch=launch)
+    cases = list(matmul_task.performance_cases)
+    audited = device.audits_on_device
+    on_device, on_host = device.time(kernel, cases), host.time(kernel, cases)
+    assert device.device_off is None, device.device_off
+    assert device.audits_on_device > audited
+    assert on_device.passed == on_host.passed
+    assert [sorted(r.code.value for r in c.reasons) for c in on_device.cases] == \
+           [sorted(r.code.value for r in c.reasons) for c in on_host.cases]
