@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness import jobs
+from harness.footprint import outputs_on_device
 from harness.judging import mismatch_detail
 from harness.output_digest import FIRST_MISMATCHES, OutputDigest, digest_from_totals
 from harness.settings import CompiledKernel, ReferenceFailed, input_seed
@@ -74,11 +75,7 @@ class DeviceChecks:
                                              "the GPU or its driver changed")
 
     def judges_on_device(self, case: Case) -> bool:
-        threshold = self.settings.device_judging_from_bytes
-        if threshold is None or self.device_off is not None:
-            return False
-        layout = jobs.Layout.for_case(self.task, case.dims)
-        return sum(a.nbytes for a in layout.outputs) >= threshold
+        return self.device_off is None and outputs_on_device(self.task, case, self.settings)
 
     def check_on_device(self, kernel: CompiledKernel, case: Case, seed: int) -> RunResult | None:
         """The candidate's run on the case, judged on the device; None where that cannot be done (the
@@ -87,7 +84,7 @@ class DeviceChecks:
         kept = self._kept_expected(case, seed, made)
         if kept is None:
             return None
-        result = self._run(self.pool.candidate, kernel, case, *made, on_device={"hold_outputs": True})
+        result = self._run(self.pool.candidate, kernel, case, *made, on_device={"hold_outputs": True}, seed=seed)
         if result.failure is not None:
             return result
         held = result.answer.get("held_outputs")
@@ -118,7 +115,7 @@ class DeviceChecks:
             return self._kept[key]
         tolerances = {p.name: list(self._tolerance(p.name)) for p in self.task.output_params}
         result = self._run(self.pool.reference, self.reference, case, *made,
-                           on_device={"keep_as": f"{case.name}/{seed}", "tolerances": tolerances})
+                           on_device={"keep_as": f"{case.name}/{seed}", "tolerances": tolerances}, seed=seed)
         if result.failure is not None:
             raise ReferenceFailed(case.name, f"{result.failure.code.value}: {result.failure.detail}")
         problems = result.integrity.guard_violations + [f"modified input {n}" for n in result.integrity.modified_inputs]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.call_limits import CALL_DEADLINE_S
+from harness.drawn_inputs import case_draws
 from harness.job_deadlines import time_shortfalls
 from harness.settings import TimingSettings
 from harness.jobs import Layout
@@ -29,6 +30,7 @@ CONTEXT_RESERVE_BYTES = 1 << 30
 # the report.
 RUN_FILES_ALLOWANCE_BYTES = 64 << 20
 NPY_HEADER_BYTES = 128
+TREE_FILE_BYTES = 65  # a sha256-tree's hex digest and its newline
 MEMINFO = Path("/proc/meminfo")
 GPU_WORKERS = 2  # the reference's and the candidates' (harness/gpu_workers.py)
 
@@ -68,10 +70,15 @@ def usable_bytes(device: dict) -> int | None:
 def shortfalls(task: Task, settings: TimingSettings, device: dict) -> list[str]:
     """One sentence per case that cannot fit on this device, or cannot be checked or timed within a tool call
     (harness/job_deadlines.py); empty when every case fits."""
-    on_device = settings.device_judging_from_bytes
     return memory_shortfalls(task, settings, device) + time_shortfalls(
-        task, settings, device, CALL_DEADLINE_S,
-        lambda case: on_device is not None and CaseArrays.of(task, case).outputs >= on_device)
+        task, settings, device, CALL_DEADLINE_S, lambda case: outputs_on_device(task, case, settings),
+        lambda case: case_draws(task, case, settings.draw_inputs_from_bytes) is not None)
+
+
+def outputs_on_device(task: Task, case: Case, settings: TimingSettings) -> bool:
+    """Whether a case's outputs are judged on the device (harness/device_checks.py) and stay there."""
+    threshold = settings.device_judging_from_bytes
+    return threshold is not None and CaseArrays.of(task, case).outputs >= threshold
 
 
 def memory_shortfalls(task: Task, settings: TimingSettings, device: dict) -> list[str]:
@@ -125,15 +132,18 @@ def host_need(task: Task, case: Case, settings: TimingSettings, serving: bool) -
     the shared regions (one per direction and worker) holding the largest message, at most REGION_BYTES each.
     """
     a = CaseArrays.of(task, case)
+    # A large case's inputs are drawn on the device and its outputs judged there: neither is held on the host.
+    inputs = 0 if case_draws(task, case, settings.draw_inputs_from_bytes) is not None else a.inputs
+    outputs = 0 if outputs_on_device(task, case, settings) else a.outputs
     sets = settings.rotation_sets if serving else 1
     audited = settings.checked_launches
-    kept = sets * (a.inputs + a.outputs) + (a.inputs if serving and case.role != "holdout" else 0)
-    read_back = audited * a.outputs + (0 if settings.fresh_inputs else settings.rotation_sets * a.outputs)
-    parent = max(a.inputs + 4 * a.outputs,
-                 (audited * a.outputs if settings.fresh_inputs else 0) + read_back,
-                 oracle_bytes(a) if task.oracle_file else 0)
-    workers = GPU_WORKERS * (a.inputs + max(2 * a.outputs, read_back))
-    regions = GPU_WORKERS * (min(REGION_BYTES, a.inputs) + min(REGION_BYTES, max(2 * a.outputs, read_back)))
+    kept = sets * (inputs + outputs) + (inputs if serving and case.role != "holdout" else 0)
+    read_back = audited * outputs + (0 if settings.fresh_inputs else settings.rotation_sets * outputs)
+    parent = max(inputs + 4 * outputs,
+                 (audited * outputs if settings.fresh_inputs else 0) + read_back,
+                 oracle_bytes(a) if task.oracle_file and inputs else 0)
+    workers = GPU_WORKERS * (inputs + max(2 * outputs, read_back))
+    regions = GPU_WORKERS * (min(REGION_BYTES, inputs) + min(REGION_BYTES, max(2 * outputs, read_back)))
     return kept, parent + workers + regions
 
 
@@ -180,18 +190,22 @@ def available_memory_bytes(meminfo: Path = MEMINFO) -> int | None:
 
 # -- disk ---------------------------------------------------------------------------------------
 
-def run_disk_bytes(task: Task, settings: TimingSettings) -> dict[str, int]:
-    """Bytes each case's expected outputs take in a run folder (every rotation set, as .npy files)."""
+def run_disk_bytes(task: Task, settings: TimingSettings, keep_all: bool = False) -> dict[str, int]:
+    """Bytes each case's expected outputs take in a run folder (every rotation set, as .npy files, or as their
+    sha256-trees for a case judged on the device, unless `keep_all`: serve --keep-expected)."""
     outputs = len(task.output_params)
-    return {case.name: settings.rotation_sets * (CaseArrays.of(task, case).outputs + outputs * NPY_HEADER_BYTES)
+    return {case.name: settings.rotation_sets * outputs * TREE_FILE_BYTES
+            if not keep_all and outputs_on_device(task, case, settings)
+            else settings.rotation_sets * (CaseArrays.of(task, case).outputs + outputs * NPY_HEADER_BYTES)
             for case in task.cases}
 
 
-def disk_shortfalls(task: Task, settings: TimingSettings, results: Path, free: int | None) -> list[str]:
+def disk_shortfalls(task: Task, settings: TimingSettings, results: Path, free: int | None,
+                    keep_all: bool = False) -> list[str]:
     """A sentence naming the largest case when a new run's folder would not fit the `free` bytes under `results`."""
     if free is None:
         return []
-    expected = run_disk_bytes(task, settings)
+    expected = run_disk_bytes(task, settings, keep_all)
     task_copy = sum(path.stat().st_size for path in task.files() if path.is_file())
     total = sum(expected.values()) + task_copy + RUN_FILES_ALLOWANCE_BYTES
     if total <= free:
@@ -202,10 +216,10 @@ def disk_shortfalls(task: Task, settings: TimingSettings, results: Path, free: i
             f"{_size(free)} free"]
 
 
-def machine_shortfalls(task: Task, settings: TimingSettings, results: Path) -> list[str]:
+def machine_shortfalls(task: Task, settings: TimingSettings, results: Path, keep_all: bool = False) -> list[str]:
     """What a new run under `results` would need beyond this machine's available memory and free disk."""
     return (host_shortfalls(task, settings, available_memory_bytes(), serving=True)
-            + disk_shortfalls(task, settings, results, free_disk_bytes(results)))
+            + disk_shortfalls(task, settings, results, free_disk_bytes(results), keep_all))
 
 
 def free_disk_bytes(folder: Path) -> int | None:

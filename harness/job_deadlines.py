@@ -49,17 +49,19 @@ class CaseWork:
 
 
 def case_work(task: Task, case: Case, settings: TimingSettings, device: dict | None,
-              outputs_on_device: bool = False) -> CaseWork:
+              outputs_on_device: bool = False, inputs_drawn: bool = False) -> CaseWork:
     """`outputs_on_device`: the case's outputs are judged where they lie (harness/device_checks.py) and do not
-    cross to the host in a check."""
+    cross to the host; `inputs_drawn`: its inputs are drawn on the device (harness/drawn_inputs.py) and are not
+    sent."""
     nbytes = task.nbytes(case.dims)
     inputs = sum(nbytes[p.name] for p in task.input_params)
     outputs = sum(nbytes[p.name] for p in task.output_params)
+    sent = 0 if inputs_drawn else inputs
     back = 0 if outputs_on_device else 2 * outputs  # two runs, two poisons
-    audited = settings.checked_launches * outputs
+    audited = 0 if outputs_on_device else settings.checked_launches * outputs
     sets = 1 if settings.fresh_inputs else settings.rotation_sets
-    return CaseWork(check_host_bytes=inputs + back,
-                    time_host_bytes=sets * inputs + 2 * audited,  # the candidate's and the reference's
+    return CaseWork(check_host_bytes=sent + back,
+                    time_host_bytes=sets * sent + 2 * audited,  # the candidate's and the reference's
                     roofline_s=_roofline_s(task, case, inputs + outputs, device),
                     time_launches=settings.warmups + settings.max_iterations + settings.checked_launches)
 
@@ -87,12 +89,12 @@ def time_deadline_s(work: CaseWork, settings: TimingSettings) -> float:
 
 
 def time_shortfalls(task: Task, settings: TimingSettings, device: dict | None, window_s: float,
-                    outputs_on_device=lambda case: False) -> list[str]:
+                    outputs_on_device=lambda case: False, inputs_drawn=lambda case: False) -> list[str]:
     """One sentence per case whose check or timing would need more than a tool call's `window_s`, even with
     launches at the roofline."""
     problems = []
     for case in task.cases:
-        work = case_work(task, case, settings, device, outputs_on_device(case))
+        work = case_work(task, case, settings, device, outputs_on_device(case), inputs_drawn(case))
         needs = [("checking it", work.check_s(HOST_BYTES_PER_S_AT_BEST), work.check_host_bytes)]
         if case.role == "performance":
             needs.append(("timing it", work.time_s(HOST_BYTES_PER_S_AT_BEST), work.time_host_bytes))

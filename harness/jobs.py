@@ -128,14 +128,17 @@ def _inputs_field(layout: Layout, input_sets: list[dict[str, np.ndarray]], hashe
 def make_run_job(cubin: bytes, kernel: str, layout: Layout, geometry: LaunchGeometry,
                  inputs: dict[str, np.ndarray], poisons: tuple[int, ...], guard_seed: int,
                  hashes: dict[str, str] | None = None, resident: frozenset[str] = frozenset(),
-                 launch_limit_s: float | None = None) -> tuple[RunJob, list]:
+                 launch_limit_s: float | None = None, drawn: FreshDraws | None = None) -> tuple[RunJob, list]:
     """`hashes`: the inputs' sha256, by which the worker keeps them; `resident`: the keys it holds;
-    `launch_limit_s`: a launch still running after this is too slow (None: no limit)."""
-    entries, blobs = _inputs_field(layout, [inputs], [hashes], resident)
+    `launch_limit_s`: a launch still running after this is too slow (None: no limit); `drawn`: the inputs
+    the worker draws on the device instead (a large case's: its key and how each input is drawn)."""
+    entries, blobs = _inputs_field(layout, [inputs], [hashes], resident, drawn.draws if drawn else None)
     header: RunJob = {"op": "run", "kernel": kernel, "params": layout.to_wire(), "launch": geometry_to_wire(geometry),
               "poisons": list(poisons), "guard_seed": guard_seed, "guard_bytes": GUARD_BYTES, "inputs": entries}
     if launch_limit_s is not None:
         header["launch_limit_s"] = launch_limit_s
+    if drawn is not None:
+        header["draw_key"] = drawn.key
     return header, [cubin] + blobs
 
 

@@ -19,6 +19,7 @@ from harness import jobs
 from harness.call_limits import CallLimits
 from harness.compare import Agreement, agreement
 from harness.device_checks import DeviceChecks
+from harness.drawn_inputs import case_draws, draw_key, host_draws
 from harness.gpu_lease import GpuLease
 from harness.job_deadlines import case_work, run_deadline_s, time_deadline_s
 from harness.judging import integrity_reasons
@@ -83,11 +84,14 @@ class Referee(TimingProtocol, DeviceChecks):
 
     def run_deadline_s(self, case: Case) -> float:
         """A check job's deadline on this case: the settings' floor, or what its size needs (harness/job_deadlines.py)."""
-        work = case_work(self.task, case, self.settings, self.device, self.judges_on_device(case))
+        work = case_work(self.task, case, self.settings, self.device, self.judges_on_device(case),
+                         self.draws(case) is not None)
         return run_deadline_s(work, self.settings)
 
     def time_deadline_s(self, case: Case) -> float:
-        return time_deadline_s(case_work(self.task, case, self.settings, self.device), self.settings)
+        work = case_work(self.task, case, self.settings, self.device, self.judges_on_device(case),
+                         self.draws(case) is not None)
+        return time_deadline_s(work, self.settings)
 
     def _explained(self, failure: Reason) -> Reason:
         """A too_slow reason with the baseline's launch time its limit came from."""
@@ -112,12 +116,23 @@ class Referee(TimingProtocol, DeviceChecks):
 
     def oracle_expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
         """The independent float64 oracle's answer, rounded to each output's dtype."""
-        truth = run_oracle(self.task, case.dims, self.inputs(case, seed)[0], case.name)
+        truth = run_oracle(self.task, case.dims, self.host_inputs(case, seed), case.name)
         return {p.name: truth[p.name].astype(DTYPES[p.dtype]) for p in self.task.output_params}
 
+    def draws(self, case: Case) -> dict[str, dict] | None:
+        """How the device draws the case's inputs, where it is that large (harness/drawn_inputs.py); else None."""
+        return case_draws(self.task, case, self.settings.draw_inputs_from_bytes)
+
+    def host_inputs(self, case: Case, seed: int) -> dict[str, np.ndarray]:
+        """The case's inputs for a seed as arrays on the host: those the jobs send, or those the device draws."""
+        draws = self.draws(case)
+        return self.inputs(case, seed)[0] if draws is None else host_draws(self.task, case, seed, draws)
+
     def inputs(self, case: Case, seed: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-        """A case's inputs for a seed, and their hashes. Those of the case's fixed seeds are kept; a
-        secret seed's are made afresh (and used once), or taken from prepare()."""
+        """The inputs a job sends for a case and seed, and their hashes (none where the device draws them). Those
+        of the case's fixed seeds are kept; a secret seed's are made afresh (and used once), or taken from prepare()."""
+        if self.draws(case) is not None:
+            return {}, {}
         key = (case.name, seed)
         if key in self._inputs:
             return self._inputs[key]
@@ -139,7 +154,7 @@ class Referee(TimingProtocol, DeviceChecks):
                 self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inputs-ahead")
             self._preparing = {(case.name, seeds[case.name]): self._preparer.submit(self._make_inputs, case,
                                                                                     seeds[case.name])
-                               for case in cases if case.name in seeds}
+                               for case in cases if case.name in seeds and self.draws(case) is None}
 
     def _make_inputs(self, case: Case, seed: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         inputs = make_inputs(self.task, case.dims, seed)
@@ -147,7 +162,7 @@ class Referee(TimingProtocol, DeviceChecks):
 
     def _run_reference(self, case: Case, seed: int, made=None) -> dict[str, np.ndarray]:
         inputs, hashes = made or self.inputs(case, seed)
-        result = self._run(self.pool.reference, self.reference, case, inputs, hashes)
+        result = self._run(self.pool.reference, self.reference, case, inputs, hashes, seed=seed)
         if result.failure is not None:
             raise ReferenceFailed(case.name, f"{result.failure.code.value}: {result.failure.detail}")
         problems = result.integrity.guard_violations + [f"modified input {n}" for n in result.integrity.modified_inputs]
@@ -193,13 +208,13 @@ class Referee(TimingProtocol, DeviceChecks):
                 return None, result  # judged: the digests are in the result
         made = self.inputs(case, seed)
         if against_oracle:
-            return self.oracle_expected(case, seed), self._run(self.pool.candidate, kernel, case, *made)
+            return self.oracle_expected(case, seed), self._run(self.pool.candidate, kernel, case, *made, seed=seed)
         if seed == case.seed:
-            return self.expected(case, seed), self._run(self.pool.candidate, kernel, case, *made)
+            return self.expected(case, seed), self._run(self.pool.candidate, kernel, case, *made, seed=seed)
         # A secret seed is used once: its outputs are not kept for the rest of the run.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference") as side:
             reference = side.submit(self._run_reference, case, seed, made)
-            result = self._run(self.pool.candidate, kernel, case, *made)
+            result = self._run(self.pool.candidate, kernel, case, *made, seed=seed)
             return reference.result(), result
 
     def _judge_check(self, case: Case, expected: dict[str, np.ndarray], result: "RunResult") -> CaseCheck:
@@ -217,9 +232,14 @@ class Referee(TimingProtocol, DeviceChecks):
         return tol.rtol, tol.atol
 
     def _run(self, worker: Worker, kernel: CompiledKernel, case: Case, inputs: dict[str, np.ndarray],
-             hashes: dict[str, str] | None = None, on_device: dict | None = None) -> "RunResult":
+             hashes: dict[str, str] | None = None, on_device: dict | None = None, seed: int | None = None) -> "RunResult":
         """The kernel once per poison. `on_device`: header fields that leave the outputs on the device
-        (harness/device_checks.py); the answer then comes back in the result instead of the outputs."""
+        (harness/device_checks.py); the answer then comes back in the result instead of the outputs. `seed`:
+        the input seed, by which a large case's inputs are drawn on the device (harness/drawn_inputs.py)."""
+        draws = self.draws(case)
+        drawn = jobs.FreshDraws(key=draw_key(seed), draws=draws) if draws is not None else None
+        if draws is not None and seed is None:
+            raise ValueError(f"case {case.name} draws its inputs on the device: a run needs its seed")
         layout = jobs.Layout.for_case(self.task, case.dims)
         geometry, failure = launch_geometry(kernel, case)
         if failure is not None:
@@ -230,7 +250,7 @@ class Referee(TimingProtocol, DeviceChecks):
 
         def build(resident: frozenset[str]):
             header, blobs = jobs.make_run_job(kernel.cubin, kernel.symbol, layout, geometry, inputs,
-                                              buffers.POISON_BYTES, guard_seed, hashes, resident, limit)
+                                              buffers.POISON_BYTES, guard_seed, hashes, resident, limit, drawn)
             return {**header, **(on_device or {})}, blobs
 
         answer, answer_blobs, failure = call_worker(worker, build, self.run_deadline_s(case),
@@ -238,17 +258,20 @@ class Referee(TimingProtocol, DeviceChecks):
         if failure is not None:
             return RunResult(layout, failure=self._explained(failure))
         if on_device:
-            integrity = jobs.check_integrity(answer, answer_blobs, layout, guard_seed, [inputs], [hashes])
+            integrity = drawn_integrity(answer, jobs.check_integrity(answer, answer_blobs, layout, guard_seed, [inputs],
+                                                                     [hashes]), draws)
             return RunResult(layout, integrity=integrity, answer=answer)
         n = len(layout.outputs)
         outputs, guards = jobs.unpack_outputs(answer, answer_blobs, buffers.run_slots(len(buffers.POISON_BYTES), n), {})
         runs = [jobs.read_arrays(outputs[i * n:(i + 1) * n], layout.outputs) for i in range(len(buffers.POISON_BYTES))]
-        integrity = jobs.check_integrity(answer, guards, layout, guard_seed, [inputs], [hashes])
+        integrity = drawn_integrity(answer, jobs.check_integrity(answer, guards, layout, guard_seed, [inputs], [hashes]),
+                                    draws)
         return RunResult(layout, runs=runs, integrity=integrity)
 
     def run_on(self, worker: Worker, kernel: CompiledKernel, case: Case) -> "RunResult":
         """The kernel once on the case's first fixed inputs, in the given worker (profile_kernel's)."""
-        return self._run(worker, kernel, case, *self.inputs(case, input_seed(case, 0)))
+        seed = input_seed(case, 0)
+        return self._run(worker, kernel, case, *self.inputs(case, seed), seed=seed)
 
     # -- timing --------------------------------------------------------------------------------
     def time(self, kernel: CompiledKernel, cases: list[Case]) -> TimingReport:
@@ -281,3 +304,15 @@ def case_check(case: Case, digests: list[OutputDigest], reasons: list[Reason]) -
         warnings += noted
     return CaseCheck(case=case.name, role=case.role, passed=not reasons, outputs=[d.check for d in digests],
                      agreement=runs_agreement(digests).value, reasons=reasons, warnings=warnings)
+
+
+def drawn_integrity(answer: dict, integrity: jobs.Integrity, draws: dict[str, dict] | None) -> jobs.Integrity:
+    """A run's integrity with its drawn inputs counted in: one whose elements no longer hold their draw was
+    changed by the kernel."""
+    if draws is None:
+        return integrity
+    changed = answer.get("changed_inputs")
+    if not isinstance(changed, dict) or set(changed) != set(draws):
+        raise jobs.AnswerError("the run's answer does not say which drawn inputs changed")
+    integrity.modified_inputs = sorted(set(integrity.modified_inputs) | {n for n, count in changed.items() if count})
+    return integrity

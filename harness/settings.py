@@ -38,6 +38,9 @@ class TimingSettings(BaseModel):
     # no output crosses to the host. None: always on the host. Below it, the host path, whose verdicts the
     # device path matches.
     device_judging_from_bytes: int | None = 256 << 20
+    # A case whose inputs take at least this many bytes has them drawn on the device from a key of its seed
+    # (harness/drawn_inputs.py), where every input can be: none crosses the host. None: always made on the host.
+    draw_inputs_from_bytes: int | None = 256 << 20
 
     @property
     def checked_launches(self) -> int:

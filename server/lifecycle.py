@@ -29,7 +29,8 @@ def new_run(task_dir: Path, results: Path, settings: RunSettings, executor: Exec
             progress: Progress | None = None) -> Run:
     """A new run folder under `results`: the task's copy, its expected outputs, the lock, the baseline."""
     task = load_task(task_dir)  # refuse a broken task, or one too large for this machine, before making a folder
-    problems = machine_shortfalls(task, settings.timing, results) or shortfalls(task, settings.timing, executor.start())
+    problems = (machine_shortfalls(task, settings.timing, results, settings.keep_expected)
+                or shortfalls(task, settings.timing, executor.start()))
     if problems:
         raise TaskDoesNotFit("the task does not fit on this machine: " + "; ".join(problems))
     run_dir = _next_run_dir(results)

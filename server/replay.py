@@ -21,6 +21,7 @@ from typing import Callable, TextIO
 
 from harness.device import gpu_absent_reason
 from harness.gpus import list_gpus, placement_for
+from harness.drawn_inputs import oracle_cases
 from harness.oracle import OracleError
 from harness.settings import CompiledKernel, ReferenceFailed, TimingSettings
 from harness.side_by_side import TimingFailed, time_side_by_side
@@ -117,7 +118,7 @@ def _replay(executor: Executor, record: RunRecord, repeats: int, say: Say, check
     checks += _holdout_checks(executor, record.task, kernel)
     say("fresh random values against the float64 oracle" if has_oracle else
         f"no fresh random values ({NO_INDEPENDENT_ORACLE} to check them against)")
-    checks += _fresh_checks(executor, record.task, kernel)
+    checks += _fresh_checks(executor, record.task, kernel, record.settings.timing)
     for number in range(1, repeats + 1):
         say(f"timing beside the baseline, repeat {number} of {repeats}")
         timings.append(_repeat(executor, record, kernel, baseline, number))
@@ -182,11 +183,11 @@ def _holdout_checks(executor: Executor, task: Task, kernel: CompiledKernel) -> l
     return results + _results("holdout-oracle", "oracle", cases, executor.check(kernel, cases, None, True))
 
 
-def _fresh_checks(executor: Executor, task: Task, kernel: CompiledKernel) -> list[CheckResult]:
-    """New seeds, drawn now, on every case's shape (visible and holdout)."""
+def _fresh_checks(executor: Executor, task: Task, kernel: CompiledKernel, settings: TimingSettings) -> list[CheckResult]:
+    """New seeds, drawn now, on every case's shape (visible and holdout) the host's oracle takes."""
     if task.oracle_file is None:
         return [_no_oracle("fresh-oracle")]
-    cases = list(task.visible_cases) + list(task.holdout_cases)
+    cases = oracle_cases(task, list(task.visible_cases) + list(task.holdout_cases), settings)
     seeds = {case.name: secrets.randbits(31) for case in cases}
     return _results("fresh-oracle", "oracle", cases, executor.check(kernel, cases, seeds, True), seeds)
 

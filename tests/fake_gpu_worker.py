@@ -121,14 +121,20 @@ def _evidence(header, input_sets, behaviour):
 
 
 def _run(header, blobs, behaviour, device=None):
-    inputs, shape = _inputs(header, blobs[1:])
+    drawn = header.get("draw_key") is not None  # a large case's inputs, drawn "on the device"
+    inputs, shape = _drawn(header, header["draw_key"], 0) if drawn else _inputs(header, blobs[1:])
     outputs = [_launch(inputs, shape, byte, behaviour, run) for run, byte in enumerate(header["poisons"])]
-    hashes, guards = _evidence(header, [inputs], behaviour)
+    hashes, guards = _evidence(header, [{} if drawn else inputs], behaviour)
+    if drawn:
+        changed = {"changed_inputs": {"a": int(behaviour == "modify_input"), "b": 0}}
+        hashes = [{}]
+    else:
+        changed = {}
     if header.get("hold_outputs") or header.get("keep_as"):
         fields = device.hold([outputs]) if header.get("hold_outputs") else device.keep(header, outputs, shape)
-        return {"status": "ok", "input_sha256": hashes, **fields}, guards
+        return {"status": "ok", "input_sha256": hashes, **changed, **fields}, guards
     fields, sent = pack_outputs(outputs, run_slots(len(outputs), 1), {})
-    return {"status": "ok", "input_sha256": hashes, **fields}, sent + guards
+    return {"status": "ok", "input_sha256": hashes, **changed, **fields}, sent + guards
 
 
 def _spin(header, cubin):

@@ -8,7 +8,7 @@ import pytest
 from harness.settings import TimingSettings
 from harness.footprint import (CONTEXT_RESERVE_BYTES, NPY_HEADER_BYTES, available_memory_bytes, case_bytes,
                                disk_shortfalls, free_disk_bytes, host_need, host_shortfalls, memory_shortfalls,
-                               run_disk_bytes, shortfalls, timing_bytes)
+                               run_disk_bytes, shortfalls, timing_bytes, TREE_FILE_BYTES)
 from harness.jobs import Layout
 from harness.worker_side.buffers import GUARD_BYTES
 from harness.task import load_task
@@ -65,18 +65,17 @@ def test_a_device_that_does_not_say_its_size_is_not_refused(tmp_path):
 
 
 def test_a_case_whose_check_cannot_fit_a_tool_call_is_named_with_its_need(tmp_path):
-    """8 GiB per array: judged on the host, 34 GB cross it in a check (two inputs, and both runs' output),
-    minutes at the host's best rate; judged on the device (the default for outputs this large), the outputs stay
-    there, and the inputs alone still need more than 55 s."""
+    """8 GiB per array: on the host, 34 GB cross it in a check (two inputs, and both runs' output), minutes at
+    the host's best rate; judged on the device, the outputs stay there and the inputs alone still need more
+    than 55 s; with its inputs drawn on the device as well (the default for arrays this large), nothing
+    crosses and the case fits."""
     task = load_task(huge_saxpy(tmp_path, 2**31 - 1))
-    on_host = shortfalls(task, TimingSettings(device_judging_from_bytes=None), H200)
+    on_host = shortfalls(task, TimingSettings(device_judging_from_bytes=None, draw_inputs_from_bytes=None), H200)
     assert on_host and all(p.startswith("case large: ") and "beyond the 55 s a tool call has" in p for p in on_host)
     assert "checking it needs at least" in on_host[0] and "34.4 GB through the host" in on_host[0]
-    on_device = shortfalls(task, TimingSettings(), H200)
-    assert "17.2 GB through the host" in on_device[0]
-    (tmp_path / "fits").mkdir()
-    fits = load_task(huge_saxpy(tmp_path / "fits", 2**28))  # 1 GiB per array
-    assert shortfalls(fits, TimingSettings(), H200) == []
+    judged_there = shortfalls(task, TimingSettings(draw_inputs_from_bytes=None), H200)
+    assert "17.2 GB through the host" in judged_there[0]
+    assert memory_shortfalls(task, TimingSettings(), H200) == [] and shortfalls(task, TimingSettings(), H200) == []
 
 
 class _SmallGpu(FakeExecutor):
@@ -121,15 +120,29 @@ def test_host_need_counts_the_parent_the_workers_and_the_shared_regions():
     assert kept == (128 + 64) * MiB  # a check keeps the case's own input set
 
 
-def test_the_issue_s_softmax_does_not_fit_a_128_gib_host_and_is_named(tmp_path):
+def test_the_issue_s_softmax_on_the_host_does_not_fit_a_128_gib_host_and_is_named(tmp_path):
     task = load_task(softmax_with(tmp_path, 4096, 393216))  # 6.4 GB each way
-    (problem,) = host_shortfalls(task, TimingSettings(), 128 * 2**30, serving=True)
+    on_host = TimingSettings(device_judging_from_bytes=None, draw_inputs_from_bytes=None)
+    (problem,) = host_shortfalls(task, on_host, 128 * 2**30, serving=True)
     assert problem.startswith("case square-4096 needs ")
     need = float(problem.split(" needs ")[1].split(" GiB")[0])
     assert 140 < need * 2**30 / 1e9 < 190  # the issue's estimate: 150 to 190 GB across parent and workers
     assert problem.endswith("this machine has 128.0 GiB available")
-    assert host_shortfalls(task, TimingSettings(), 256 * 2**30, serving=True) == []
-    assert host_shortfalls(task, TimingSettings(), None, serving=True) == []  # no MemAvailable: not refused
+    assert host_shortfalls(task, on_host, 256 * 2**30, serving=True) == []
+    assert host_shortfalls(task, on_host, None, serving=True) == []  # no MemAvailable: not refused
+
+
+def test_the_issue_s_softmax_drawn_and_judged_on_the_device_needs_little_of_the_host(tmp_path):
+    """Its inputs drawn on the device and its outputs judged there (the defaults for arrays this large), the
+    case holds nothing on the host: the run is the other cases' (under 16 GB in all), and its folder keeps
+    sha256-trees for it."""
+    task = load_task(softmax_with(tmp_path, 4096, 393216))
+    case = task.case("square-4096")
+    assert host_need(task, case, TimingSettings(), serving=True) == (0, 0)
+    assert sum(sum(host_need(task, c, TimingSettings(), serving=True)) for c in task.cases) < 16e9
+    assert host_shortfalls(task, TimingSettings(), 16 * 2**30, serving=True) == []
+    assert run_disk_bytes(task, TimingSettings())[case.name] == 4 * TREE_FILE_BYTES
+    assert run_disk_bytes(task, TimingSettings(), keep_all=True)[case.name] > 4 * 6.4e9
 
 
 def test_when_no_case_is_too_large_alone_the_largest_is_named(tmp_path):
@@ -173,9 +186,10 @@ def test_a_run_whose_case_cannot_fit_host_memory_is_refused_before_anything_is_m
                     .replace("dims = { n = 16777216 }", "dims = { n = 16777216, r = 1 }")
                     .replace("dims = { n = 123457 }", "dims = { n = 123457, r = 1 }"))
     results = tmp_path / "results"
+    on_host = RunSettings(timing=TimingSettings(device_judging_from_bytes=None, draw_inputs_from_bytes=None))
     with pytest.raises(TaskDoesNotFit, match=r"^the task does not fit on this machine: case odd needs [0-9.]+ GiB of "
                                              r"host memory \([^;]*; the whole run [0-9.]+ GiB\); this machine has [0-9.]+ GiB available(; |$)"):
-        new_run(folder, results, RunSettings(), FakeExecutor(load_task(folder)))
+        new_run(folder, results, on_host, FakeExecutor(load_task(folder)))
     assert not results.exists() or not any(results.iterdir())
 
 
@@ -205,7 +219,8 @@ def test_check_refuses_a_case_too_large_for_host_memory_before_any_worker_starts
     monkeypatch.setattr(check, "gpu_absent_reason", lambda: None)
     monkeypatch.setattr(check, "GpuExecutor", lambda *args, **options: started.append(1))
     monkeypatch.setattr(check, "available_memory_bytes", lambda: 2**30)
-    assert main(["check", str(huge_saxpy(tmp_path, 2**28)), "--no-sandbox"]) == 2
+    # 128 MiB per array, just under the sizes drawn and judged on the device: it all goes through the host
+    assert main(["check", str(huge_saxpy(tmp_path, 2**25 - 1)), "--no-sandbox"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kernel-referee check: case large needs ") and err.count("\n") == 1
     assert "GiB of host memory (its inputs and outputs in the parent, the two GPU workers" in err

@@ -135,17 +135,18 @@ def test_a_case_too_small_to_time_is_a_warning_naming_the_recorded_figures(tmp_p
     assert "case large:" in line and "recorded H200" in line and "10x the launch floor of 2.3 us" in line
 
 
-def test_a_case_too_large_for_this_machine_is_refused(tmp_path, capsys):
+def test_a_case_too_large_for_any_gpu_is_named_and_never_reaches_the_host(tmp_path, capsys):
+    """Terabyte arrays: drawn on the device and judged there (harness/drawn_inputs.py, harness/device_checks.py),
+    they cost the host nothing; the device's memory is what they exceed."""
     folder = make_task(tmp_path, "huge", base=MATMUL, oracle=None)
     toml = folder / "task.toml"
     toml.write_text(toml.read_text().replace("dims = { m = 2048, n = 2048, k = 2048 }",
                                              "dims = { m = 524288, n = 2097152, k = 1048576 }"))
-    assert main(["lint", str(folder)]) == 1
+    main(["lint", str(folder)])
     out = capsys.readouterr().out.splitlines()
-    host = next(line for line in out if line.startswith("error: too-large: "))
-    assert "GiB of host memory" in host and "this machine has" in host
+    assert not any("host memory" in line for line in out)
     assert any(line.startswith("warning: too-large: case square-2048 needs") and "recorded H200" in line
-               for line in out)
+               and "GiB of device memory" in line for line in out)
 
 
 def test_host_memory_is_judged_with_the_footprint_of_a_run(tmp_path):

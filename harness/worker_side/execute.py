@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.worker_side import device_judging, gpu
+from harness.worker_side import device_judging, fresh_inputs, gpu
 from harness.worker_side.buffers import digests_later, pack_outputs, run_slots
 from harness.worker_side.job import Job
 from harness.worker_side.messages import DrawRunJob, RunJob
@@ -30,6 +30,8 @@ def run_job(context: gpu.Context, header: RunJob, blobs: list[bytes],
     firsts: list[gpu.Allocation] = []
     try:
         job.upload_inputs(0, blobs[1:])
+        if header.get("draw_key") is not None:  # a large case's inputs, drawn here once for every launch
+            job.draw(utilities, 0, header["draw_key"], 0)
         outputs: list[np.ndarray] = []
         poisons = header["poisons"]
         for number, byte in enumerate(poisons, 1):
@@ -47,6 +49,8 @@ def run_job(context: gpu.Context, header: RunJob, blobs: list[bytes],
         gpu_busy_ms = utilities.finish([])[1] if utilities is not None else None
         resident = utilities.resident.keys() if utilities is not None else []
         base = {"status": Status.OK, "input_sha256": hashes, "gpu_busy_ms": gpu_busy_ms, "resident_inputs": resident}
+        if header.get("draw_key") is not None:
+            base["changed_inputs"] = _changed_draws(job, utilities, header["draw_key"])
         if header.get("hold_outputs"):
             fields = device_judging.hold(job, firsts, utilities.held)
             if fields["held_outputs"] is not None:
@@ -99,3 +103,19 @@ def draw_run_job(context: gpu.Context, header: DrawRunJob, blobs: list[bytes],
         return {**base, **fields}, sent + guards
     finally:
         job.close()
+
+
+def _changed_draws(job: Job, utilities: Utilities, key: int) -> dict[str, int]:
+    """Per drawn input, its elements that no longer hold their draw after the launches."""
+    drawn = job.drawn_inputs(0)
+    counters = gpu.Allocation(8 * max(len(drawn), 1))
+    try:
+        gpu.fill(counters.ptr, 0, counters.nbytes, job.context.stream)
+        for index, (p, spec, buffer, n) in enumerate(drawn):
+            utilities.generate(spec, buffer.ptr, p["nbytes"] // p["itemsize"], fresh_inputs.launch_key(key, 0), n,
+                               counters.ptr + 8 * index)
+        job.context.synchronize()
+        counts = gpu.download(counters.ptr, counters.nbytes).view(np.uint64)
+        return {p["name"]: int(counts[index]) for index, (p, _, _, _) in enumerate(drawn)}
+    finally:
+        counters.free()
