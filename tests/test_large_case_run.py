@@ -1,0 +1,62 @@
+"""A whole run of a task whose cases all take the large-case path: inputs drawn on the device, outputs judged
+there, expected outputs kept there with their sha256-trees in the run folder. The real GPU executor and
+referee, over CPU stand-in GPU workers (tests/fake_gpu_worker.py) that emulate CUDA IPC with files; the
+thresholds are lowered to 0 so that the small matmul task stands for a large one."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.settings import TimingSettings
+from harness.task import load_task
+from sandbox.pool import WorkerPool
+from server import lifecycle
+from server.executor import GpuExecutor
+from server.run import RunSettings
+from server.verify import verify_run
+from tests.server_support import INITIAL, client, ok
+from tests.test_call_deadline import FAKE_GPU, small_matmul
+
+LARGE = TimingSettings(warmups=2, iterations=20, device_judging_from_bytes=0, draw_inputs_from_bytes=0)
+
+
+def _executor(task_dir, tmp_path):
+    executor = GpuExecutor(load_task(task_dir), LARGE, confine=False)
+    executor.pool = WorkerPool(FAKE_GPU + (f"--ipc-dir={tmp_path / 'ipc'}",), confine=False)
+    executor.peaks_cache_dir = tmp_path / "peaks"
+    return executor
+
+
+@pytest.mark.anyio
+async def test_a_run_of_large_cases_keeps_nothing_large_on_the_host_or_the_disk(tmp_path):
+    (tmp_path / "ipc").mkdir()
+    task_dir = small_matmul(tmp_path / "task")
+    executor = _executor(task_dir, tmp_path)
+    run = lifecycle.new_run(task_dir, tmp_path / "results", RunSettings(timing=LARGE), executor)
+    try:
+        assert list((run.dir / "expected").rglob("*.npy")) == []
+        trees = list((run.dir / "expected").rglob("*.sha256-tree"))
+        assert len(trees) == len(run.task.cases) * LARGE.rotation_sets
+        async with client(run) as c:
+            answer = await ok(c, "record_attempt", source=INITIAL, rationale="the baseline again")
+        assert answer["verdict"] in ("valid-faster", "valid-not-faster"), answer
+        referee = executor.referee
+        assert referee.device_off is None
+        assert referee.judged_on_device > 0 and referee.audits_on_device > 0
+        assert all(not referee._inputs and referee.inputs(c, c.seed) == ({}, {}) for c in run.task.cases)
+        assert referee._expected == {}  # no expected output was ever read back to the host
+        assert verify_run(run.dir).ok
+    finally:
+        run.close()
+        executor.close()
+    run.folder_lock.release()
+    resumed_executor = _executor(task_dir, tmp_path)
+    resumed = lifecycle.resume_run(run.dir, resumed_executor)
+    try:
+        assert len(resumed_executor.referee._locked_trees) == len(trees)
+        async with client(resumed) as c:
+            answer = await ok(c, "record_attempt", source=INITIAL, rationale="once more, after a resume")
+        assert answer["verdict"] in ("valid-faster", "valid-not-faster"), answer
+    finally:
+        resumed.close()
+        resumed_executor.close()
