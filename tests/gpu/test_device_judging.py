@@ -86,3 +86,19 @@ def test_a_timings_audits_get_the_same_reasons_on_the_device(matmul_task, arch, 
     assert on_device.passed == on_host.passed
     assert [sorted(r.code.value for r in c.reasons) for c in on_device.cases] == \
            [sorted(r.code.value for r in c.reasons) for c in on_host.cases]
+
+
+@pytest.mark.parametrize("device", [False, True], ids=["judged-on-the-host", "judged-on-the-device"])
+def test_inputs_drawn_on_the_device_check_the_reference_and_catch_a_changed_input(matmul_task, pool, arch, device):
+    """Every case's inputs drawn on the device (the large-case path, its threshold lowered to 0)."""
+    reference = build(matmul_task.source("reference"), matmul_task, arch, label="reference")
+    settings = TimingSettings(draw_inputs_from_bytes=0, device_judging_from_bytes=0 if device else None)
+    referee = Referee(matmul_task, pool, reference, settings)
+    cases = list(matmul_task.visible_cases)
+    assert referee.check(reference, cases).passed
+    assert referee.inputs(cases[0], cases[0].seed) == ({}, {})
+    writer = build((EXPLOITS / "write_input.cu").read_text(), matmul_task, arch)
+    report = referee.check(writer, cases)
+    assert not report.passed and "input_modified" in {r.code.value for r in report.reasons}
+    holdout = matmul_task.holdout_cases[0]
+    assert referee.check(reference, [holdout], against_oracle=True).passed  # the oracle sees the device's draws
