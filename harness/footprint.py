@@ -55,9 +55,13 @@ def timing_bytes(layout: Layout, settings: TimingSettings) -> int:
 
 def case_bytes(task: Task, case: Case, settings: TimingSettings) -> int:
     layout = Layout.for_case(task, case.dims)
+    # A check: one set, reused per poison; judged on the device, plus the first run's copy of the outputs.
+    check = sum(guarded_bytes(a.nbytes) for a in layout.arrays)
+    if outputs_on_device(task, case, settings):
+        check += sum(a.nbytes for a in layout.outputs)
     if case.role == "performance":
-        return timing_bytes(layout, settings)
-    return sum(guarded_bytes(a.nbytes) for a in layout.arrays)  # a check: one set, reused per poison
+        return max(timing_bytes(layout, settings), check)
+    return check
 
 
 def usable_bytes(device: dict) -> int | None:

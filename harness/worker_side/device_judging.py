@@ -206,12 +206,13 @@ def judges_of(utilities) -> Judges:
 
 # -- the run job's two ways of leaving outputs on the device (harness/worker_side/execute.py) -------------------
 
-def snapshot(outputs: list, stream) -> list[gpu.Allocation]:
-    """A copy of each output (the first run's) before the next launch's poison overwrites it."""
+def snapshot(outputs: list, stream, allocate=gpu.Allocation) -> list[gpu.Allocation]:
+    """A copy of each output (the first run's) before the next launch's poison overwrites it. `allocate`: how
+    (the worker's resident inputs make room first: harness/worker_side/resident.py)."""
     copies = []
     try:
         for _, p, buffer in outputs:
-            copies.append(gpu.Allocation(p["nbytes"]))
+            copies.append(allocate(p["nbytes"]))
             gpu.copy(copies[-1].ptr, buffer.ptr, p["nbytes"], stream)
     except BaseException:
         for allocation in copies:
@@ -261,7 +262,7 @@ def keep_launch(job, key: str, poison: int, utilities) -> dict:
     """The reference's side of a timing's audit: this launch's outputs, copied and kept as `key`; each one's
     spread and how many of its elements hold the timing poison's pattern (a right output may)."""
     judges = judges_of(utilities)
-    copies = snapshot(job.outputs(0), utilities.context.stream)
+    copies = snapshot(job.outputs(0), utilities.context.stream, _room_maker(utilities))
     try:
         facts = []
         for allocation, (_, p, _) in zip(copies, job.outputs(0)):
@@ -275,6 +276,10 @@ def keep_launch(job, key: str, poison: int, utilities) -> dict:
         raise
     utilities.kept.keep(key, {p["name"]: a for a, (_, p, _) in zip(copies, job.outputs(0))})
     return {"key": key, "outputs": facts}
+
+
+def _room_maker(utilities):
+    return lambda nbytes: utilities.resident.making_room(gpu.Allocation, nbytes)
 
 
 def judge_job(context: gpu.Context, header: dict, utilities) -> tuple[dict, list]:
@@ -313,4 +318,4 @@ def judge_job(context: gpu.Context, header: dict, utilities) -> tuple[dict, list
                 handle.close()
     if header.get("drop_expected"):  # used once (a secret seed's, an audited launch's)
         utilities.kept.drop(header["expected"])
-    return {"status": Status.OK, "judged": judged}, []
+    return {"status": Status.OK, "judged": judged, "resident_inputs": utilities.resident.keys()}, []

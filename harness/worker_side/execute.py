@@ -41,7 +41,8 @@ def run_job(context: gpu.Context, header: RunJob, blobs: list[bytes],
             if not on_device:
                 outputs += job.read_outputs(0)
             elif number == 1:
-                firsts = device_judging.snapshot(job.outputs(0), context.stream)
+                firsts = device_judging.snapshot(job.outputs(0), context.stream,
+                                                 lambda nbytes: utilities.resident.making_room(gpu.Allocation, nbytes))
         output_hashes = digests_later(outputs)  # hashed while the inputs are read back and checked
         staging = utilities.staging if utilities is not None else Staging()
         hashes, guards = job.evidence(staging.take(job.input_bytes()))
