@@ -1,5 +1,6 @@
-"""A case as large as the GPU allows, through the whole referee: bench/tasks/softmax_393216, whose performance case
-is a 4096 x 393216 float32 softmax (6.4 GB each way). A new run (its expected outputs, its baseline), then
+"""A case as large as the GPU allows, through the whole referee: cases/softmax_f32 with its performance cases
+replaced by a 4096 x 393216 float32 softmax (6.4 GB each way), whose reference accumulates in double
+(bench/kernels/softmax_long_rows.cu). A new run (its expected outputs, its baseline), then
 record_attempt calls through the MCP layer, each timed against the 55 s a tool call has; the host memory of
 the parent and of both GPU workers at their peak; the run folder's size; and whether the large case was
 judged on the device.
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -34,7 +37,27 @@ from server.executor import GpuExecutor  # noqa: E402
 from server.lifecycle import new_run  # noqa: E402
 from server.run import RunSettings  # noqa: E402
 
-TASK = ROOT / "bench" / "tasks" / "softmax_393216"
+SOFTMAX = ROOT / "cases" / "softmax_f32"
+LONG_ROWS = {"rows": 4096, "cols": 393216}
+
+
+def long_softmax_task(folder: Path) -> Path:
+    """cases/softmax_f32 in `folder`, its performance cases one 4096 x 393216 case, its reference one block of
+    1024 threads per row accumulating in double (the shipped one-thread-per-row reference would take seconds a
+    launch, and its float sum over 393216 terms would not hold the tolerance)."""
+    shutil.copytree(SOFTMAX, folder)
+    shutil.copy(ROOT / "bench" / "kernels" / "softmax_long_rows.cu", folder / "reference.cu")
+    manifest = folder / "task.toml"
+    text = manifest.read_text().replace('name = "softmax_f32"\ndescription', 'name = "softmax_long_rows"\ndescription', 1)
+    text = re.sub(r'# One thread per row.\n\[reference_launch\]\ngrid = \[[^]]*\]\nblock = \[[^]]*\]',
+                  '# One block of 1024 threads per row (bench/kernels/softmax_long_rows.cu).\n'
+                  '[reference_launch]\ngrid = ["rows", 1, 1]\nblock = [1024, 1, 1]', text)
+    text = re.sub(r'name = "square-4096"\nrole = "performance"\ndims = \{[^}]*\}',
+                  f'name = "long-{LONG_ROWS["rows"]}x{LONG_ROWS["cols"]}"\nrole = "performance"\n'
+                  f'dims = {{ rows = {LONG_ROWS["rows"]}, cols = {LONG_ROWS["cols"]} }}', text)
+    text = re.sub(r'\n\[\[cases\]\]\nname = "rows-16384x1024"\nrole = "performance"\ndims = \{[^}]*\}\nseed = [0-9]+\n', "\n", text)
+    manifest.write_text(text)
+    return folder
 
 
 def peak_rss_bytes(pid: int | None) -> int | None:
@@ -68,13 +91,13 @@ async def attempts(run, count: int) -> list[dict]:
     return timed
 
 
-def measure(results: Path, count: int) -> dict:
-    task = load_task(TASK)
+def measure(task_dir: Path, results: Path, count: int) -> dict:
+    task = load_task(task_dir)
     settings = RunSettings(timing=TimingSettings())
     executor = GpuExecutor(task, settings.timing)
     try:
         started = time.monotonic()
-        run = new_run(TASK, results, settings, executor)
+        run = new_run(task_dir, results, settings, executor)
         made_s = time.monotonic() - started
         try:
             calls = anyio.run(attempts, run, count)
@@ -106,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no GPU to measure on: {absent}")
         return 0
     with tempfile.TemporaryDirectory(prefix="large-case-") as tmp:
-        numbers = measure(args.results or Path(tmp) / "results", args.attempts)
+        task_dir = long_softmax_task(Path(tmp) / "task")
+        numbers = measure(task_dir, args.results or Path(tmp) / "results", args.attempts)
     print(json.dumps(numbers, indent=2))
     if args.json:
         args.json.write_text(json.dumps(numbers, indent=2) + "\n")

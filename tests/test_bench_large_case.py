@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.large_case import long_softmax_task
+
 from harness.device import gpu_absent_reason
 from harness.drawn_inputs import case_draws
 from harness.footprint import host_need, outputs_on_device, run_disk_bytes, shortfalls
@@ -17,11 +19,13 @@ from harness.task import load_task
 from tests.test_job_deadlines import H200_FACTS
 
 ROOT = Path(__file__).resolve().parents[1]
-TASK = ROOT / "bench" / "tasks" / "softmax_393216"
 
 
-def test_the_bench_task_is_drawn_and_judged_on_the_device_and_fits():
-    task, settings = load_task(TASK), TimingSettings()
+def test_the_bench_task_is_drawn_and_judged_on_the_device_and_fits(tmp_path):
+    task, settings = load_task(long_softmax_task(tmp_path / "task")), TimingSettings()
+    assert [c.name for c in task.performance_cases] == ["long-4096x393216"]
+    assert task.own_launch("reference").block[0] == "1024"
+    assert "double" in task.source("reference")
     large = task.case("long-4096x393216")
     assert sum(task.nbytes(large.dims).values()) == 2 * 4096 * 393216 * 4  # 6.4 GB each way
     assert case_draws(task, large, settings.draw_inputs_from_bytes) is not None

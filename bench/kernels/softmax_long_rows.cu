@@ -1,4 +1,4 @@
-// Reference for long rows: one block of 1024 threads per row; each thread's max and sum of exponentials
+// The reference of bench/large_case.py's long-row softmax: one block of 1024 threads per row; each thread's max and sum of exponentials
 // are accumulated in double, then reduced across the block in double. Three passes over the row.
 #define THREADS 1024
 #define WARPS (THREADS / 32)
