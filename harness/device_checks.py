@@ -48,6 +48,7 @@ class DeviceChecks:
         self.device_off: str | None = None  # why checks are judged on the host after all, once known
         self._kept: dict[tuple[str, int], KeptExpected] = {}
         self._host_trees: dict[tuple[str, int], dict[str, str]] = {}
+        self._host_only: set[tuple[str, int]] = set()  # kept outputs that are not the locked ones: judged on the host
         self.judged_on_device = 0  # cases judged there so far
         self.audits_on_device = 0  # audited timed launches judged there so far
         # The sha256-trees a run locked for expected outputs it keeps only as hashes, by (case, seed): every
@@ -112,8 +113,8 @@ class DeviceChecks:
     # -- the expected outputs, kept in the reference's worker ----------------------------------------
     def _kept_expected(self, case: Case, seed: int, made) -> KeptExpected | None:
         key = (case.name, seed)
-        if key in self._kept:
-            return self._kept[key]
+        if key in self._kept or key in self._host_only:
+            return self._kept.get(key)
         tolerances = {p.name: list(self._tolerance(p.name)) for p in self.task.output_params}
         result = self._run(self.pool.reference, self.reference, case, *made,
                            on_device={"keep_as": f"{case.name}/{seed}", "tolerances": tolerances}, seed=seed)
@@ -130,7 +131,8 @@ class DeviceChecks:
         self.check_locked(case, seed, kept.tree_sha256)
         held = self._expected.get(key)
         if held is not None and self._host_tree(key, held) != kept.tree_sha256:
-            return None  # not the bytes the run locked: this case is judged on the host, against those
+            self._host_only.add(key)  # not the bytes the run locked: this case is judged on the host, against those
+            return None
         if seed in self._fixed_seeds(case):
             self._kept[key] = kept
         return kept
