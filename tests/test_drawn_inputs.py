@@ -99,3 +99,12 @@ def test_the_oracle_sees_the_values_the_device_draws(task, pool):
     referee = _referee(task, pool, device=False)
     holdout = task.holdout_cases[0]
     assert referee.check(_kernel(task), [holdout], against_oracle=True).passed
+
+
+@pytest.mark.parametrize("pool", ["honest"], indirect=True)
+def test_a_large_case_is_timed_on_fresh_inputs_even_where_rotated_sets_are_asked_for(task, pool):
+    settings = TimingSettings(warmups=2, iterations=20, run_deadline_s=60.0, draw_inputs_from_bytes=0,
+                              fresh_inputs=False)
+    referee = Referee(task, pool, CompiledKernel("reference", CUBIN, task.kernel_name, task.launch), settings)
+    report = referee.time(_kernel(task), [task.performance_cases[-1]])
+    assert report.passed and report.cases[0].inputs == "fresh"
