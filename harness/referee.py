@@ -302,8 +302,9 @@ def case_check(case: Case, digests: list[OutputDigest], reasons: list[Reason]) -
         found, noted = digest_reasons(case.name, digest)
         reasons += found
         warnings += noted
+    judged_on = "device" if digests and all(d.judged_on == "device" for d in digests) else "host"
     return CaseCheck(case=case.name, role=case.role, passed=not reasons, outputs=[d.check for d in digests],
-                     agreement=runs_agreement(digests).value, reasons=reasons, warnings=warnings)
+                     agreement=runs_agreement(digests).value, reasons=reasons, warnings=warnings, judged_on=judged_on)
 
 
 def drawn_integrity(answer: dict, integrity: jobs.Integrity, draws: dict[str, dict] | None) -> jobs.Integrity:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -45,6 +46,7 @@ class CaseCheck(BaseModel):
     agreement: str | None = None  # of the two runs with different poison
     reasons: list[Reason] = []
     warnings: list[str] = []
+    judged_on: Literal["host", "device"] = "host"  # where its outputs were compared (harness/device_checks.py)
 
 
 class CheckReport(BaseModel):
