@@ -20,7 +20,7 @@ from harness.drawn_inputs import case_draws
 from harness.job_deadlines import time_shortfalls
 from harness.settings import TimingSettings
 from harness.jobs import Layout
-from harness.worker_side.buffers import guarded_bytes
+from harness.worker_side.buffers import KEPT_SHARE, guarded_bytes
 from harness.task_model import Case, Task
 from sandbox.pool import REGION_BYTES
 
@@ -85,11 +85,33 @@ def outputs_on_device(task: Task, case: Case, settings: TimingSettings) -> bool:
     return threshold is not None and CaseArrays.of(task, case).outputs >= threshold
 
 
+def reference_bytes(task: Task, case: Case, settings: TimingSettings, total_memory: int) -> int:
+    """What the reference's worker holds while a case judged on the device is timed beside it: the outputs it
+    keeps (each input set's expected outputs and the audited launches', at most its cap, harness/worker_side/
+    device_judging.py) and its job on the audited launches' inputs (one set of guarded arrays)."""
+    layout = Layout.for_case(task, case.dims)
+    outputs = sum(a.nbytes for a in layout.outputs)
+    kept = min((settings.rotation_sets + settings.checked_launches) * outputs, max(int(KEPT_SHARE * total_memory),
+                                                                                   outputs))
+    return kept + sum(guarded_bytes(a.nbytes) for a in layout.arrays)
+
+
 def memory_shortfalls(task: Task, settings: TimingSettings, device: dict) -> list[str]:
     usable = usable_bytes(device)
     if usable is None:
         return []  # a device that does not say its size is not refused on a guess
     problems = []
+    both = usable - 2 * int(device.get("l2_bytes", 0)) - CONTEXT_RESERVE_BYTES  # a second context and flush buffer
+    for case in task.cases:
+        if case.role != "performance" or not outputs_on_device(task, case, settings):
+            continue
+        candidate = case_bytes(task, case, settings)
+        reference = reference_bytes(task, case, settings, int(device["total_memory_bytes"]))
+        if candidate <= usable and candidate + reference > both:
+            problems.append(f"case {case.name} needs {(candidate + reference) / 2**30:.1f} GiB of device memory across "
+                            f"both GPU workers (the candidate's timing {candidate / 2**30:.1f} GiB, the reference's kept "
+                            f"outputs and audit job {reference / 2**30:.1f} GiB); this GPU offers {both / 2**30:.1f} "
+                            "GiB to the two")
     for case in task.cases:
         needed = case_bytes(task, case, settings)
         if needed > usable:

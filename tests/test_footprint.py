@@ -8,7 +8,7 @@ import pytest
 from harness.settings import TimingSettings
 from harness.footprint import (CONTEXT_RESERVE_BYTES, NPY_HEADER_BYTES, available_memory_bytes, case_bytes,
                                disk_shortfalls, free_disk_bytes, host_need, host_shortfalls, memory_shortfalls,
-                               run_disk_bytes, shortfalls, timing_bytes, TREE_FILE_BYTES)
+                               run_disk_bytes, shortfalls, timing_bytes, TREE_FILE_BYTES, usable_bytes)
 from harness.jobs import Layout
 from harness.worker_side.buffers import GUARD_BYTES
 from harness.task import load_task
@@ -53,8 +53,9 @@ def test_a_shipped_task_fits_and_a_huge_case_is_named(tmp_path):
     # 2^31 floats = 8 GiB per array: one set fits, but timing holds 4 sets and 3 snapshots (120 GiB): more
     # than an 80 GB GPU offers, less than an H200's.
     task = load_task(huge_saxpy(tmp_path, 2**31 - 1))
-    assert memory_shortfalls(task, TimingSettings(), H200) == []
-    (problem,) = memory_shortfalls(task, TimingSettings(), H100)
+    on_host = TimingSettings(device_judging_from_bytes=None)  # the reference's worker keeps nothing beside it
+    assert memory_shortfalls(task, on_host, H200) == []
+    (problem,) = memory_shortfalls(task, on_host, H100)
     assert problem.startswith("case large needs 120.0 GiB of device memory (4 input sets and 3 output snapshots")
     assert f"offers {(H100['total_memory_bytes'] - 2 * H100['l2_bytes'] - CONTEXT_RESERVE_BYTES) / 2**30:.1f} GiB" \
         in problem
@@ -68,14 +69,15 @@ def test_a_case_whose_check_cannot_fit_a_tool_call_is_named_with_its_need(tmp_pa
     """8 GiB per array: on the host, 34 GB cross it in a check (two inputs, and both runs' output), minutes at
     the host's best rate; judged on the device, the outputs stay there and the inputs alone still need more
     than 55 s; with its inputs drawn on the device as well (the default for arrays this large), nothing
-    crosses and the case fits."""
+    crosses and the case fits a call (its device memory is another matter: 8 GiB arrays with the reference's
+    kept outputs beside the timing exceed an H200)."""
     task = load_task(huge_saxpy(tmp_path, 2**31 - 1))
     on_host = shortfalls(task, TimingSettings(device_judging_from_bytes=None, draw_inputs_from_bytes=None), H200)
     assert on_host and all(p.startswith("case large: ") and "beyond the 55 s a tool call has" in p for p in on_host)
     assert "checking it needs at least" in on_host[0] and "34.4 GB through the host" in on_host[0]
     judged_there = shortfalls(task, TimingSettings(draw_inputs_from_bytes=None), H200)
-    assert "17.2 GB through the host" in judged_there[0]
-    assert memory_shortfalls(task, TimingSettings(), H200) == [] and shortfalls(task, TimingSettings(), H200) == []
+    assert any("checking it" in p and "17.2 GB through the host" in p for p in judged_there)
+    assert not any("tool call" in p for p in shortfalls(task, TimingSettings(), H200))
 
 
 class _SmallGpu(FakeExecutor):
@@ -225,3 +227,15 @@ def test_check_refuses_a_case_too_large_for_host_memory_before_any_worker_starts
     assert err.startswith("kernel-referee check: case large needs ") and err.count("\n") == 1
     assert "GiB of host memory (its inputs and outputs in the parent, the two GPU workers" in err
     assert err.endswith("this machine has 1.00 GiB available\n") and not started
+
+
+def test_a_case_judged_on_the_device_counts_the_reference_workers_share(tmp_path):
+    """The 4096 x 393216 softmax: the candidate's timing (4 sets, 3 snapshots) fits an 80 GB GPU, but not beside
+    the outputs the reference's worker keeps and its job on the audited inputs; an H200 holds both."""
+    task = load_task(softmax_with(tmp_path, 4096, 393216))
+    case = task.case("square-4096")
+    assert case_bytes(task, case, TimingSettings()) <= usable_bytes(H100)
+    (problem,) = memory_shortfalls(task, TimingSettings(), H100)
+    assert problem.startswith("case square-4096 needs ") and "across both GPU workers" in problem
+    assert memory_shortfalls(task, TimingSettings(), H200) == []
+    assert memory_shortfalls(task, TimingSettings(device_judging_from_bytes=None), H100) == []

@@ -49,6 +49,10 @@ def sha256(array: np.ndarray) -> str:
     return hashlib.sha256(memoryview(np.ascontiguousarray(array).view(np.uint8).reshape(-1))).hexdigest()
 
 
+# Of the device's memory, at most, for the expected outputs a reference's worker keeps between jobs
+# (harness/worker_side/device_judging.py); the parent counts it in a case's device memory (harness/footprint.py).
+KEPT_SHARE = 0.25
+
 # sha256-tree: the SHA-256 of the concatenated SHA-256 digests of the data's 1 MiB chunks (the last one
 # shorter). A GPU worker computes it where a multi-GB output lies, a chunk per thread
 # (harness/worker_side/judge_source.py); the host computes the same here.

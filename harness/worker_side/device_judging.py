@@ -19,7 +19,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from harness.worker_side import gpu
-from harness.worker_side.buffers import TIMING_POISON, TREE_CHUNK_BYTES
+from harness.worker_side.buffers import KEPT_SHARE, TIMING_POISON, TREE_CHUNK_BYTES
 from harness.worker_side.compile_policy import arch_for
 from harness.worker_side.cuda_check import CudaError, check
 from harness.worker_side.nvrtc import compile_kernel
@@ -27,7 +27,6 @@ from harness.worker_side.judge_source import JUDGE_SOURCE, NO_INDEX, STATS_FIELD
 from sandbox.answers import Status
 
 IPC_HANDLE_BYTES = 64
-KEPT_SHARE = 0.25  # of the device's memory, at most, for expected outputs kept between jobs
 BLOCK = 256
 # A thread per 1 MiB chunk: small blocks spread a few thousand chunks over every SM.
 HASH_BLOCK = 32

@@ -6,7 +6,8 @@ from __future__ import annotations
 import statistics
 
 from harness.worker_side import fresh_inputs, gpu
-from harness.worker_side.device_judging import KEPT_SHARE, Held, Kept
+from harness.worker_side.buffers import KEPT_SHARE
+from harness.worker_side.device_judging import Held, Kept
 from harness.worker_side.kernel_clock import KernelClock, busy_ms, launch_records, launch_spans_ms
 from harness.worker_side.resident import RESIDENT_MAX_BYTES, Resident, Staging
 
