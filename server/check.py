@@ -160,6 +160,17 @@ def _check_and_time(task: Task, executor: GpuExecutor, target: Target, out: Text
     if target.check.passed:
         target.timing = executor.time(kernel, list(task.performance_cases))
     _print_table(target, out)
+    _print_where_judged(target.check, executor.referee.device_off, out)
+
+
+def _print_where_judged(check, device_off: str | None, out: TextIO) -> None:
+    """Which cases' outputs were compared on the GPU (harness/device_checks.py), and why none was if it was
+    meant to be."""
+    on_device = [c.case for c in check.cases if c.judged_on == "device"]
+    if on_device:
+        print(f"   judged on the GPU (outputs compared where they lie): {', '.join(on_device)}", file=out)
+    if device_off is not None:
+        print(f"   judged on the host instead of the GPU: {device_off}", file=out)
 
 
 def _print_device(hello: dict, out: TextIO) -> None:

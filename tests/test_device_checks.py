@@ -5,6 +5,7 @@ kernel against host, is tests/test_judge_kernels.py's."""
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 
@@ -12,9 +13,11 @@ import numpy as np
 import pytest
 
 from harness.referee import Referee
+from harness.results import CaseCheck, CheckReport
 from harness.settings import CompiledKernel, ReferenceFailed, TimingSettings
 from harness.task import load_task
 from sandbox.pool import Worker
+from server.check import _print_where_judged
 
 MATMUL = Path(__file__).resolve().parents[1] / "cases" / "matmul_f32"
 FAKE_GPU = (sys.executable, str(Path(__file__).with_name("fake_gpu_worker.py")))
@@ -178,3 +181,17 @@ def test_a_timing_whose_outputs_cannot_be_shared_is_audited_on_the_host(task, wo
     referee = _timing_referee(task, workers("honest", ipc=False), device=True)
     report = referee.time(CompiledKernel("candidate", CUBIN, "matmul_f32", task.launch), [case])
     assert report.passed and "could not be shared" in referee.device_off and referee.audits_on_device == 0
+
+
+def test_check_says_which_cases_were_judged_on_the_gpu_and_why_not():
+    report = CheckReport(passed=True, cases=[CaseCheck(case="small", role="correctness", passed=True),
+                                             CaseCheck(case="large", role="performance", passed=True,
+                                                       judged_on="device")])
+    out = io.StringIO()
+    _print_where_judged(report, None, out)
+    assert out.getvalue() == "   judged on the GPU (outputs compared where they lie): large\n"
+    out = io.StringIO()
+    _print_where_judged(CheckReport(passed=True, cases=report.cases[:1]), "the candidate's outputs could not be "
+                        "shared with the judging worker (CUDA_ERROR_NOT_SUPPORTED)", out)
+    assert out.getvalue() == ("   judged on the host instead of the GPU: the candidate's outputs could not be shared "
+                              "with the judging worker (CUDA_ERROR_NOT_SUPPORTED)\n")
