@@ -182,7 +182,14 @@ class Job:
         return [gpu.download(buffer.ptr, p["nbytes"]) for _, p, buffer in self.outputs(set_index)]
 
     def input_bytes(self) -> int:
-        return sum(p["nbytes"] for p in self.arrays if p["kind"] == "input") * len(self.buffers)
+        """Host bytes the inputs' evidence reads back: every input of every set but those drawn on the device
+        (checked against their draw there instead)."""
+        total = 0
+        for s, row in enumerate(self.buffers):
+            drawn = {id(buffer) for _, _, buffer, _ in self.drawn_inputs(s)}
+            total += sum(p["nbytes"] for p, buffer in zip(self.arrays, row)
+                         if p["kind"] == "input" and id(buffer) not in drawn)
+        return total
 
     def function_name(self) -> str | None:
         return None if self.launcher is not None else self.header["kernel"]
