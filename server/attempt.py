@@ -137,6 +137,8 @@ def _judged(run: Run, entry: AttemptRecord, candidate: Candidate, references: di
     _say(progress, 1, 4, "checking the visible cases")
     check = clock.run(run.executor.check, kernel, visible)
     entry.validation = {"visible": check.model_dump(mode="json")}
+    if (note := run.executor.judging_note()) is not None:  # why cases meant for the GPU were judged on the host
+        entry.validation["judged_on_host_because"] = note
     reasons = list(check.reasons)
     if check.passed and fresh:
         _say(progress, 2, 4, "checking fresh inputs from secret seeds")

@@ -56,6 +56,8 @@ class Executor(Protocol):
     # The sha256-trees of expected outputs kept on the device (a case judged there); None: judged on the host
     def expected_trees(self, case: Case, seed: int) -> dict[str, str] | None: ...
     def lock_trees(self, case: Case, seed: int, trees: dict[str, str]) -> None: ...  # a run's locked trees
+    # Why cases meant to be judged on the device are judged on the host (harness/device_checks.py), or None
+    def judging_note(self) -> str | None: ...
     def prepare(self, cases: list[Case], seeds: dict[str, int]) -> None: ...  # make these inputs ahead of a check
     def check(self, kernel: CompiledKernel, cases: list[Case], seeds: dict[str, int] | None = None,
               against_oracle: bool = False) -> CheckReport: ...
@@ -175,6 +177,9 @@ class GpuExecutor:
 
     def lock_trees(self, case: Case, seed: int, trees: dict[str, str]) -> None:
         self.referee.lock_trees(case, seed, trees)
+
+    def judging_note(self) -> str | None:
+        return self.referee.device_off if self.referee is not None else None
 
     def prepare(self, cases: list[Case], seeds: dict[str, int]) -> None:
         self.referee.prepare(cases, seeds)

@@ -120,6 +120,7 @@ class FakeExecutor:
         # kept as sha256-trees (harness/device_checks.py); None: every case on the host.
         self.trees_from_bytes = trees_from_bytes
         self.locked_trees: dict[tuple[str, int], dict[str, str]] = {}
+        self.device_off: str | None = None  # why cases meant for the device were judged on the host
 
     def _deadline(self):
         return self.limits.deadline if self.limits else None
@@ -192,6 +193,10 @@ class FakeExecutor:
 
     def lock_trees(self, case: Case, seed: int, trees: dict[str, str]) -> None:
         self.locked_trees[(case.name, seed)] = dict(trees)
+
+    def judging_note(self) -> str | None:
+        return self.device_off
+
 
     def _source(self, kernel: CompiledKernel) -> str:
         return self.sources[hashlib.sha256(kernel.cubin).digest()]

@@ -14,7 +14,8 @@ from server import lifecycle
 from server.executor import GpuExecutor
 from server.run import RunSettings
 from server.verify import verify_run
-from tests.server_support import INITIAL, client, ok
+from tests import server_support
+from tests.server_support import INITIAL, client, ok, read_json
 from tests.test_call_deadline import FAKE_GPU, small_matmul
 
 LARGE = TimingSettings(warmups=2, iterations=20, device_judging_from_bytes=0, draw_inputs_from_bytes=0)
@@ -60,3 +61,16 @@ async def test_a_run_of_large_cases_keeps_nothing_large_on_the_host_or_the_disk(
     finally:
         resumed.close()
         resumed_executor.close()
+
+
+@pytest.mark.anyio
+async def test_an_attempt_records_why_cases_meant_for_the_gpu_were_judged_on_the_host(tmp_path):
+    run = server_support.new_run(tmp_path)
+    try:
+        run.executor.device_off = "the candidate's outputs could not be shared with the judging worker (fake)"
+        async with client(run) as c:
+            answer = await ok(c, "record_attempt", source=INITIAL, rationale="judged on the host")
+        entry = read_json(run.dir / "history.json")["attempts"][answer["attempt"]]
+        assert entry["validation"]["judged_on_host_because"] == run.executor.device_off
+    finally:
+        run.close()
