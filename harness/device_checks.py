@@ -95,11 +95,11 @@ class DeviceChecks:
             return None
         once = seed not in self._fixed_seeds(case)  # a secret seed's expected outputs go once judged
         try:
-            digests = self._judge(case, seed, made, kept, result.layout, held, drop=once)
+            digests = self._judge(case, kept, result.layout, held, drop=once)
         except ExpectedMissing:
             self._kept.pop((case.name, seed), None)
             kept = self._kept_expected(case, seed, made)
-            digests = self._judge(case, seed, made, kept, result.layout, held, drop=once) if kept is not None else None
+            digests = self._judge(case, kept, result.layout, held, drop=once) if kept is not None else None
         if digests is None:
             return None
         result.digests = digests
@@ -194,7 +194,7 @@ class DeviceChecks:
         for i, kept, entries in zip(audited, expected, held):
             runs = [[entry, entry] for entry in entries]  # one launch: its outputs stand for both runs
             try:
-                digests = self._judge(timed.case, None, None, kept, timed.layout, runs, drop=True)
+                digests = self._judge(timed.case, kept, timed.layout, runs, drop=True)
             except ExpectedMissing:
                 digests = None
             if digests is None:
@@ -205,7 +205,7 @@ class DeviceChecks:
         return wrong
 
     # -- the judging job -----------------------------------------------------------------------------
-    def _judge(self, case: Case, seed: int | None, made, kept: KeptExpected, layout: jobs.Layout,
+    def _judge(self, case: Case, kept: KeptExpected, layout: jobs.Layout,
                held: list, drop: bool = False) -> list[OutputDigest] | None:
         outputs = []
         for spec, runs in zip(layout.outputs, held):

@@ -30,13 +30,21 @@ def host_judge(tmp_path_factory) -> HostJudge:
 def device_style_digest(judge: HostJudge, dtype: str, expected, first, second, rtol, atol) -> OutputDigest:
     """What a GPU worker reports: totals, spread, then the first mismatches found one at a time."""
     totals = judge.judge(dtype, expected, first, second, rtol, atol, POISONS)
+    found = first_mismatches(lambda start: judge.first_after(dtype, expected, first, rtol, atol, start),
+                             expected, first, totals["mismatches"])
+    return digest_from_totals("out", expected.shape, totals, judge.spread(dtype, expected), found, atol)
+
+
+def first_mismatches(first_after, expected, first, mismatches: int) -> list[tuple[int, float, float]]:
+    """(index, expected, got) of the first mismatches, found one at a time by `first_after(start)`, as the
+    judging job finds them."""
     found, start = [], 0
-    while len(found) < min(FIRST_MISMATCHES, totals["mismatches"]):
-        index = judge.first_after(dtype, expected, first, rtol, atol, start)
+    while len(found) < min(FIRST_MISMATCHES, mismatches):
+        index = first_after(start)
         assert index is not None
         found.append((index, float(expected.reshape(-1)[index]), float(first.reshape(-1)[index])))
         start = index + 1
-    return digest_from_totals("out", expected.shape, totals, judge.spread(dtype, expected), found, atol)
+    return found
 
 
 def assert_same(host: OutputDigest, device: OutputDigest) -> None:

@@ -5,13 +5,13 @@ the referee's own; the two-process path through IPC handles is tests/gpu/test_de
 import numpy as np
 import pytest
 
-from harness.output_digest import FIRST_MISMATCHES, digest_on_host, digest_from_totals
+from harness.output_digest import digest_on_host, digest_from_totals
 from harness.worker_side import buffers, gpu, utility_kernels
 from harness.worker_side.compile_policy import arch_for
 from harness.worker_side.device_judging import Judges, pattern
 from harness.worker_side.judge_source import JUDGE_KINDS, JUDGE_SOURCE
 from harness.worker_side.nvrtc import compile_kernel
-from tests.test_judge_kernels import variants
+from tests.test_judge_kernels import first_mismatches, variants
 
 pytestmark = pytest.mark.gpu
 
@@ -41,12 +41,8 @@ def device_digest(device, dtype: str, expected, first, second, rtol, atol):
         itemsize = expected.dtype.itemsize
         patterns = (pattern(buffers.POISON_BYTES[0], itemsize), pattern(buffers.POISON_BYTES[1], itemsize))
         totals = judges.judge(dtype, e, one, two, expected.size, rtol, atol, patterns)
-        found, start = [], 0
-        while len(found) < min(FIRST_MISMATCHES, totals["mismatches"]):
-            index = judges.first_after(dtype, e, one, expected.size, rtol, atol, start)
-            assert index is not None
-            found.append((index, float(expected.reshape(-1)[index]), float(first.reshape(-1)[index])))
-            start = index + 1
+        found = first_mismatches(lambda start: judges.first_after(dtype, e, one, expected.size, rtol, atol, start),
+                                 expected, first, totals["mismatches"])
         spread = judges.spread(dtype, e, expected.size)
         return digest_from_totals("out", expected.shape, totals, spread, found, atol)
     finally:
