@@ -288,8 +288,14 @@ def holdout_oracle_words(holdout: dict[str, Any]) -> str:
     if holdout.get("oracle_used") is False:
         return f"{NO_INDEPENDENT_ORACLE} (the task declares none): checked against the reference's outputs only"
     said = {True: "passed", False: "failed"}.get(holdout.get("oracle_passed"))
+    skipped = [str(name) for name in holdout.get("oracle_skipped") or []]
+    cases = holdout.get("cases") or []
+    if said is None and skipped and len(skipped) >= len(cases):
+        return "not run: every holdout case is too large for the host's oracle"
     if said is None and holdout.get("oracle_used"):
         return "not run: the check against the reference's outputs failed first"
+    if said and skipped:
+        return f"{said}; not run on {', '.join(skipped)} (too large for the host's oracle)"
     return said or "—"
 
 

@@ -5,13 +5,17 @@ thresholds are lowered to 0 so that the small matmul task stands for a large one
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from harness.settings import TimingSettings
 from harness.task import load_task
 from sandbox.pool import WorkerPool
 from server import lifecycle
+from server.attempt import finish, record_attempt
 from server.executor import GpuExecutor
+from server.replay import replay
 from server.run import RunSettings
 from server.verify import verify_run
 from tests import server_support
@@ -74,3 +78,27 @@ async def test_an_attempt_records_why_cases_meant_for_the_gpu_were_judged_on_the
         assert entry["validation"]["judged_on_host_because"] == run.executor.device_off
     finally:
         run.close()
+
+
+def test_a_replay_of_large_cases_keeps_the_float64_oracle_off_the_host_and_says_so(tmp_path, capsys):
+    (tmp_path / "ipc").mkdir()
+    task_dir = small_matmul(tmp_path / "task")
+    run = lifecycle.new_run(task_dir, tmp_path / "results", RunSettings(timing=LARGE), _executor(task_dir, tmp_path))
+    try:
+        record_attempt(run, run.candidate(None, INITIAL), "the baseline again", None, None)
+        holdout = finish(run, "done", None).holdout
+        assert holdout["oracle_skipped"] == [c.name for c in run.task.holdout_cases] and "oracle_passed" not in holdout
+    finally:
+        run.close()
+        run.executor.close()
+    run.folder_lock.release()
+    out = io.StringIO()
+    code = replay(run.dir, out, repeats=1, confine=False, sandbox_refusal=lambda: None,
+                  make_executor=lambda task, timing: _executor(task_dir, tmp_path))
+    said = out.getvalue() + capsys.readouterr().err
+    assert code == 1, said
+    assert "the float64 oracle skips " + ", ".join(c.name for c in run.task.holdout_cases) in said
+    document = read_json(run.dir / "replay.json")
+    assert {c["kind"] for c in document["checks"]} >= {"replay", "holdout"}
+    assert not [c for c in document["checks"] if c["against"] == "oracle"]  # nothing large went through the oracle
+    assert "no holdout-oracle check was made (the holdout cases against the float64 oracle)" in document["reasons"]

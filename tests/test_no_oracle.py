@@ -11,6 +11,7 @@ from harness.task import load_task
 from server import lifecycle
 from server.attempt import finish, record_attempt
 from server.demo_table import render_table
+from server.records import holdout_oracle_words
 from server.replay import replay
 from server.report_files import write_report
 from server.run import RunSettings
@@ -78,3 +79,14 @@ def finished_run_with_oracle(tmp_path: Path) -> Path:
         return run.dir
     finally:
         run.close()
+
+
+def test_holdout_cases_too_large_for_the_oracle_are_named_where_the_oracle_result_is_shown():
+    both = {"cases": ["small", "huge"], "oracle_used": True, "passed": True, "oracle_passed": True,
+            "oracle_skipped": ["huge"]}
+    assert holdout_oracle_words(both) == "passed; not run on huge (too large for the host's oracle)"
+    only_huge = {"cases": ["huge"], "oracle_used": True, "passed": True, "oracle_skipped": ["huge"]}
+    assert holdout_oracle_words(only_huge) == "not run: every holdout case is too large for the host's oracle"
+    failed_first = {"cases": ["small"], "oracle_used": True, "passed": False}
+    assert holdout_oracle_words(failed_first) == "not run: the check against the reference's outputs failed first"
+    assert holdout_oracle_words({"cases": ["small"], "oracle_used": True, "oracle_passed": False}) == "failed"
