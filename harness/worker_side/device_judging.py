@@ -19,7 +19,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from harness.worker_side import gpu
-from harness.worker_side.buffers import KEPT_SHARE, TIMING_POISON, TREE_CHUNK_BYTES
+from harness.worker_side.buffers import TIMING_POISON, TREE_CHUNK_BYTES
 from harness.worker_side.compile_policy import arch_for
 from harness.worker_side.cuda_check import CudaError, check
 from harness.worker_side.nvrtc import compile_kernel
