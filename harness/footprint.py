@@ -21,6 +21,7 @@ from harness.job_deadlines import time_shortfalls
 from harness.settings import TimingSettings
 from harness.jobs import Layout
 from harness.worker_side.buffers import KEPT_SHARE, guarded_bytes
+from harness.worker_side.resident import RESIDENT_MAX_BYTES
 from harness.task_model import Case, Task
 from sandbox.pool import REGION_BYTES
 
@@ -173,12 +174,22 @@ def host_need(task: Task, case: Case, settings: TimingSettings, serving: bool) -
     return kept, parent + workers + regions
 
 
+def resident_bytes(task: Task, settings: TimingSettings, serving: bool) -> int:
+    """Host copies of the inputs each GPU worker keeps on its device between jobs (harness/worker_side/
+    resident.py): every input set sent to it, at most its cap."""
+    sets = settings.rotation_sets + 1 if serving else 1  # and the secret inputs of the check under way
+    sent = sum(CaseArrays.of(task, case).inputs for case in task.cases
+               if case_draws(task, case, settings.draw_inputs_from_bytes) is None)
+    return GPU_WORKERS * min(RESIDENT_MAX_BYTES, sets * sent)
+
+
 def host_shortfalls(task: Task, settings: TimingSettings, available: int | None, serving: bool) -> list[str]:
     """One sentence per case that makes the run exceed `available` host bytes (None: not refused on a guess)."""
     if available is None:
         return []
     needs = {case.name: host_need(task, case, settings, serving) for case in task.cases}
-    total = sum(kept for kept, _ in needs.values()) + max(peak for _, peak in needs.values())
+    total = (sum(kept for kept, _ in needs.values()) + max(peak for _, peak in needs.values())
+             + resident_bytes(task, settings, serving))
     if total <= available:
         return []
     own = {name: kept + peak for name, (kept, peak) in needs.items()}

@@ -6,11 +6,12 @@ from pathlib import Path
 import pytest
 
 from harness.settings import TimingSettings
-from harness.footprint import (CONTEXT_RESERVE_BYTES, NPY_HEADER_BYTES, available_memory_bytes, case_bytes,
+from harness.footprint import (CONTEXT_RESERVE_BYTES, CaseArrays, NPY_HEADER_BYTES, available_memory_bytes, case_bytes,
                                disk_shortfalls, free_disk_bytes, host_need, host_shortfalls, memory_shortfalls,
-                               run_disk_bytes, shortfalls, timing_bytes, TREE_FILE_BYTES, usable_bytes)
+                               resident_bytes, run_disk_bytes, shortfalls, timing_bytes, TREE_FILE_BYTES, usable_bytes)
 from harness.jobs import Layout
 from harness.worker_side.buffers import GUARD_BYTES
+from harness.worker_side.resident import RESIDENT_MAX_BYTES
 from harness.task import load_task
 from server import check
 from server.cli import main
@@ -151,7 +152,7 @@ def test_when_no_case_is_too_large_alone_the_largest_is_named(tmp_path):
     task = load_task(SAXPY)
     settings = TimingSettings()
     total = sum(host_need(task, c, settings, True)[0] for c in task.cases) + \
-        max(host_need(task, c, settings, True)[1] for c in task.cases)
+        max(host_need(task, c, settings, True)[1] for c in task.cases) + resident_bytes(task, settings, True)
     own = sum(host_need(task, task.case("large"), settings, True))
     assert own < total
     assert own == 2560 * MiB  # 896 MiB kept, 1664 MiB at its peak (above)
@@ -239,3 +240,17 @@ def test_a_case_judged_on_the_device_counts_the_reference_workers_share(tmp_path
     assert problem.startswith("case square-4096 needs ") and "across both GPU workers" in problem
     assert memory_shortfalls(task, TimingSettings(), H200) == []
     assert memory_shortfalls(task, TimingSettings(device_judging_from_bytes=None), H100) == []
+
+
+def test_the_inputs_each_gpu_worker_keeps_count_toward_the_run_up_to_their_cap(tmp_path):
+    task = load_task(SAXPY)
+    inputs = sum(CaseArrays.of(task, c).inputs for c in task.cases)
+    settings = TimingSettings()
+    assert resident_bytes(task, settings, serving=False) == 2 * inputs
+    assert resident_bytes(task, settings, serving=True) == 2 * (settings.rotation_sets + 1) * inputs
+    huge = load_task(softmax_with(tmp_path, 4096, 393216))
+    on_host = TimingSettings(device_judging_from_bytes=None, draw_inputs_from_bytes=None)
+    assert resident_bytes(huge, on_host, serving=True) == 2 * RESIDENT_MAX_BYTES
+    others = sum(CaseArrays.of(huge, c).inputs for c in huge.cases if c.name != "square-4096")
+    # the large case's inputs are drawn on the device: they never cross to a worker
+    assert resident_bytes(huge, settings, serving=True) == 2 * min(RESIDENT_MAX_BYTES, 5 * others)
