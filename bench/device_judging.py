@@ -13,9 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import struct
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -40,6 +43,25 @@ def _seconds(work, repeats: int) -> float:
     return statistics.median(times)
 
 
+TILE_BYTES = 64 << 20
+# Per dtype: tolerances a few units in the last place wide, so that outputs one unit off pass.
+TOLERANCES = {"float32": (1e-5, 1e-6), "bfloat16": (3e-2, 1e-3), "float16": (4e-3, 1e-4), "float64": (1e-12, 1e-14)}
+
+
+def _outputs(context, buffers: list, dtype: str, nbytes: int) -> None:
+    """Expected: normal random values; both runs: each element one unit in the last place away (every
+    element is compared, none passes bit for bit, all within tolerance), tiled over the arrays."""
+    dt = DTYPES[dtype]
+    values = np.random.default_rng(0).standard_normal(TILE_BYTES // dt.itemsize).astype(dt)
+    near = (values.view(f"u{dt.itemsize}") + 1).view(np.uint8)
+    tile = min(TILE_BYTES, nbytes)
+    for allocation, host in zip(buffers, (values.view(np.uint8), near, near)):
+        gpu.upload(allocation.ptr, host[:tile])
+        for offset in range(tile, nbytes, tile):
+            gpu.copy(allocation.ptr + offset, allocation.ptr, min(tile, nbytes - offset), context.stream)
+    context.synchronize()
+
+
 def measure(sizes_gib: list[float], dtypes: list[str], repeats: int) -> dict:
     context = gpu.Context(0)
     compiled = compile_kernel(JUDGE_SOURCE, "referee_judge_float32", arch=arch_for(*context.info.compute_capability))
@@ -51,16 +73,19 @@ def measure(sizes_gib: list[float], dtypes: list[str], repeats: int) -> dict:
         nbytes = int(gib * (1 << 30)) // 16 * 16
         buffers = [gpu.Allocation(nbytes) for _ in range(3)]
         try:
-            for allocation in buffers:  # equal outputs: every element is compared and passes
-                gpu.fill(allocation.ptr, 0x3C, nbytes, context.stream)
-            context.synchronize()
             for dtype in dtypes:
+                _outputs(context, buffers, dtype, nbytes)
                 elements = nbytes // DTYPES[dtype].itemsize
                 expected, first, second = (a.ptr for a in buffers)
-                judge_s = _seconds(lambda: judges.judge(dtype, expected, first, second, elements, 1e-3, 1e-3,
+                rtol, atol = TOLERANCES[dtype]
+                judge_s = _seconds(lambda: judges.judge(dtype, expected, first, second, elements, rtol, atol,
                                                         (0xFFFFFFFF, 0x7F7F7F7F)), repeats)
+                totals = judges.judge(dtype, expected, first, second, elements, rtol, atol, (0xFFFFFFFF, 0x7F7F7F7F))
+                if totals["mismatches"] or totals["unwritten"] or totals["pair_differ_bits"]:
+                    raise RuntimeError(f"{dtype}: the bench's outputs should all pass: {totals}")
                 rows.append({"dtype": dtype, "output_bytes": nbytes, "judge_s": judge_s,
-                             "judge_output_gbps": nbytes / judge_s / 1e9})
+                             "judge_output_gbps": nbytes / judge_s / 1e9,
+                             "max_rel_error": struct.unpack("<d", struct.pack("<Q", totals["max_rel_bits"]))[0]})
             hash_s = _seconds(lambda: judges.tree_sha256(buffers[0].ptr, nbytes), repeats)
             rows.append({"dtype": "bytes", "output_bytes": nbytes, "tree_sha256_s": hash_s,
                          "tree_sha256_gbps": nbytes / hash_s / 1e9})

@@ -57,7 +57,10 @@ def profile_once(symbol: str, metrics: tuple[str, ...], run_once: Callable[[Work
             run_once(worker)  # the job starts the worker, within the call's deadline
         except WorkerError as exc:
             worker.kill()
-            raise ProfilingUnavailable(_why(_read(log_file)) or f"the profiled worker failed: {exc}") from None
+            why = _why(_read(log_file))
+            if why == NO_PERMISSION:
+                raise ProfilingUnavailable(why) from None
+            raise ProfilingUnavailable(f"the profiled worker failed: {exc}" + (f" ({why})" if why else "")) from None
         worker.stop(grace_s=STOP_GRACE_S if deadline is None else deadline.cap(STOP_GRACE_S))
         text = _read(log_file)
         if '"Metric Name"' not in text and deadline is not None and deadline.expired:

@@ -8,7 +8,9 @@ and so is the network.
 
 `apply` confines the process that calls it, irreversibly. Landlock restricts only the calling
 thread (and what it starts afterwards), so `apply` refuses to run once a second thread exists:
-workers call it first thing, before numpy (OpenBLAS) or the CUDA driver start theirs.
+workers call it first thing, before numpy (OpenBLAS) or the CUDA driver start theirs. (A worker
+started by Nsight Compute is the exception: the profiler's library starts threads before any of the
+worker's code runs; they are let be, and named in the worker's notes.)
 
 Paths are resolved by the process that applies the confinement, so `/proc/self` in a spec built
 by the parent names the confined worker itself.
@@ -23,6 +25,7 @@ import os
 import resource
 import stat
 import sys
+import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -45,6 +48,9 @@ class Confinement:
     scope_ipc: bool = True              # no signals to, nor abstract sockets with, processes outside (ABI >= 6)
     file_size_bytes: int = 1 << 30      # RLIMIT_FSIZE
     open_files: int = 256               # RLIMIT_NOFILE
+    # Threads already running when it is applied are let be (and stay unconfined: Landlock restricts the calling
+    # thread and what it starts): only for a worker started by a profiler, whose library starts them first.
+    earlier_threads: bool = False
     # RLIMIT_CORE is always 0: a core dump of a worker holds the inputs and the expected outputs.
 
     def to_json(self) -> str:
@@ -130,9 +136,15 @@ def unavailable_reason() -> str | None:
 # -- applying -------------------------------------------------------------------------------
 def apply(confinement: Confinement) -> list[str]:
     """Confine the calling process for good; returns notes on what could not be done as asked."""
-    abi = _single_threaded_abi()
-    _set_limits(confinement)
     notes = []
+    if confinement.earlier_threads and len(threads := _thread_names()) > 1:
+        abi = _abi()
+        others = [t for t in threads if t.split(" ")[0] != str(threading.get_native_id())]
+        notes.append(f"{len(others)} threads started before the confinement (by the profiler's library) are "
+                     f"not confined: {', '.join(others)}")
+    else:
+        abi = _single_threaded_abi()
+    _set_limits(confinement)
     in_new_network = False
     if confinement.new_network:
         in_new_network, note = _enter_new_network()
@@ -159,10 +171,15 @@ def limit_address_space(limit_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (value, value))
 
 
-def _single_threaded_abi() -> int:
+def _abi() -> int:
     abi = landlock_abi()
     if abi == 0:
         raise ConfinementError(unavailable_reason())
+    return abi
+
+
+def _single_threaded_abi() -> int:
+    abi = _abi()
     threads = _thread_names()
     if len(threads) != 1:
         raise ConfinementError(f"confinement must be applied before a second thread starts (Landlock "
@@ -365,8 +382,11 @@ def gpu_worker_confinement(scratch: Path) -> Confinement:
 def profiled_gpu_worker_confinement(scratch: Path) -> Confinement:
     """A GPU worker run under Nsight Compute (profile_kernel): the same files, devices and limits, but the
     host's network and IPC, over which the profiler's library in the worker reaches the ncu process that
-    started it. The worker still reads nothing outside the system, Python, CUDA and its scratch."""
-    return replace(gpu_worker_confinement(scratch), new_network=False, deny_tcp=False, scope_ipc=False)
+    started it, and that library's threads, started before the worker could confine itself, are let be (the
+    worker's answer notes them). The worker still reads nothing outside the system, Python, CUDA and its
+    scratch."""
+    return replace(gpu_worker_confinement(scratch), new_network=False, deny_tcp=False, scope_ipc=False,
+                   earlier_threads=True)
 
 
 def compile_worker_confinement(scratch: Path) -> Confinement:

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 import os
 import resource
 import socket
@@ -207,6 +208,26 @@ def test_apply_refuses_once_a_second_thread_runs():
             "except confine.ConfinementError as exc:\n    print(exc)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "before a second thread starts" in done.stdout
+
+
+@needs_landlock
+def test_a_profiled_worker_s_spec_lets_the_profiler_s_earlier_threads_be_and_names_them(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for a worker")
+    spec = confine.profiled_gpu_worker_confinement(tmp_path / "scratch")
+    assert spec.earlier_threads and not confine.gpu_worker_confinement(tmp_path / "scratch").earlier_threads
+    code = ("import sys, threading, time\nfrom sandbox import confine\n"
+            "threading.Thread(target=time.sleep, args=(5,), name='injected', daemon=True).start()\n"
+            "notes = confine.apply(confine.Confinement.from_json(sys.argv[1]))\n"
+            "try:\n    open(sys.argv[2]).read()\n    print('read')\nexcept PermissionError:\n    print('refused')\n"
+            "print(notes)\n")
+    done = subprocess.run([sys.executable, "-c", code, spec.to_json(), str(secret)], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    refused, notes = done.stdout.splitlines()
+    assert refused == "refused"  # the calling thread is confined all the same
+    assert "1 threads started before the confinement (by the profiler's library) are not confined" in notes
+    assert re.search(r"are not confined: \d+ \(", notes)  # the other thread, by its id and name
 
 
 # -- through the pool -------------------------------------------------------------------------

@@ -10,8 +10,8 @@ is fused: a fused one rounds once where numpy rounds twice, and an element on th
 tolerance could change sides.
 
 The part marked PORTABLE is plain C++ as well: the tests compile it with a host compiler and hold it to
-harness/compare.py on the same arrays. Only the reduction across threads (warp shuffles and atomics)
-is device-only.
+harness/compare.py on the same arrays. Only the traversal in 16-byte loads and the reduction across
+threads (warp shuffles and atomics) are device-only; the GPU tests hold those to the host path.
 
 Also here: SHA-256 of fixed-size chunks, one chunk per thread. sha256-tree(data) is the SHA-256 of the
 concatenated chunk digests (harness/worker_side/buffers.py's tree_sha256 on the host): a multi-GB
@@ -73,7 +73,8 @@ template <> struct JudgeType<6> { typedef judge_u64 Bits; JUDGE_HD static double
 template <> struct JudgeType<7> { typedef unsigned char Bits; JUDGE_HD static double value(judge_u64 b) { return (double)(unsigned char)b; } };
 template <> struct JudgeType<8> { typedef judge_u32 Bits; JUDGE_HD static double value(judge_u64 b) { return (double)(judge_u32)b; } };
 
-struct JudgeElement { bool ok; bool nonfinite_mismatch; double abs_error; double rel_error; };
+// The relative error of an element is abs_error / scale.
+struct JudgeElement { bool ok; bool nonfinite_mismatch; double abs_error; double scale; };
 
 // harness/compare.py's rule for one pair, in float64, each operation rounded once.
 JUDGE_HD inline JudgeElement judge_element(double e, double g, double rtol, double atol) {
@@ -82,7 +83,7 @@ JUDGE_HD inline JudgeElement judge_element(double e, double g, double rtol, doub
         r.ok = (judge_nan(e) && judge_nan(g)) || e == g;
         r.nonfinite_mismatch = !r.ok;
         r.abs_error = 0.0;
-        r.rel_error = 0.0;
+        r.scale = 1.0;
         return r;
     }
     double d = judge_abs(judge_sub(g, e));
@@ -90,7 +91,7 @@ JUDGE_HD inline JudgeElement judge_element(double e, double g, double rtol, doub
     r.ok = d <= judge_add(judge_mul(scale, rtol), atol);
     r.nonfinite_mismatch = false;
     r.abs_error = d;
-    r.rel_error = judge_div(d, scale > 1e-30 ? scale : 1e-30);
+    r.scale = scale > 1e-30 ? scale : 1e-30;
     return r;
 }
 
@@ -106,6 +107,34 @@ JUDGE_HD inline void judge_partial_start(JudgePartial& p) {
     p.first_mismatch = p.first_unwritten = ~0ull;
 }
 
+// Element i: its expected bits e, the first run's a and the second's b, added to a thread's totals.
+template <int KIND>
+JUDGE_HD inline void judge_step(judge_u64 i, judge_u64 e, judge_u64 a, judge_u64 b, double rtol, double atol,
+                                judge_u64 poison_first, judge_u64 poison_second, JudgePartial& p) {
+    double got = JudgeType<KIND>::value(a);
+    JudgeElement r = judge_element(JudgeType<KIND>::value(e), got, rtol, atol);
+    if (!r.ok) {
+        p.mismatches += 1;
+        p.nonfinite_mismatches += r.nonfinite_mismatch;
+        if (i < p.first_mismatch) p.first_mismatch = i;
+    }
+    judge_u64 abs_bits = judge_bits_of_double(r.abs_error);
+    if (abs_bits > p.max_abs_bits) p.max_abs_bits = abs_bits;
+    // The division only where it can raise the maximum: d <= (m * s rounded down) means d / s <= m exactly,
+    // so its rounded quotient is no greater than m either.
+    if (r.abs_error > judge_mul_down(judge_double_of_bits(p.max_rel_bits), r.scale)) {
+        judge_u64 rel_bits = judge_bits_of_double(judge_div(r.abs_error, r.scale));
+        if (rel_bits > p.max_rel_bits) p.max_rel_bits = rel_bits;
+    }
+    if (a == poison_first && b == poison_second) {
+        p.unwritten += 1;
+        if (i < p.first_unwritten) p.first_unwritten = i;
+    } else if (a != b) {
+        p.pair_differ_bits += 1;
+        p.pair_mismatches += !judge_element(got, JudgeType<KIND>::value(b), rtol, atol).ok;
+    }
+}
+
 template <int KIND>
 JUDGE_HD void judge_range(const void* expected, const void* first_run, const void* second_run, judge_u64 n,
                           double rtol, double atol, judge_u64 poison_first, judge_u64 poison_second,
@@ -115,26 +144,8 @@ JUDGE_HD void judge_range(const void* expected, const void* first_run, const voi
     const Bits* one = (const Bits*)first_run;
     const Bits* two = (const Bits*)second_run;
     JUDGE_UNROLL
-    for (judge_u64 i = start; i < n; i += stride) {
-        judge_u64 a = one[i], b = two[i];
-        double got = JudgeType<KIND>::value(a);
-        JudgeElement r = judge_element(JudgeType<KIND>::value(exp[i]), got, rtol, atol);
-        if (!r.ok) {
-            p.mismatches += 1;
-            p.nonfinite_mismatches += r.nonfinite_mismatch;
-            if (i < p.first_mismatch) p.first_mismatch = i;
-        }
-        judge_u64 abs_bits = judge_bits_of_double(r.abs_error), rel_bits = judge_bits_of_double(r.rel_error);
-        if (abs_bits > p.max_abs_bits) p.max_abs_bits = abs_bits;
-        if (rel_bits > p.max_rel_bits) p.max_rel_bits = rel_bits;
-        if (a == poison_first && b == poison_second) {
-            p.unwritten += 1;
-            if (i < p.first_unwritten) p.first_unwritten = i;
-        } else if (a != b) {
-            p.pair_differ_bits += 1;
-            p.pair_mismatches += !judge_element(got, JudgeType<KIND>::value(b), rtol, atol).ok;
-        }
-    }
+    for (judge_u64 i = start; i < n; i += stride)
+        judge_step<KIND>(i, exp[i], one[i], two[i], rtol, atol, poison_first, poison_second, p);
 }
 
 // The index of the first element at or after `from` beyond tolerance (~0 when none), one thread's share.
@@ -238,10 +249,12 @@ __device__ __forceinline__ double judge_add(double a, double b) { return __dadd_
 __device__ __forceinline__ double judge_sub(double a, double b) { return __dsub_rn(a, b); }
 __device__ __forceinline__ double judge_mul(double a, double b) { return __dmul_rn(a, b); }
 __device__ __forceinline__ double judge_div(double a, double b) { return __ddiv_rn(a, b); }
+__device__ __forceinline__ double judge_mul_down(double a, double b) { return __dmul_rd(a, b); }
 """
 
 # The host prelude the tests compile the portable part with (g++ -ffp-contract=off).
 HOST_PRELUDE = r"""
+#include <cmath>
 #include <cstring>
 #define JUDGE_HD
 #define JUDGE_CONST static const
@@ -253,6 +266,8 @@ inline double judge_add(double a, double b) { return a + b; }
 inline double judge_sub(double a, double b) { return a - b; }
 inline double judge_mul(double a, double b) { return a * b; }
 inline double judge_div(double a, double b) { return a / b; }
+// At most the exact product of two non-negative doubles: the nearest one step toward zero.
+inline double judge_mul_down(double a, double b) { return std::nextafter(a * b, 0.0); }
 """
 
 DEVICE_KERNELS = r"""
@@ -288,14 +303,36 @@ __device__ void judge_commit(const JudgePartial& p, unsigned long long* t) {
     if (v[8]) atomicAdd(t + 8, v[8]);
 }
 
+// A thread's share of a judging in 16-byte loads of the three arrays where they are all so aligned (the
+// referee's allocations are), streamed past the caches; what is left, element by element.
+template <int KIND>
+__device__ void judge_vectors(const void* expected, const void* one, const void* two, judge_u64 n, double rtol,
+                              double atol, judge_u64 p1, judge_u64 p2, JudgePartial& p) {
+    typedef typename JudgeType<KIND>::Bits Bits;
+    const int per = 16 / sizeof(Bits);
+    judge_u64 thread = blockIdx.x * (judge_u64)blockDim.x + threadIdx.x, threads = (judge_u64)gridDim.x * blockDim.x;
+    bool aligned = ((((judge_u64)expected) | ((judge_u64)one) | ((judge_u64)two)) & 15u) == 0;
+    judge_u64 vectors = aligned ? n / per : 0;
+    const uint4* e4 = (const uint4*)expected;
+    const uint4* a4 = (const uint4*)one;
+    const uint4* b4 = (const uint4*)two;
+    for (judge_u64 v = thread; v < vectors; v += threads) {
+        uint4 ev = __ldcs(e4 + v), av = __ldcs(a4 + v), bv = __ldcs(b4 + v);
+        const Bits* eb = (const Bits*)&ev;
+        const Bits* ab = (const Bits*)&av;
+        const Bits* bb = (const Bits*)&bv;
+#pragma unroll
+        for (int k = 0; k < per; ++k) judge_step<KIND>(v * per + k, eb[k], ab[k], bb[k], rtol, atol, p1, p2, p);
+    }
+    judge_range<KIND>(expected, one, two, n, rtol, atol, p1, p2, vectors * per + thread, threads, p);
+}
+
 #define JUDGE_KERNELS(NAME, KIND)                                                                              \
 extern "C" __global__ void referee_judge_##NAME(const void* expected, const void* one, const void* two,       \
         unsigned long long n, double rtol, double atol, unsigned long long p1, unsigned long long p2,            \
         unsigned long long* totals) {                                                                          \
     JudgePartial p; judge_partial_start(p);                                                                    \
-    judge_range<KIND>(expected, one, two, n, rtol, atol, p1, p2,                                               \
-                      blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x,                                \
-                      (unsigned long long)gridDim.x * blockDim.x, p);                                          \
+    judge_vectors<KIND>(expected, one, two, n, rtol, atol, p1, p2, p);                                         \
     judge_commit(p, totals);                                                                                   \
 }                                                                                                              \
 extern "C" __global__ void referee_first_after_##NAME(const void* expected, const void* got,                  \
