@@ -36,14 +36,6 @@ PORTABLE_SOURCE = r"""
 typedef unsigned long long judge_u64;
 typedef unsigned int judge_u32;
 
-JUDGE_HD inline bool judge_finite(double x) {
-    return ((judge_bits_of_double(x) >> 52) & 0x7FFull) != 0x7FFull;
-}
-JUDGE_HD inline bool judge_nan(double x) {
-    judge_u64 b = judge_bits_of_double(x);
-    return ((b >> 52) & 0x7FFull) == 0x7FFull && (b & 0xFFFFFFFFFFFFFull) != 0;
-}
-JUDGE_HD inline double judge_abs(double x) { return judge_double_of_bits(judge_bits_of_double(x) & 0x7FFFFFFFFFFFFFFFull); }
 
 // IEEE binary16 -> double, exactly (subnormals, infinities and NaN included).
 JUDGE_HD inline double judge_from_half(judge_u32 h) {
@@ -250,6 +242,9 @@ __device__ __forceinline__ double judge_sub(double a, double b) { return __dsub_
 __device__ __forceinline__ double judge_mul(double a, double b) { return __dmul_rn(a, b); }
 __device__ __forceinline__ double judge_div(double a, double b) { return __ddiv_rn(a, b); }
 __device__ __forceinline__ double judge_mul_down(double a, double b) { return __dmul_rd(a, b); }
+__device__ __forceinline__ bool judge_finite(double x) { return isfinite(x); }
+__device__ __forceinline__ bool judge_nan(double x) { return isnan(x); }
+__device__ __forceinline__ double judge_abs(double x) { return fabs(x); }
 """
 
 # The host prelude the tests compile the portable part with (g++ -ffp-contract=off).
@@ -268,6 +263,13 @@ inline double judge_mul(double a, double b) { return a * b; }
 inline double judge_div(double a, double b) { return a / b; }
 // At most the exact product of two non-negative doubles: the nearest one step toward zero.
 inline double judge_mul_down(double a, double b) { return std::nextafter(a * b, 0.0); }
+// By the bits, as IEEE 754 defines them (the device uses its instructions for the same).
+inline bool judge_finite(double x) { return ((judge_bits_of_double(x) >> 52) & 0x7FFull) != 0x7FFull; }
+inline bool judge_nan(double x) {
+    unsigned long long b = judge_bits_of_double(x);
+    return ((b >> 52) & 0x7FFull) == 0x7FFull && (b & 0xFFFFFFFFFFFFFull) != 0;
+}
+inline double judge_abs(double x) { return judge_double_of_bits(judge_bits_of_double(x) & 0x7FFFFFFFFFFFFFFFull); }
 """
 
 DEVICE_KERNELS = r"""
@@ -316,8 +318,14 @@ __device__ void judge_vectors(const void* expected, const void* one, const void*
     const uint4* e4 = (const uint4*)expected;
     const uint4* a4 = (const uint4*)one;
     const uint4* b4 = (const uint4*)two;
+    // Where both runs hold the expected bits, every element passes with no error: skipped. (With distinct
+    // poisons no element of such a vector is unwritten, and the runs agree.)
+    bool skip_equal = p1 != p2;
     for (judge_u64 v = thread; v < vectors; v += threads) {
         uint4 ev = __ldcs(e4 + v), av = __ldcs(a4 + v), bv = __ldcs(b4 + v);
+        if (skip_equal && ev.x == av.x && ev.y == av.y && ev.z == av.z && ev.w == av.w && av.x == bv.x
+            && av.y == bv.y && av.z == bv.z && av.w == bv.w)
+            continue;
         const Bits* eb = (const Bits*)&ev;
         const Bits* ab = (const Bits*)&av;
         const Bits* bb = (const Bits*)&bv;
