@@ -15,7 +15,7 @@ from typing import Callable
 
 from harness.call_limits import OutOfTime
 from harness.gpu_workers import GPU_WORKER_COMMAND
-from sandbox.confine import profiled_gpu_worker_confinement
+from sandbox.grants import profiled_gpu_worker_confinement
 from sandbox.deadline import Deadline
 from sandbox.pool import Worker, WorkerError
 

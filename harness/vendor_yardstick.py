@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from harness import expr
 from harness.settings import Unavailable
 from harness.worker_side.cublas_api import CUBLAS_GEMM_DEFAULT, CUBLAS_OP_N, CUDA_TYPES, GEMM_TYPES
-from sandbox.confine import cuda_paths, python_paths
+from sandbox.grants import cuda_paths, python_paths
 from harness.stats import geometric_mean
 from harness.results import TimingReport
 

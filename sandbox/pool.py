@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from sandbox import wire
-from sandbox.confine import Confinement, gpu_worker_confinement
+from sandbox.confine import Confinement
+from sandbox.grants import gpu_worker_confinement
 from sandbox.deadline import Deadline
 from sandbox.environment import worker_environment
 from sandbox.answers import Status

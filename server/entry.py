@@ -10,7 +10,7 @@ from server.cli_args import EXIT_INTERRUPTED
 
 def main() -> int:
     try:
-        from server.cli import main as command_line
+        from server.cli import main as command_line  # here, where Ctrl-C during the import is caught
     except KeyboardInterrupt:
         print("kernel-referee: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED

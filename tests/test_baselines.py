@@ -21,7 +21,7 @@ from harness.stats import summarize
 from harness.task_model import TaskError
 from harness.task import load_task
 from harness.results import CaseTiming, ReasonCode, TimingReport
-from sandbox.confine import python_paths
+from sandbox.grants import python_paths
 from sandbox.pool import Worker
 from server.check import Target, print_vendor
 from tests.fake_gpu_worker import cublas_gemm

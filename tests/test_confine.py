@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import confine
+from sandbox import confine, grants
 from sandbox.environment import worker_environment
 from harness.gpu_workers import GPU_WORKER_COMMAND
 from harness.worker_side.nvrtc import include_folders
@@ -114,12 +114,12 @@ def test_landlock_availability_is_reported_consistently():
 
 
 def test_a_confinement_survives_its_json_form(tmp_path):
-    spec = confine.gpu_worker_confinement(tmp_path)
+    spec = grants.gpu_worker_confinement(tmp_path)
     assert confine.Confinement.from_json(spec.to_json()) == spec
 
 
 def test_python_paths_grant_the_packages_but_not_the_checkout():
-    paths = confine.python_paths()
+    paths = grants.python_paths()
     assert str(REPO / "harness") in paths and str(REPO / "sandbox") in paths
     assert str(REPO) not in paths
     assert not any(p == str(REPO / "tests") or p.startswith(str(REPO / "tests") + "/") for p in paths)
@@ -127,14 +127,14 @@ def test_python_paths_grant_the_packages_but_not_the_checkout():
 
 
 def test_cuda_paths_are_existing_folders():
-    assert all(os.path.isdir(p) for p in confine.cuda_paths())
+    assert all(os.path.isdir(p) for p in grants.cuda_paths())
 
 
 @needs_landlock
 def test_the_compile_worker_reaches_only_python_cuda_and_its_scratch(places, listener):
     scratch = places / "scratch"
     report = run_confined(
-        confine.compile_worker_confinement(scratch), scratch, port=listener, compile=True,
+        grants.compile_worker_confinement(scratch), scratch, port=listener, compile=True,
         read=["/etc/passwd", str(places / "results" / "summary.json"), __file__,
               f"/proc/{os.getpid()}/environ"],
         list=[str(Path.home())],
@@ -152,13 +152,13 @@ def test_the_compile_worker_reaches_only_python_cuda_and_its_scratch(places, lis
 def test_the_compile_worker_narrowed_after_loading_nvrtc_reads_only_the_headers(places):
     scratch = places / "scratch"
     headers = include_folders()
-    loaded = confine.compile_worker_loaded_confinement(scratch, headers)
+    loaded = grants.compile_worker_loaded_confinement(scratch, headers)
     # A second layer cannot grant what the first did not: /etc/passwd stays out of reach.
     widened = dataclasses.replace(loaded, read_only=loaded.read_only + ("/etc/passwd",))
     worker_files = ["/proc/self/environ", "/proc/self/maps", "/proc/self/mounts", "/proc/self/cmdline",
                     "/proc/self/status", "/etc/os-release", "/etc/ld.so.cache", "/etc/passwd", sys.executable]
     header = str(Path(headers[0]) / "cuda_fp16.h")
-    report = run_confined(confine.compile_worker_confinement(scratch), scratch, compile=True,
+    report = run_confined(grants.compile_worker_confinement(scratch), scratch, compile=True,
                           narrow=widened.to_json(), read=worker_files + [header],
                           write=[str(scratch / "inside.txt")])
     assert report["read"] == {**{path: False for path in worker_files}, header: True}
@@ -170,7 +170,7 @@ def test_the_compile_worker_narrowed_after_loading_nvrtc_reads_only_the_headers(
 def test_the_gpu_worker_cannot_see_results_home_tests_or_the_parent(places, listener):
     scratch = places / "scratch"
     report = run_confined(
-        confine.gpu_worker_confinement(scratch), scratch, port=listener,
+        grants.gpu_worker_confinement(scratch), scratch, port=listener,
         read=[str(places / "results" / "summary.json"), __file__, str(REPO / "README.md"),
               f"/proc/{os.getpid()}/environ", "/etc/passwd", "/proc/self/status",
               str(REPO / "sandbox" / "wire.py")],
@@ -189,7 +189,7 @@ def test_the_gpu_worker_cannot_see_results_home_tests_or_the_parent(places, list
 @needs_landlock
 def test_landlock_alone_refuses_tcp_without_a_new_network(places, listener):
     scratch = places / "scratch"
-    spec = dataclasses.replace(confine.compile_worker_confinement(scratch), new_network=False)
+    spec = dataclasses.replace(grants.compile_worker_confinement(scratch), new_network=False)
     assert run_confined(spec, scratch, port=listener)["connect"] is False
 
 
@@ -214,8 +214,8 @@ def test_apply_refuses_once_a_second_thread_runs():
 def test_a_profiled_worker_s_spec_lets_the_profiler_s_earlier_threads_be_and_names_them(tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("not for a worker")
-    spec = confine.profiled_gpu_worker_confinement(tmp_path / "scratch")
-    assert spec.earlier_threads and not confine.gpu_worker_confinement(tmp_path / "scratch").earlier_threads
+    spec = grants.profiled_gpu_worker_confinement(tmp_path / "scratch")
+    assert spec.earlier_threads and not grants.gpu_worker_confinement(tmp_path / "scratch").earlier_threads
     code = ("import sys, threading, time\nfrom sandbox import confine\n"
             "threading.Thread(target=time.sleep, args=(5,), name='injected', daemon=True).start()\n"
             "notes = confine.apply(confine.Confinement.from_json(sys.argv[1]))\n"

@@ -7,7 +7,7 @@ import pytest
 from harness import ncu_profile
 from harness.gpu_workers import GPU_WORKER_COMMAND
 from harness.ncu_profile import NCU_MISSING, NO_PERMISSION, ProfilingUnavailable, ncu_command, profile_once
-from sandbox.confine import gpu_worker_confinement, profiled_gpu_worker_confinement
+from sandbox.grants import gpu_worker_confinement, profiled_gpu_worker_confinement
 
 
 def test_the_command_profiles_one_launch_of_the_exact_symbol_into_a_log_file_around_the_worker():

@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 
 from harness.worker_side.compile_policy import COMPILE_MEMORY_BYTES, CompileRefused
-from sandbox import confine, wire
+from sandbox import confine, grants, wire
 from sandbox.answers import Status
 
 # harness.worker_side.nvrtc (NVRTC, pydantic) is imported only after confinement: Landlock restricts the
@@ -53,7 +53,7 @@ def _narrow(confined: bool) -> None:
     from harness.worker_side.nvrtc import include_folders  # NVRTC: only once confined
 
     if confined:
-        confine.narrow(confine.compile_worker_loaded_confinement(Path.cwd(), include_folders()))
+        confine.narrow(grants.compile_worker_loaded_confinement(Path.cwd(), include_folders()))
 
 
 def _confine(wanted: bool) -> tuple[bool, list[str]]:
@@ -62,7 +62,7 @@ def _confine(wanted: bool) -> tuple[bool, list[str]]:
         return False, ["confinement was not requested"]
     # A kernel without Landlock raises ConfinementError here: asked to confine, the worker does not
     # fall back to compiling unconfined; the operator chooses that with confine=False.
-    return True, list(confine.apply(confine.compile_worker_confinement(Path.cwd())))
+    return True, list(confine.apply(grants.compile_worker_confinement(Path.cwd())))
 
 
 def _start(answers, wanted: bool) -> bool:
