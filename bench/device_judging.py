@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import struct
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.device import gpu_absent_reason  # noqa: E402
+from harness.output_digest import double_of_bits  # noqa: E402
 from harness.task_model import DTYPES  # noqa: E402
 from harness.worker_side import gpu  # noqa: E402
 from harness.worker_side.compile_policy import arch_for  # noqa: E402
@@ -51,6 +51,7 @@ TOLERANCES = {"float32": (1e-5, 1e-6), "bfloat16": (3e-2, 1e-3), "float16": (4e-
 # The candidate's runs: the expected bits exactly (a kernel that computes as the reference does), or each element
 # one unit in the last place away (another order of the same sums: none passes bit for bit, all within tolerance).
 RUNS = ("equal", "one-ulp-off")
+POISONS = (0xFFFFFFFF, 0x7F7F7F7F)  # never an element of the runs above: nothing counts as unwritten
 
 
 def _outputs(context, buffers: list, dtype: str, nbytes: int, runs: str) -> None:
@@ -82,15 +83,18 @@ def measure(sizes_gib: list[float], dtypes: list[str], repeats: int) -> dict:
                 elements = nbytes // DTYPES[dtype].itemsize
                 expected, first, second = (a.ptr for a in buffers)
                 rtol, atol = TOLERANCES[dtype]
-                judge_s = _seconds(lambda: judges.judge(dtype, expected, first, second, elements, rtol, atol,
-                                                        (0xFFFFFFFF, 0x7F7F7F7F)), repeats)
-                totals = judges.judge(dtype, expected, first, second, elements, rtol, atol, (0xFFFFFFFF, 0x7F7F7F7F))
+
+                def judge():
+                    return judges.judge(dtype, expected, first, second, elements, rtol, atol, POISONS)
+
+                judge_s = _seconds(judge, repeats)
+                totals = judge()
                 if totals["mismatches"] or totals["unwritten"] or totals["pair_differ_bits"] or \
                         (totals["max_abs_bits"] == 0) != (runs == "equal"):
                     raise RuntimeError(f"{dtype}, {runs}: not the outputs the bench meant to judge: {totals}")
                 rows.append({"dtype": dtype, "runs": runs, "output_bytes": nbytes, "judge_s": judge_s,
                              "judge_output_gbps": nbytes / judge_s / 1e9,
-                             "max_rel_error": struct.unpack("<d", struct.pack("<Q", totals["max_rel_bits"]))[0]})
+                             "max_rel_error": double_of_bits(totals["max_rel_bits"])})
             hash_s = _seconds(lambda: judges.tree_sha256(buffers[0].ptr, nbytes), repeats)
             rows.append({"dtype": "bytes", "output_bytes": nbytes, "tree_sha256_s": hash_s,
                          "tree_sha256_gbps": nbytes / hash_s / 1e9})
