@@ -15,6 +15,7 @@ from typing import Callable
 
 from harness.call_limits import OutOfTime
 from harness.gpu_workers import GPU_WORKER_COMMAND
+from harness.profile_digest import has_kernel
 from sandbox.grants import profiled_gpu_worker_confinement
 from sandbox.deadline import Deadline
 from sandbox.pool import Worker, WorkerError
@@ -63,9 +64,9 @@ def profile_once(symbol: str, metrics: tuple[str, ...], run_once: Callable[[Work
             raise ProfilingUnavailable(f"the profiled worker failed: {exc}" + (f" ({why})" if why else "")) from None
         worker.stop(grace_s=STOP_GRACE_S if deadline is None else deadline.cap(STOP_GRACE_S))
         text = _read(log_file)
-        if '"Metric Name"' not in text and deadline is not None and deadline.expired:
+        if not has_kernel(text) and deadline is not None and deadline.expired:
             raise OutOfTime(f"the call's {deadline.seconds:g} s ran out while ncu wrote its report")
-        if '"Metric Name"' not in text:
+        if not has_kernel(text):
             raise ProfilingUnavailable(_why(text) or f"ncu profiled no launch of {symbol}")
         return text
     finally:

@@ -1,4 +1,8 @@
-"""Nsight Compute's raw CSV (`ncu --csv --page raw --metrics ...`) read into a compact, typed digest.
+"""Nsight Compute's CSV (`ncu --csv --page raw --metrics ...`) read into a compact, typed digest.
+
+ncu prints a kernel's metrics in one of two layouts: the raw page's one row per kernel, a column per metric
+and a row of units under the header; or the details page's one row per metric ("Metric Name", "Metric Unit",
+"Metric Value"). Both are read.
 
 Pure: no GPU, no ncu. The metrics asked for are METRICS; a metric ncu does not give (another device, another
 ncu version, "n/a") is None in the digest, never an error. Values are read in any unit ncu prints ("1,568" ns,
@@ -151,11 +155,31 @@ def in_base_units(value: float, unit: str) -> float:
     return value
 
 
+IDENTITY = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
+            "Grid Size", "Device", "CC")
+
+
+def has_kernel(text: str) -> bool:
+    """Whether ncu's output holds at least one profiled kernel, in either layout."""
+    try:
+        kernel_metrics(text)
+    except NcuFormatError:
+        return False
+    return True
+
+
 def kernel_metrics(text: str) -> tuple[dict[str, str], dict[str, float]]:
     """The first profiled kernel's identity (name, block and grid sizes) and its metrics in base units."""
     rows = raw_rows(text)
-    if not rows or "Metric Name" not in rows[0]:
-        raise NcuFormatError("no ncu raw CSV in the output (no profiled kernel)")
+    if rows and "Metric Name" in rows[0]:
+        return _metric_per_row(rows)
+    if len(rows) >= 2 and "Kernel Name" in rows[0] and rows[0].get("ID") == "" and rows[1].get("ID"):
+        return _metric_per_column(units=rows[0], row=rows[1])
+    raise NcuFormatError("no ncu CSV in the output (no profiled kernel)")
+
+
+def _metric_per_row(rows: list[dict[str, str]]) -> tuple[dict[str, str], dict[str, float]]:
+    """The details layout: the first kernel's rows, one metric each."""
     first = rows[0].get("ID")
     identity = {k: rows[0].get(k, "") for k in ("Kernel Name", "Block Size", "Grid Size")}
     values = {}
@@ -168,8 +192,21 @@ def kernel_metrics(text: str) -> tuple[dict[str, str], dict[str, float]]:
     return identity, values
 
 
+def _metric_per_column(units: dict[str, str], row: dict[str, str]) -> tuple[dict[str, str], dict[str, float]]:
+    """The raw layout: the first kernel's row, its units in the row under the header."""
+    identity = {k: row.get(k, "") for k in ("Kernel Name", "Block Size", "Grid Size")}
+    values = {}
+    for name, text in row.items():
+        if name is None or name in IDENTITY:
+            continue
+        value = number(text)
+        if value is not None:
+            values[name] = in_base_units(value, units.get(name) or "")
+    return identity, values
+
+
 def digest(text: str) -> ProfileDigest:
-    """The digest of the first kernel profiled in `text` (ncu's raw CSV). NcuFormatError when there is none."""
+    """The digest of the first kernel profiled in `text` (ncu's CSV). NcuFormatError when there is none."""
     identity, m = kernel_metrics(text)
     duration_ms = m.get(DURATION)
     flops = {precision: _flops(m, counts) for precision, counts in FLOP_COUNTS.items()}

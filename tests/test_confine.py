@@ -59,7 +59,9 @@ def compile_a_kernel():
     from cuda.bindings import nvrtc
     return nvrtc_compile()
 
-if probe["narrow"]:  # as the compile worker does: load NVRTC, then keep only what compiling reads
+if probe["narrow"]:  # as the compile worker does: limit memory, load NVRTC, then keep only what compiling reads
+    from harness.worker_side.compile_policy import COMPILE_MEMORY_BYTES
+    confine.limit_address_space(COMPILE_MEMORY_BYTES)
     nvrtc_compile()
     confine.narrow(confine.Confinement.from_json(probe["narrow"]))
 

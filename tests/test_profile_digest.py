@@ -74,3 +74,29 @@ def test_the_metrics_asked_for_cover_every_part_of_the_digest_once():
     for name in (profile_digest.DURATION, profile_digest.SOL_COMPUTE, profile_digest.DRAM_BYTES,
                  *profile_digest.OCCUPANCY_LIMITS.values(), *profile_digest.BANK_CONFLICTS.values()):
         assert name in metrics
+
+
+def raw_page(text: str) -> str:
+    """The same kernel in the raw page's layout: one row per kernel, a column per metric, its units under the
+    header (what `ncu --page raw --csv` prints)."""
+    rows = profile_digest.raw_rows(text)
+    identity = list(profile_digest.IDENTITY)
+    metrics = [r["Metric Name"] for r in rows]
+    quoted = lambda cells: ",".join(f'"{c}"' for c in cells)  # noqa: E731
+    return "\n".join(["==PROF== Disconnected from process 1", quoted(identity + metrics),
+                      quoted([""] * len(identity) + [r["Metric Unit"] for r in rows]),
+                      quoted([rows[0][k] for k in identity] + [r["Metric Value"] for r in rows])])
+
+
+@pytest.mark.parametrize("text", [NAIVE, BLOCKED], ids=["naive", "blocked"])
+def test_the_raw_page_layout_gives_the_same_digest_as_the_details_layout(text):
+    wide = raw_page(text)
+    assert '"Metric Name"' not in wide and profile_digest.has_kernel(wide) and profile_digest.has_kernel(text)
+    assert digest(wide) == digest(text)
+
+
+def test_a_header_without_a_kernel_row_is_not_a_profile():
+    header_and_units = "\n".join(raw_page(NAIVE).splitlines()[:3])
+    assert not profile_digest.has_kernel(header_and_units)
+    with pytest.raises(NcuFormatError):
+        digest(header_and_units)
