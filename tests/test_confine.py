@@ -28,7 +28,12 @@ CHILD = r"""
 import json, os, resource, socket, sys
 from sandbox import confine
 
-spec, probe = confine.Confinement.from_json(sys.argv[1]), json.loads(sys.argv[2])
+from pathlib import Path
+from sandbox import grants
+# "compile-worker": the spec the compile worker builds for itself, in its own process and environment
+spec = grants.compile_worker_confinement(Path.cwd()) if sys.argv[1] == "compile-worker" else \
+    confine.Confinement.from_json(sys.argv[1])
+probe = json.loads(sys.argv[2])
 notes = confine.apply(spec)
 
 def attempt(action):
@@ -100,9 +105,10 @@ def places(tmp_path, monkeypatch):
     return tmp_path
 
 
-def run_confined(spec: confine.Confinement, scratch: Path, **probe) -> dict:
+def run_confined(spec: confine.Confinement | str, scratch: Path, **probe) -> dict:
     probe = {"read": [], "list": [], "write": [], "port": 9, "compile": False, "narrow": None, **probe}
-    done = subprocess.run([sys.executable, "-c", CHILD, spec.to_json(), json.dumps(probe)],
+    spec_text = spec if isinstance(spec, str) else spec.to_json()
+    done = subprocess.run([sys.executable, "-c", CHILD, spec_text, json.dumps(probe)],
                           capture_output=True, text=True, timeout=120, cwd=scratch,
                           env=worker_environment(scratch))
     assert done.returncode == 0, done.stderr
@@ -160,7 +166,7 @@ def test_the_compile_worker_narrowed_after_loading_nvrtc_reads_only_the_headers(
     worker_files = ["/proc/self/environ", "/proc/self/maps", "/proc/self/mounts", "/proc/self/cmdline",
                     "/proc/self/status", "/etc/os-release", "/etc/ld.so.cache", "/etc/passwd", sys.executable]
     header = str(Path(headers[0]) / "cuda_fp16.h")
-    report = run_confined(grants.compile_worker_confinement(scratch), scratch, compile=True,
+    report = run_confined("compile-worker", scratch, compile=True,
                           narrow=widened.to_json(), read=worker_files + [header],
                           write=[str(scratch / "inside.txt")])
     assert report["read"] == {**{path: False for path in worker_files}, header: True}

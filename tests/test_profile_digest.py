@@ -100,3 +100,14 @@ def test_a_header_without_a_kernel_row_is_not_a_profile():
     assert not profile_digest.has_kernel(header_and_units)
     with pytest.raises(NcuFormatError):
         digest(header_and_units)
+
+
+def test_the_raw_page_ncu_printed_for_profile_kernel_is_read_whole():
+    # profile_kernel's own output on an H100 (the ncu of CUDA 13.0): the naive kernel on square-2048.
+    recorded = digest((NCU / "raw-page-naive-matmul_f32-square-2048.csv").read_text())
+    assert (recorded.kernel, recorded.block_size, recorded.grid_size) == ("matmul_f32", "(16, 16, 1)", "(128, 128, 1)")
+    assert recorded.duration_ms == pytest.approx(3.904256)
+    assert recorded.missing_metrics == []
+    assert recorded.compute.flops["fp32"] == 2 * 2048 ** 3
+    assert recorded.occupancy.limited_by == ["registers", "block_size"]
+    assert recorded.top_stalls[0].reason == "long_scoreboard"
