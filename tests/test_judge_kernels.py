@@ -144,6 +144,18 @@ def test_an_overflowing_difference_is_an_infinite_error(host_judge):
     assert_same(host, device_style_digest(host_judge, "float64", e, g, g.copy(), 1e-3, 1e-3))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_an_infinity_against_a_finite_value_fails_under_any_tolerance(host_judge, dtype):
+    """|inf - x| is infinite, and so is inf * rtol: the bound does not let an infinity through, either way."""
+    dt = DTYPES[dtype]
+    e = np.array([np.inf, -np.inf, 3.0, 3.0, np.inf, 1.0], dtype=np.float64).astype(dt)
+    g = np.array([3.0, 3.0, np.inf, -np.inf, np.inf, 1.0], dtype=np.float64).astype(dt)
+    for rtol, atol in ((1e-3, 1e-3), (2.0, 0.0), (1e300, 1e300)):
+        host = digest_on_host("out", e, g, g.copy(), rtol, atol)
+        assert host.check.mismatches == 4 and host.check.nonfinite_mismatches == 4
+        assert_same(host, device_style_digest(host_judge, dtype, e, g, g.copy(), rtol, atol))
+
+
 def test_the_first_mismatches_are_the_first_in_order(host_judge):
     e = np.zeros(100_000, dtype=np.float32)
     g = e.copy()

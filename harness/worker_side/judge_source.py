@@ -99,31 +99,45 @@ JUDGE_HD inline void judge_partial_start(JudgePartial& p) {
     p.first_mismatch = p.first_unwritten = ~0ull;
 }
 
+// The error maxima of a thread's share, with a pair's error and scale.
+JUDGE_HD inline void judge_errors(double abs_error, double scale, JudgePartial& p) {
+    // Non-negative doubles order as their bits do.
+    if (abs_error > judge_double_of_bits(p.max_abs_bits)) p.max_abs_bits = judge_bits_of_double(abs_error);
+    // The division only where it can raise the maximum: d <= (m * s rounded down) means d / s <= m exactly,
+    // so its rounded quotient is no greater than m either.
+    if (abs_error > judge_mul_down(judge_double_of_bits(p.max_rel_bits), scale)) {
+        judge_u64 rel_bits = judge_bits_of_double(judge_div(abs_error, scale));
+        if (rel_bits > p.max_rel_bits) p.max_rel_bits = rel_bits;
+    }
+}
+
 // Element i: its expected bits e, the first run's a and the second's b, added to a thread's totals.
 template <int KIND>
 JUDGE_HD inline void judge_step(judge_u64 i, judge_u64 e, judge_u64 a, judge_u64 b, double rtol, double atol,
                                 judge_u64 poison_first, judge_u64 poison_second, JudgePartial& p) {
-    double got = JudgeType<KIND>::value(a);
-    JudgeElement r = judge_element(JudgeType<KIND>::value(e), got, rtol, atol);
-    if (!r.ok) {
-        p.mismatches += 1;
-        p.nonfinite_mismatches += r.nonfinite_mismatch;
-        if (i < p.first_mismatch) p.first_mismatch = i;
+    double expected = JudgeType<KIND>::value(e), got = JudgeType<KIND>::value(a);
+    double d = judge_abs(judge_sub(got, expected)), scale = judge_abs(expected);
+    // The common case first, judge_element's finite branch: a finite difference means both values are finite
+    // (an infinity or a NaN in either makes it infinite or NaN), and within tolerance is a pass.
+    if (d <= 1.7976931348623157e308 && d <= judge_add(judge_mul(scale, rtol), atol)) {
+        judge_errors(d, scale < 1e-30 ? 1e-30 : scale, p);
+    } else {
+        JudgeElement r = judge_element(expected, got, rtol, atol);
+        if (!r.ok) {
+            p.mismatches += 1;
+            p.nonfinite_mismatches += r.nonfinite_mismatch;
+            if (i < p.first_mismatch) p.first_mismatch = i;
+        }
+        judge_errors(r.abs_error, r.scale, p);
     }
-    judge_u64 abs_bits = judge_bits_of_double(r.abs_error);
-    if (abs_bits > p.max_abs_bits) p.max_abs_bits = abs_bits;
-    // The division only where it can raise the maximum: d <= (m * s rounded down) means d / s <= m exactly,
-    // so its rounded quotient is no greater than m either.
-    if (r.abs_error > judge_mul_down(judge_double_of_bits(p.max_rel_bits), r.scale)) {
-        judge_u64 rel_bits = judge_bits_of_double(judge_div(r.abs_error, r.scale));
-        if (rel_bits > p.max_rel_bits) p.max_rel_bits = rel_bits;
-    }
-    if (a == poison_first && b == poison_second) {
-        p.unwritten += 1;
-        if (i < p.first_unwritten) p.first_unwritten = i;
-    } else if (a != b) {
-        p.pair_differ_bits += 1;
-        p.pair_mismatches += !judge_element(got, JudgeType<KIND>::value(b), rtol, atol).ok;
+    if (a != b || a == poison_first) {  // else: written (not the first poison) and the runs agree
+        if (a == poison_first && b == poison_second) {
+            p.unwritten += 1;
+            if (i < p.first_unwritten) p.first_unwritten = i;
+        } else if (a != b) {
+            p.pair_differ_bits += 1;
+            p.pair_mismatches += !judge_element(got, JudgeType<KIND>::value(b), rtol, atol).ok;
+        }
     }
 }
 
