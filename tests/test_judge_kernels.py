@@ -156,6 +156,18 @@ def test_an_infinity_against_a_finite_value_fails_under_any_tolerance(host_judge
         assert_same(host, device_style_digest(host_judge, dtype, e, g, g.copy(), rtol, atol))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_relative_error_divides_a_tiny_expected_value_by_the_floor_of_the_scale(host_judge, dtype):
+    """Below 1e-30 the scale is 1e-30: zeros and tiny expected values, met after and before larger errors."""
+    dt = DTYPES[dtype]
+    e = np.array([1.0, 0.0, 1e-35, 0.0, -1e-38, 2.0, 0.0], dtype=np.float64).astype(dt)
+    g = np.array([1.5, 9e-31, 2e-35, 0.0, 8e-31, 2.0, 7e-31], dtype=np.float64).astype(dt)
+    for order in (slice(None), slice(None, None, -1)):
+        host = digest_on_host("out", e[order], g[order], g[order].copy(), 1e-3, 1e-3)
+        assert host.check.max_rel_error > 0.85  # 9e-31 against an expected 0: over the 1e-30 floor
+        assert_same(host, device_style_digest(host_judge, dtype, e[order], g[order], g[order].copy(), 1e-3, 1e-3))
+
+
 def test_the_first_mismatches_are_the_first_in_order(host_judge):
     e = np.zeros(100_000, dtype=np.float32)
     g = e.copy()
