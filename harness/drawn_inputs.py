@@ -42,6 +42,12 @@ def oracle_cases(task: Task, cases, settings) -> list[Case]:
     return [case for case in cases if case_draws(task, case, settings.draw_inputs_from_bytes) is None]
 
 
+def oracle_split(task: Task, cases, settings) -> tuple[list[Case], list[str]]:
+    """Those of `cases` the float64 oracle takes on the host, and the names of those it skips (too large)."""
+    taken = oracle_cases(task, cases, settings)
+    return taken, [case.name for case in cases if case not in taken]
+
+
 def draw_key(seed: int) -> int:
     """The generator key of an input seed's draws."""
     digest = hashlib.blake2b(seed.to_bytes(8, "little"), person=b"kr-inputs", digest_size=8)

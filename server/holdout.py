@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from harness.call_limits import OutOfTime
-from harness.drawn_inputs import oracle_cases
+from harness.drawn_inputs import oracle_split
 from harness.oracle import OracleError
 from harness.settings import ReferenceFailed
 from server.records import EventKind
@@ -43,9 +43,9 @@ def _check(run: Run, number: int, cases) -> dict:
     result = {"attempt": number, "passed": report.passed, "cases": [c.name for c in cases],
               "reasons": [r.model_dump(mode="json") for r in report.reasons],
               "oracle_used": run.task.oracle_file is not None}
-    by_oracle = oracle_cases(run.task, cases, run.settings.timing)
-    if len(by_oracle) < len(cases):
-        result["oracle_skipped"] = [c.name for c in cases if c not in by_oracle]  # too large for the host's oracle
+    by_oracle, skipped = oracle_split(run.task, cases, run.settings.timing)
+    if skipped:
+        result["oracle_skipped"] = skipped  # too large for the host's oracle
     if report.passed and run.task.oracle_file is not None and by_oracle:
         oracle = run.executor.check(kernel, by_oracle, None, True)
         result["oracle_passed"] = oracle.passed

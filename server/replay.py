@@ -21,7 +21,7 @@ from typing import Callable, TextIO
 
 from harness.device import gpu_absent_reason
 from harness.gpus import list_gpus, placement_for
-from harness.drawn_inputs import oracle_cases
+from harness.drawn_inputs import oracle_cases, oracle_split
 from harness.oracle import OracleError
 from harness.settings import CompiledKernel, ReferenceFailed, TimingSettings
 from harness.side_by_side import TimingFailed, time_side_by_side
@@ -115,8 +115,7 @@ def _replay(executor: Executor, record: RunRecord, repeats: int, say: Say, check
     has_oracle = record.task.oracle_file is not None
     say("the holdout cases, against the reference outputs " + (
         "and the float64 oracle" if has_oracle else f"only ({NO_INDEPENDENT_ORACLE})"))
-    by_oracle = oracle_cases(record.task, list(record.task.holdout_cases), record.settings.timing)
-    skipped = [c.name for c in record.task.holdout_cases if c not in by_oracle]
+    by_oracle, skipped = oracle_split(record.task, list(record.task.holdout_cases), record.settings.timing)
     if has_oracle and skipped:
         say(f"the float64 oracle skips {', '.join(skipped)}: too large for the host (checked against the "
             "reference's outputs only)")

@@ -4,7 +4,6 @@ import dataclasses
 import json
 import re
 import os
-import resource
 import socket
 import subprocess
 import sys
