@@ -100,14 +100,12 @@ JUDGE_HD inline void judge_partial_start(JudgePartial& p) {
 }
 
 // The error maxima of a thread's share, with a pair's error and scale.
-JUDGE_HD inline void judge_errors(double abs_error, double magnitude, JudgePartial& p) {
+JUDGE_HD inline void judge_errors(double abs_error, double scale, JudgePartial& p) {
     // Non-negative doubles order as their bits do.
     if (abs_error > judge_double_of_bits(p.max_abs_bits)) p.max_abs_bits = judge_bits_of_double(abs_error);
-    // The relative error divides by the scale, max(|expected|, 1e-30); the division only where it can raise
-    // the maximum m. d <= (m * |expected| rounded down) <= m * scale means d / scale <= m exactly, so its
-    // rounded quotient is no greater than m either.
-    if (abs_error > judge_mul_down(judge_double_of_bits(p.max_rel_bits), magnitude)) {
-        double scale = magnitude < 1e-30 ? 1e-30 : magnitude;
+    // The division only where it can raise the maximum: d <= (m * s rounded down) means d / s <= m exactly,
+    // so its rounded quotient is no greater than m either.
+    if (abs_error > judge_mul_down(judge_double_of_bits(p.max_rel_bits), scale)) {
         judge_u64 rel_bits = judge_bits_of_double(judge_div(abs_error, scale));
         if (rel_bits > p.max_rel_bits) p.max_rel_bits = rel_bits;
     }
@@ -122,7 +120,7 @@ JUDGE_HD inline void judge_step(judge_u64 i, judge_u64 e, judge_u64 a, judge_u64
     // The common case first, judge_element's finite branch: a finite difference means both values are finite
     // (an infinity or a NaN in either makes it infinite or NaN), and within tolerance is a pass.
     if (d <= 1.7976931348623157e308 && d <= judge_add(judge_mul(scale, rtol), atol)) {
-        judge_errors(d, scale, p);
+        judge_errors(d, scale < 1e-30 ? 1e-30 : scale, p);
     } else {
         JudgeElement r = judge_element(expected, got, rtol, atol);
         if (!r.ok) {
