@@ -64,11 +64,11 @@ def profile_once(symbol: str, metrics: tuple[str, ...], run_once: Callable[[Work
             raise ProfilingUnavailable(f"the profiled worker failed: {exc}" + (f" ({why})" if why else "")) from None
         worker.stop(grace_s=STOP_GRACE_S if deadline is None else deadline.cap(STOP_GRACE_S))
         text = _read(log_file)
-        if not has_kernel(text) and deadline is not None and deadline.expired:
+        if has_kernel(text):
+            return text
+        if deadline is not None and deadline.expired:
             raise OutOfTime(f"the call's {deadline.seconds:g} s ran out while ncu wrote its report")
-        if not has_kernel(text):
-            raise ProfilingUnavailable(_why(text) or f"ncu profiled no launch of {symbol}")
-        return text
+        raise ProfilingUnavailable(_why(text) or f"ncu profiled no launch of {symbol}")
     finally:
         worker.kill()
         shutil.rmtree(folder, ignore_errors=True)
