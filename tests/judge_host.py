@@ -12,8 +12,56 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.worker_side.judge_source import (HOST_PRELUDE, JUDGE_KINDS, NO_INDEX, PORTABLE_SOURCE, STATS_FIELDS,
-                                              TOTALS_FIELDS)
+from harness.worker_side.judge_source import JUDGE_KINDS, NO_INDEX, PORTABLE_SOURCE, STATS_FIELDS, TOTALS_FIELDS
+
+# What the device prelude (harness/worker_side/judge_source.py) defines, in host C++ (g++ -ffp-contract=off).
+HOST_PRELUDE = r"""
+#include <cmath>
+#include <cstring>
+#define JUDGE_HD
+#define JUDGE_CONST static const
+#define JUDGE_UNROLL
+inline unsigned long long judge_bits_of_double(double x) { unsigned long long b; std::memcpy(&b, &x, 8); return b; }
+inline double judge_double_of_bits(unsigned long long b) { double x; std::memcpy(&x, &b, 8); return x; }
+inline float judge_float_of_bits(unsigned int b) { float x; std::memcpy(&x, &b, 4); return x; }
+inline double judge_add(double a, double b) { return a + b; }
+inline double judge_sub(double a, double b) { return a - b; }
+inline double judge_mul(double a, double b) { return a * b; }
+inline double judge_div(double a, double b) { return a / b; }
+// At most the exact product of two non-negative doubles: the nearest one step toward zero.
+inline double judge_mul_down(double a, double b) { return std::nextafter(a * b, 0.0); }
+// By the bits, as IEEE 754 defines them (the device uses its instructions for the same).
+inline bool judge_finite(double x) { return ((judge_bits_of_double(x) >> 52) & 0x7FFull) != 0x7FFull; }
+inline bool judge_nan(double x) {
+    unsigned long long b = judge_bits_of_double(x);
+    return ((b >> 52) & 0x7FFull) == 0x7FFull && (b & 0xFFFFFFFFFFFFFull) != 0;
+}
+inline double judge_abs(double x) { return judge_double_of_bits(judge_bits_of_double(x) & 0x7FFFFFFFFFFFFFFFull); }
+inline double judge_from_half(unsigned int h);
+inline float judge_float_of_half(unsigned int h) { return (float)judge_from_half(h); }
+// float32 operations rounded up or down, as the device's __fsub_ru, __fadd_rd, __fmul_rd and __double2float_rd
+// round: the nearest result, moved one step where its exact error (Knuth's two-sum; a float32 product is exact
+// in float64) lies on the other side.
+inline float judge_float_toward(double x, bool up) {
+    float r = (float)x;
+    if (up ? (double)r < x : (double)r > x) r = std::nextafter(r, up ? INFINITY : -INFINITY);
+    return r;
+}
+inline float judge_fadd_toward(float a, float b, bool up) {
+    float s = a + b;
+    if (std::isinf(s) && std::isfinite(a) && std::isfinite(b)) return (s > 0) == up ? s : std::nextafter(s, 0.0f);
+    if (!std::isfinite(s)) return s;
+    float bp = s - a, ap = s - bp, error = (a - ap) + (b - bp);
+    if (up ? error > 0 : error < 0) s = std::nextafter(s, up ? INFINITY : -INFINITY);
+    return s;
+}
+inline float judge_fsub_up(float a, float b) { return judge_fadd_toward(a, -b, true); }
+inline float judge_fadd_down(float a, float b) { return judge_fadd_toward(a, b, false); }
+inline float judge_fmul_down(float a, float b) { return judge_float_toward((double)a * (double)b, false); }
+inline float judge_float_down(double x) { return judge_float_toward(x, false); }
+inline float judge_fmax(float a, float b) { return std::fmax(a, b); }
+inline float judge_fabs(float x) { return std::fabs(x); }
+"""
 
 DRIVER = r"""
 typedef void (*RangeFn)(const void*, const void*, const void*, judge_u64, double, double, judge_u64, judge_u64,
@@ -57,6 +105,12 @@ extern "C" void host_spread(int kind, const void* v, judge_u64 n, judge_u64 thre
     stats[0] = 0; stats[1] = ~0ull; stats[2] = 0;
     for (judge_u64 s = 0; s < threads; ++s) spreads[kind](v, n, s, threads, stats[0], stats[1], stats[2]);
 }
+extern "C" float host_rounded(int operation, float a, float b, double x) {
+    if (operation == 0) return judge_fsub_up(a, b);
+    if (operation == 1) return judge_fadd_down(a, b);
+    if (operation == 2) return judge_fmul_down(a, b);
+    return judge_float_down(x);
+}
 extern "C" void host_sha256(const unsigned char* data, judge_u64 n, unsigned char* digest) {
     judge_sha256(data, n, digest);
 }
@@ -83,6 +137,8 @@ class HostJudge:
         self.lib.host_first_after.restype = u64
         self.lib.host_spread.argtypes = [ctypes.c_int, ptr, u64, u64, ptr]
         self.lib.host_sha256.argtypes = [ptr, u64, ptr]
+        self.lib.host_rounded.argtypes = [ctypes.c_int, ctypes.c_float, ctypes.c_float, dbl]
+        self.lib.host_rounded.restype = ctypes.c_float
 
     def judge(self, dtype: str, expected, first, second, rtol, atol, poisons, threads=7) -> dict[str, int]:
         arrays = [np.ascontiguousarray(a) for a in (expected, first, second)]
@@ -104,6 +160,12 @@ class HostJudge:
         stats = np.zeros(len(STATS_FIELDS), dtype=np.uint64)
         self.lib.host_spread(JUDGE_KINDS[dtype], v.ctypes.data, v.size, threads, stats.ctypes.data)
         return dict(zip(STATS_FIELDS, (int(s) for s in stats)))
+
+    def rounded(self, operation: str, a: float = 0.0, b: float = 0.0, x: float = 0.0) -> np.float32:
+        """The host's float32 operation rounded toward one side: "sub_up" a - b, "add_down" a + b,
+        "mul_down" a * b, "down" x."""
+        code = ("sub_up", "add_down", "mul_down", "down").index(operation)
+        return np.float32(self.lib.host_rounded(code, a, b, x))
 
     def sha256(self, data: bytes) -> str:
         buffer = np.frombuffer(data, dtype=np.uint8) if data else np.zeros(1, dtype=np.uint8)

@@ -5,6 +5,7 @@ of the tolerance; their SHA-256 is hashlib's; NVRTC compiles the whole source fo
 from __future__ import annotations
 
 import hashlib
+from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
@@ -98,6 +99,68 @@ def variants(dtype: str, rng: np.random.Generator):
     yield "nothing-written", expected, poison(shape, dt, POISONS[0]), poison(shape, dt, POISONS[1])
     yield "constant", np.full(shape, 2, dtype=dt), np.full(shape, 2, dtype=dt), np.full(shape, 2, dtype=dt)
     yield "zero", np.zeros(shape, dtype=dt), np.zeros(shape, dtype=dt), np.zeros(shape, dtype=dt)
+
+
+def narrow_edge_cases(dtype: str, rng: np.random.Generator, n: int):
+    """(rtol, atol, expected, got) for a float dtype the kernels settle in float32 where they can: `got` a few of
+    the dtype's ulps from `expected`, at magnitudes across its range (subnormals and the largest values
+    included), under tolerances of about those ulps (some exact, some not representable in float32): elements
+    on both sides of the edge and on it."""
+    dt = DTYPES[dtype]
+    info = ml_dtypes.finfo(dt)
+    unsigned = {2: np.uint16, 4: np.uint32}[dt.itemsize]
+    magnitude_bits = (1 << (8 * dt.itemsize - 1)) - 1
+    exponents = rng.uniform(np.log2(float(info.smallest_subnormal)), np.log2(float(info.max)), n)
+    expected = (np.exp2(exponents) * rng.choice([-1.0, 1.0], n)).astype(dt)
+    bits = expected.view(unsigned).astype(np.int64)
+    steps = np.maximum(rng.integers(-4, 5, n), -(bits & magnitude_bits))  # toward or away from zero, not past it
+    got = (bits + steps).astype(unsigned).view(dt)
+    eps, tiny = float(info.eps), float(info.smallest_subnormal)
+    for rtol in (eps, 2 * eps, 2.5 * eps, eps / 3, 3.0000001 * eps):
+        for atol in (0.0, 3 * tiny, float(info.tiny)):
+            yield rtol, atol, expected, got
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_float32_settling_falls_on_the_float64_side_of_the_edge(host_judge, dtype):
+    """The narrow dtypes' pairs settled in float32 give the float64 rule's digest, at the edge of tolerances
+    of a few ulps, over the dtype's whole range."""
+    verdicts = set()
+    for rtol, atol, expected, got in narrow_edge_cases(dtype, np.random.default_rng(5), 20_000):
+        host = digest_on_host("out", expected, got, got.copy(), rtol, atol)
+        verdicts.add(0 < host.check.mismatches < expected.size)
+        assert_same(host, device_style_digest(host_judge, dtype, expected, got, got.copy(), rtol, atol))
+    assert verdicts == {True}
+
+
+def rounded_exactly(operation: str, a: np.float32, b: np.float32, x: float) -> np.float32:
+    """The float32 nearest the exact result on the operation's side (by fractions, not floating point)."""
+    exact = {"sub_up": lambda: Fraction(float(a)) - Fraction(float(b)),
+             "add_down": lambda: Fraction(float(a)) + Fraction(float(b)),
+             "mul_down": lambda: Fraction(float(a)) * Fraction(float(b)), "down": lambda: Fraction(x)}[operation]()
+    up = operation.endswith("up")
+    nearest = np.float32(float(exact))  # within one step of the exact value
+    for candidate in (np.nextafter(nearest, np.float32(-np.inf)), nearest, np.nextafter(nearest, np.float32(np.inf))):
+        if np.isfinite(candidate) and (Fraction(float(candidate)) >= exact if up else Fraction(float(candidate)) > exact):
+            return candidate if up else np.nextafter(candidate, np.float32(-np.inf))
+    return np.float32(np.inf) if up else np.float32(np.finfo(np.float32).max)
+
+
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")
+def test_the_hosts_outward_roundings_are_exact(host_judge):
+    """The host's stand-ins for __fsub_ru, __fadd_rd, __fmul_rd and __double2float_rd round as those do, so the
+    host tests above meet the device's float32 bounds, not looser ones."""
+    rng = np.random.default_rng(2)
+    info = np.finfo(np.float32)
+    exponents = rng.uniform(np.log2(float(info.smallest_subnormal)), np.log2(float(info.max)), (3000, 2))
+    pairs = (np.exp2(exponents) * rng.choice([-1.0, 1.0], (3000, 2))).astype(np.float32)
+    pairs[:1000, 1] = (pairs[:1000, 0] * (1 + rng.standard_normal(1000) * 1e-6)).astype(np.float32)  # cancelling
+    pairs[1000:1100] = info.max  # overflowing
+    for a, b in pairs:
+        x = float(a) * (1 + 1e-9)
+        for operation in ("sub_up", "add_down", "mul_down", "down"):
+            assert host_judge.rounded(operation, a, b, x) == rounded_exactly(operation, a, b, x), (operation, a, b)
 
 
 @pytest.mark.parametrize("dtype", sorted(JUDGE_KINDS))

@@ -9,8 +9,12 @@ compare.agreement() find them. The arithmetic uses round-to-nearest intrinsics s
 is fused: a fused one rounds once where numpy rounds twice, and an element on the edge of the
 tolerance could change sides.
 
-The part marked PORTABLE is plain C++ as well: the tests compile it with a host compiler and hold it to
-harness/compare.py on the same arrays. Only the traversal in 16-byte loads and the reduction across
+float32, float16 and bfloat16 values are float32 values: most of their pairs are settled in float32
+arithmetic rounded outward (judge_narrow_settled), which says "pass, maxima unchanged" only where the
+float64 rule says so too, at a fraction of the float64 work; the others take the float64 rule.
+
+The part marked PORTABLE is plain C++ as well: the tests compile it with a host compiler
+(tests/judge_host.py defines the prelude there) and hold it to harness/compare.py on the same arrays. Only the traversal in 16-byte loads and the reduction across
 threads (warp shuffles and atomics) are device-only; the GPU tests hold those to the host path.
 
 With them, from harness/worker_side/sha256_source.py: SHA-256 of fixed-size chunks, on the device.
@@ -53,17 +57,38 @@ JUDGE_HD inline double judge_from_half(judge_u32 h) {
     return judge_double_of_bits(s | ((judge_u64)(exponent - 15 + 1023) << 52) | ((judge_u64)mantissa << 42));
 }
 
-// An element's bits (zero-extended) and its value as a double, by kind (JUDGE_KINDS).
+// An element's bits (zero-extended) and its value as a double, by kind (JUDGE_KINDS); the narrow kinds' values
+// are float32 values too.
 template <int KIND> struct JudgeType;
-template <> struct JudgeType<0> { typedef judge_u32 Bits; JUDGE_HD static double value(judge_u64 b) { return (double)judge_float_of_bits((judge_u32)b); } };
-template <> struct JudgeType<1> { typedef unsigned short Bits; JUDGE_HD static double value(judge_u64 b) { return judge_from_half((judge_u32)b); } };
-template <> struct JudgeType<2> { typedef unsigned short Bits; JUDGE_HD static double value(judge_u64 b) { return (double)judge_float_of_bits((judge_u32)b << 16); } };
-template <> struct JudgeType<3> { typedef judge_u64 Bits; JUDGE_HD static double value(judge_u64 b) { return judge_double_of_bits(b); } };
-template <> struct JudgeType<4> { typedef unsigned char Bits; JUDGE_HD static double value(judge_u64 b) { return (double)(signed char)(unsigned char)b; } };
-template <> struct JudgeType<5> { typedef judge_u32 Bits; JUDGE_HD static double value(judge_u64 b) { return (double)(int)(judge_u32)b; } };
-template <> struct JudgeType<6> { typedef judge_u64 Bits; JUDGE_HD static double value(judge_u64 b) { return (double)(long long)b; } };
-template <> struct JudgeType<7> { typedef unsigned char Bits; JUDGE_HD static double value(judge_u64 b) { return (double)(unsigned char)b; } };
-template <> struct JudgeType<8> { typedef judge_u32 Bits; JUDGE_HD static double value(judge_u64 b) { return (double)(judge_u32)b; } };
+template <> struct JudgeType<0> {
+    typedef judge_u32 Bits; enum { narrow = 1 };
+    JUDGE_HD static double value(judge_u64 b) { return (double)judge_float_of_bits((judge_u32)b); }
+    JUDGE_HD static float value32(judge_u64 b) { return judge_float_of_bits((judge_u32)b); }
+};
+template <> struct JudgeType<1> {
+    typedef unsigned short Bits; enum { narrow = 1 };
+    JUDGE_HD static double value(judge_u64 b) { return judge_from_half((judge_u32)b); }
+    JUDGE_HD static float value32(judge_u64 b) { return judge_float_of_half((judge_u32)b); }
+};
+template <> struct JudgeType<2> {
+    typedef unsigned short Bits; enum { narrow = 1 };
+    JUDGE_HD static double value(judge_u64 b) { return (double)judge_float_of_bits((judge_u32)b << 16); }
+    JUDGE_HD static float value32(judge_u64 b) { return judge_float_of_bits((judge_u32)b << 16); }
+};
+template <> struct JudgeType<3> { enum { narrow = 0 }; typedef judge_u64 Bits; JUDGE_HD static double value(judge_u64 b) { return judge_double_of_bits(b); } };
+template <> struct JudgeType<4> { enum { narrow = 0 }; typedef unsigned char Bits; JUDGE_HD static double value(judge_u64 b) { return (double)(signed char)(unsigned char)b; } };
+template <> struct JudgeType<5> { enum { narrow = 0 }; typedef judge_u32 Bits; JUDGE_HD static double value(judge_u64 b) { return (double)(int)(judge_u32)b; } };
+template <> struct JudgeType<6> { enum { narrow = 0 }; typedef judge_u64 Bits; JUDGE_HD static double value(judge_u64 b) { return (double)(long long)b; } };
+template <> struct JudgeType<7> { enum { narrow = 0 }; typedef unsigned char Bits; JUDGE_HD static double value(judge_u64 b) { return (double)(unsigned char)b; } };
+template <> struct JudgeType<8> { enum { narrow = 0 }; typedef judge_u32 Bits; JUDGE_HD static double value(judge_u64 b) { return (double)(judge_u32)b; } };
+
+// A judging's tolerances, with float32 values no greater than each for judge_narrow_settled.
+struct JudgeRule { double rtol, atol; float rtol_down, atol_down; };
+
+JUDGE_HD inline JudgeRule judge_rule(double rtol, double atol) {
+    JudgeRule rule = {rtol, atol, judge_float_down(rtol), judge_float_down(atol)};
+    return rule;
+}
 
 // The relative error of an element is abs_error / scale.
 struct JudgeElement { bool ok; bool nonfinite_mismatch; double abs_error; double scale; };
@@ -91,44 +116,71 @@ JUDGE_HD inline JudgeElement judge_element(double e, double g, double rtol, doub
 struct JudgePartial {
     judge_u64 mismatches, nonfinite_mismatches, max_abs_bits, max_rel_bits, first_mismatch;
     judge_u64 unwritten, first_unwritten, pair_differ_bits, pair_mismatches;
+    float max_abs_down, max_rel_down;  // at most the maxima: float32 bounds for judge_narrow_settled
 };
 
 JUDGE_HD inline void judge_partial_start(JudgePartial& p) {
     p.mismatches = p.nonfinite_mismatches = p.max_abs_bits = p.max_rel_bits = 0;
     p.unwritten = p.pair_differ_bits = p.pair_mismatches = 0;
     p.first_mismatch = p.first_unwritten = ~0ull;
+    p.max_abs_down = p.max_rel_down = 0.0f;
 }
 
 // The error maxima of a thread's share, with a pair's error and scale.
-JUDGE_HD inline void judge_errors(double abs_error, double scale, JudgePartial& p) {
+JUDGE_HD inline void judge_errors(double abs_error, double magnitude, JudgePartial& p) {
     // Non-negative doubles order as their bits do.
     if (abs_error > judge_double_of_bits(p.max_abs_bits)) p.max_abs_bits = judge_bits_of_double(abs_error);
-    // The division only where it can raise the maximum: d <= (m * s rounded down) means d / s <= m exactly,
-    // so its rounded quotient is no greater than m either.
-    if (abs_error > judge_mul_down(judge_double_of_bits(p.max_rel_bits), scale)) {
+    // The relative error divides by the scale, max(|expected|, 1e-30); the division only where it can raise
+    // the maximum m. d <= (m * |expected| rounded down) <= m * scale means d / scale <= m exactly, so its
+    // rounded quotient is no greater than m either.
+    if (abs_error > judge_mul_down(judge_double_of_bits(p.max_rel_bits), magnitude)) {
+        double scale = magnitude < 1e-30 ? 1e-30 : magnitude;
         judge_u64 rel_bits = judge_bits_of_double(judge_div(abs_error, scale));
         if (rel_bits > p.max_rel_bits) p.max_rel_bits = rel_bits;
     }
 }
 
+// A pair of float32 values settled in float32 arithmetic rounded outward, where it can be: true when the pair
+// passes and leaves the maxima as they were, or passes and its errors are added; false when only judge_step's
+// float64 rule can say. d bounds the float64 |g - e| from above (NaN where either is NaN), and the tolerance
+// bounds atol + rtol * |e|, each operation rounded in float64, from below; a product of two float32 values is
+// exact in float64. So d <= tolerance means a pass under the float64 rule, and d no greater than the bounds
+// below the maxima means neither maximum rises.
+JUDGE_HD inline bool judge_narrow_settled(float e, float g, const JudgeRule& rule, JudgePartial& p) {
+    float d = judge_fmax(judge_fsub_up(g, e), judge_fsub_up(e, g)), scale = judge_fabs(e);
+    float tolerance = judge_fadd_down(judge_fmul_down(scale, rule.rtol_down), rule.atol_down);
+    if (!(d <= 3.4028234663852886e38f && d <= tolerance)) return false;
+    if (d <= p.max_abs_down && d <= judge_fmul_down(p.max_rel_down, scale)) return true;
+    judge_errors(judge_abs(judge_sub((double)g, (double)e)), (double)scale, p);
+    p.max_abs_down = judge_float_down(judge_double_of_bits(p.max_abs_bits));
+    p.max_rel_down = judge_float_down(judge_double_of_bits(p.max_rel_bits));
+    return true;
+}
+
 // Element i: its expected bits e, the first run's a and the second's b, added to a thread's totals.
 template <int KIND>
-JUDGE_HD inline void judge_step(judge_u64 i, judge_u64 e, judge_u64 a, judge_u64 b, double rtol, double atol,
+JUDGE_HD inline void judge_step(judge_u64 i, judge_u64 e, judge_u64 a, judge_u64 b, const JudgeRule& rule,
                                 judge_u64 poison_first, judge_u64 poison_second, JudgePartial& p) {
-    double expected = JudgeType<KIND>::value(e), got = JudgeType<KIND>::value(a);
-    double d = judge_abs(judge_sub(got, expected)), scale = judge_abs(expected);
-    // The common case first, judge_element's finite branch: a finite difference means both values are finite
-    // (an infinity or a NaN in either makes it infinite or NaN), and within tolerance is a pass.
-    if (d <= 1.7976931348623157e308 && d <= judge_add(judge_mul(scale, rtol), atol)) {
-        judge_errors(d, scale < 1e-30 ? 1e-30 : scale, p);
-    } else {
-        JudgeElement r = judge_element(expected, got, rtol, atol);
-        if (!r.ok) {
-            p.mismatches += 1;
-            p.nonfinite_mismatches += r.nonfinite_mismatch;
-            if (i < p.first_mismatch) p.first_mismatch = i;
+    double rtol = rule.rtol, atol = rule.atol;
+    bool settled = false;
+    if constexpr (JudgeType<KIND>::narrow)
+        settled = judge_narrow_settled(JudgeType<KIND>::value32(e), JudgeType<KIND>::value32(a), rule, p);
+    if (!settled) {
+        double expected = JudgeType<KIND>::value(e), got = JudgeType<KIND>::value(a);
+        double d = judge_abs(judge_sub(got, expected)), scale = judge_abs(expected);
+        // The common case first, judge_element's finite branch: a finite difference means both values are
+        // finite (an infinity or a NaN in either makes it infinite or NaN), and within tolerance is a pass.
+        if (d <= 1.7976931348623157e308 && d <= judge_add(judge_mul(scale, rtol), atol)) {
+            judge_errors(d, scale, p);
+        } else {
+            JudgeElement r = judge_element(expected, got, rtol, atol);
+            if (!r.ok) {
+                p.mismatches += 1;
+                p.nonfinite_mismatches += r.nonfinite_mismatch;
+                if (i < p.first_mismatch) p.first_mismatch = i;
+            }
+            judge_errors(r.abs_error, r.scale, p);
         }
-        judge_errors(r.abs_error, r.scale, p);
     }
     if (a != b || a == poison_first) {  // else: written (not the first poison) and the runs agree
         if (a == poison_first && b == poison_second) {
@@ -136,7 +188,7 @@ JUDGE_HD inline void judge_step(judge_u64 i, judge_u64 e, judge_u64 a, judge_u64
             if (i < p.first_unwritten) p.first_unwritten = i;
         } else if (a != b) {
             p.pair_differ_bits += 1;
-            p.pair_mismatches += !judge_element(got, JudgeType<KIND>::value(b), rtol, atol).ok;
+            p.pair_mismatches += !judge_element(JudgeType<KIND>::value(a), JudgeType<KIND>::value(b), rtol, atol).ok;
         }
     }
 }
@@ -149,9 +201,10 @@ JUDGE_HD void judge_range(const void* expected, const void* first_run, const voi
     const Bits* exp = (const Bits*)expected;
     const Bits* one = (const Bits*)first_run;
     const Bits* two = (const Bits*)second_run;
+    JudgeRule rule = judge_rule(rtol, atol);
     JUDGE_UNROLL
     for (judge_u64 i = start; i < n; i += stride)
-        judge_step<KIND>(i, exp[i], one[i], two[i], rtol, atol, poison_first, poison_second, p);
+        judge_step<KIND>(i, exp[i], one[i], two[i], rule, poison_first, poison_second, p);
 }
 
 // The index of the first element at or after `from` beyond tolerance (~0 when none), one thread's share.
@@ -206,31 +259,15 @@ __device__ __forceinline__ double judge_mul_down(double a, double b) { return __
 __device__ __forceinline__ bool judge_finite(double x) { return isfinite(x); }
 __device__ __forceinline__ bool judge_nan(double x) { return isnan(x); }
 __device__ __forceinline__ double judge_abs(double x) { return fabs(x); }
-"""
-
-# The host prelude the tests compile the portable part with (g++ -ffp-contract=off).
-HOST_PRELUDE = r"""
-#include <cmath>
-#include <cstring>
-#define JUDGE_HD
-#define JUDGE_CONST static const
-#define JUDGE_UNROLL
-inline unsigned long long judge_bits_of_double(double x) { unsigned long long b; std::memcpy(&b, &x, 8); return b; }
-inline double judge_double_of_bits(unsigned long long b) { double x; std::memcpy(&x, &b, 8); return x; }
-inline float judge_float_of_bits(unsigned int b) { float x; std::memcpy(&x, &b, 4); return x; }
-inline double judge_add(double a, double b) { return a + b; }
-inline double judge_sub(double a, double b) { return a - b; }
-inline double judge_mul(double a, double b) { return a * b; }
-inline double judge_div(double a, double b) { return a / b; }
-// At most the exact product of two non-negative doubles: the nearest one step toward zero.
-inline double judge_mul_down(double a, double b) { return std::nextafter(a * b, 0.0); }
-// By the bits, as IEEE 754 defines them (the device uses its instructions for the same).
-inline bool judge_finite(double x) { return ((judge_bits_of_double(x) >> 52) & 0x7FFull) != 0x7FFull; }
-inline bool judge_nan(double x) {
-    unsigned long long b = judge_bits_of_double(x);
-    return ((b >> 52) & 0x7FFull) == 0x7FFull && (b & 0xFFFFFFFFFFFFFull) != 0;
+__device__ __forceinline__ float judge_float_of_half(unsigned int h) {
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h)); return f;
 }
-inline double judge_abs(double x) { return judge_double_of_bits(judge_bits_of_double(x) & 0x7FFFFFFFFFFFFFFFull); }
+__device__ __forceinline__ float judge_fsub_up(float a, float b) { return __fsub_ru(a, b); }
+__device__ __forceinline__ float judge_fadd_down(float a, float b) { return __fadd_rd(a, b); }
+__device__ __forceinline__ float judge_fmul_down(float a, float b) { return __fmul_rd(a, b); }
+__device__ __forceinline__ float judge_float_down(double x) { return __double2float_rd(x); }
+__device__ __forceinline__ float judge_fmax(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ float judge_fabs(float x) { return fabsf(x); }
 """
 
 DEVICE_KERNELS = r"""
@@ -282,6 +319,7 @@ __device__ void judge_vectors(const void* expected, const void* one, const void*
     // Where both runs hold the expected bits, every element passes with no error: skipped. (With distinct
     // poisons no element of such a vector is unwritten, and the runs agree.)
     bool skip_equal = p1 != p2;
+    JudgeRule rule = judge_rule(rtol, atol);
     for (judge_u64 v = thread; v < vectors; v += threads) {
         uint4 ev = __ldcs(e4 + v), av = __ldcs(a4 + v), bv = __ldcs(b4 + v);
         if (skip_equal && ev.x == av.x && ev.y == av.y && ev.z == av.z && ev.w == av.w && av.x == bv.x
@@ -291,7 +329,7 @@ __device__ void judge_vectors(const void* expected, const void* one, const void*
         const Bits* ab = (const Bits*)&av;
         const Bits* bb = (const Bits*)&bv;
 #pragma unroll
-        for (int k = 0; k < per; ++k) judge_step<KIND>(v * per + k, eb[k], ab[k], bb[k], rtol, atol, p1, p2, p);
+        for (int k = 0; k < per; ++k) judge_step<KIND>(v * per + k, eb[k], ab[k], bb[k], rule, p1, p2, p);
     }
     judge_range<KIND>(expected, one, two, n, rtol, atol, p1, p2, vectors * per + thread, threads, p);
 }
