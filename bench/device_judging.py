@@ -48,9 +48,11 @@ TILE_BYTES = 64 << 20
 TOLERANCES = {"float32": (1e-5, 1e-6), "bfloat16": (3e-2, 1e-3), "float16": (4e-3, 1e-4), "float64": (1e-12, 1e-14)}
 
 
-# The candidate's runs: the expected bits exactly (a kernel that computes as the reference does), or each element
-# one unit in the last place away (another order of the same sums: none passes bit for bit, all within tolerance).
-RUNS = ("equal", "one-ulp-off")
+# The candidate's runs: the expected bits exactly (a kernel that computes as the reference does), each element one
+# unit in the last place away (another order of the same sums: none passes bit for bit, all within tolerance), or
+# each element about 2**(2**k) times too large (a wrong kernel: every element a mismatch, the slowest path).
+RUNS = ("equal", "one-ulp-off", "all-wrong")
+STEPS = {"equal": 0, "one-ulp-off": 1}
 POISONS = (0xFFFFFFFF, 0x7F7F7F7F)  # never an element of the runs above: nothing counts as unwritten
 
 
@@ -58,7 +60,8 @@ def _outputs(context, buffers: list, dtype: str, nbytes: int, runs: str) -> None
     """Expected: normal random values; both runs as `runs` says, tiled over the arrays."""
     dt = DTYPES[dtype]
     values = np.random.default_rng(0).standard_normal(TILE_BYTES // dt.itemsize).astype(dt)
-    near = (values.view(f"u{dt.itemsize}") + (runs != "equal")).view(np.uint8)
+    step = STEPS.get(runs, 1 << (8 * dt.itemsize - 4))  # all-wrong: a step in the exponent's bits
+    near = (values.view(f"u{dt.itemsize}") + step).view(np.uint8)
     tile = min(TILE_BYTES, nbytes)
     for allocation, host in zip(buffers, (values.view(np.uint8), near, near)):
         gpu.upload(allocation.ptr, host[:tile])
@@ -89,8 +92,8 @@ def measure(sizes_gib: list[float], dtypes: list[str], repeats: int) -> dict:
 
                 judge_s = _seconds(judge, repeats)
                 totals = judge()
-                if totals["mismatches"] or totals["unwritten"] or totals["pair_differ_bits"] or \
-                        (totals["max_abs_bits"] == 0) != (runs == "equal"):
+                if totals["mismatches"] != (elements if runs == "all-wrong" else 0) or totals["unwritten"] or \
+                        totals["pair_differ_bits"] or (totals["max_abs_bits"] == 0) != (runs == "equal"):
                     raise RuntimeError(f"{dtype}, {runs}: not the outputs the bench meant to judge: {totals}")
                 rows.append({"dtype": dtype, "runs": runs, "output_bytes": nbytes, "judge_s": judge_s,
                              "judge_output_gbps": nbytes / judge_s / 1e9,
@@ -107,7 +110,7 @@ def measure(sizes_gib: list[float], dtypes: list[str], repeats: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gib", type=float, nargs="+", default=[0.25, 1.0, 4.0], help="output sizes, GiB")
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "float64"])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "float16", "bfloat16", "float64"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, help="write the numbers here as JSON")
     args = parser.parse_args(argv)

@@ -141,9 +141,11 @@ def rounded_exactly(operation: str, a: np.float32, b: np.float32, x: float) -> n
              "mul_down": lambda: Fraction(float(a)) * Fraction(float(b)), "down": lambda: Fraction(x)}[operation]()
     up = operation.endswith("up")
     nearest = np.float32(float(exact))  # within one step of the exact value
-    for candidate in (np.nextafter(nearest, np.float32(-np.inf)), nearest, np.nextafter(nearest, np.float32(np.inf))):
-        if np.isfinite(candidate) and (Fraction(float(candidate)) >= exact if up else Fraction(float(candidate)) > exact):
-            return candidate if up else np.nextafter(candidate, np.float32(-np.inf))
+    down, up_ = np.float32(-np.inf), np.float32(np.inf)
+    for candidate in (np.nextafter(nearest, down), nearest, np.nextafter(nearest, up_)):
+        value = Fraction(float(candidate)) if np.isfinite(candidate) else None
+        if value is not None and (value >= exact if up else value > exact):  # the first at or above (above)
+            return candidate if up else np.nextafter(candidate, down)
     return np.float32(np.inf) if up else np.float32(np.finfo(np.float32).max)
 
 

@@ -11,7 +11,7 @@ from harness.worker_side.compile_policy import arch_for
 from harness.worker_side.device_judging import Judges, pattern
 from harness.worker_side.judge_source import JUDGE_KINDS, JUDGE_SOURCE
 from harness.worker_side.nvrtc import compile_kernel
-from tests.test_judge_kernels import first_mismatches, variants
+from tests.test_judge_kernels import first_mismatches, narrow_edge_cases, variants
 
 pytestmark = pytest.mark.gpu
 
@@ -70,6 +70,19 @@ def test_the_edge_of_the_tolerance_on_the_gpu(device):
     host = digest_on_host("out", e, g, g.copy(), rtol, atol)
     assert device_digest(device, "float64", e, g, g.copy(), rtol, atol).model_dump_json(exclude={"judged_on"}) == \
         host.model_dump_json(exclude={"judged_on"})
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_float32_settling_on_the_gpu_falls_on_the_float64_side_of_the_edge(device, dtype):
+    """The device's outward roundings (__fsub_ru, __fadd_rd, __fmul_rd, __double2float_rd) settle no pair the
+    float64 rule would judge otherwise: tolerances of a few ulps over the dtype's whole range."""
+    for rtol, atol, expected, got in narrow_edge_cases(dtype, np.random.default_rng(9), 1 << 18):
+        host = digest_on_host("out", expected, got, got.copy(), rtol, atol)
+        assert 0 < host.check.mismatches < expected.size
+        on_gpu = device_digest(device, dtype, expected, got, got.copy(), rtol, atol)
+        assert on_gpu.model_dump_json(exclude={"judged_on"}) == host.model_dump_json(exclude={"judged_on"}), \
+            (rtol, atol)
 
 
 @pytest.mark.parametrize("nbytes", [1, 1000, (1 << 20) - 1, 1 << 20, 3 * (1 << 20) + 13, 64 << 20])
