@@ -1,7 +1,5 @@
 """bench/timing.py's pure parts: reading ncu's CSV, the report's table and verdicts, no GPU."""
 
-import json
-
 import pytest
 
 from bench import overhead_clocks, timing, timing_report

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.gpu_lease import ServingClaim
 from harness.gpus import place_run, visible
 from harness.nvml import Nvml
 from harness.placement import GpuInfo, PlacementError, choose_gpu, parse_choice
