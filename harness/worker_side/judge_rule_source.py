@@ -3,10 +3,8 @@ harness/worker_side/judge_source.py): an element's value by dtype, harness/compa
 thread's share of a judging's totals, the first mismatch after an index, the spread of an expected output.
 
 float32, float16 and bfloat16 values are float32 values: most of their pairs are settled in float32 arithmetic
-rounded outward (judge_narrow), which says "pass, maxima unchanged" only where the float64 rule says so too, at
-a fraction of the float64 work; the others take the float64 rule. judge_unchanged says, without a branch,
-which elements leave a thread's totals as they are: the device's loop over vectors stays short, and only the
-other elements meet judge_step.
+rounded outward (judge_narrow_settled), which says "pass" only where the float64 rule says so too, at a fraction
+of the float64 work; the others take the float64 rule.
 """
 
 RULE_SOURCE = r"""typedef unsigned long long judge_u64;
@@ -130,47 +128,21 @@ JUDGE_HD inline void judge_errors(double abs_error, double magnitude, JudgeParti
     }
 }
 
-// Float32 bounds for a pair of float32 values: d at least the float64 |g - e| (NaN where either is NaN), the
-// tolerance at most atol + rtol * |e| with each operation rounded in float64 (a product of two float32 values
-// is exact in float64). So d <= tolerance means a pass under the float64 rule, and d no greater than the
-// bounds below the maxima means neither maximum rises.
-struct JudgeNarrow { float d, scale, tolerance; };
-
-JUDGE_HD inline JudgeNarrow judge_narrow(float e, float g, const JudgeRule& rule) {
-    JudgeNarrow n;
-    n.d = judge_fmax(judge_fsub_up(g, e), judge_fsub_up(e, g));
-    n.scale = judge_fabs(e);
-    n.tolerance = judge_fadd_down(judge_fmul_down(n.scale, rule.rtol_down), rule.atol_down);
-    return n;
-}
-JUDGE_HD inline bool judge_narrow_passes(const JudgeNarrow& n) {
-    return (n.d <= 3.4028234663852886e38f) & (n.d <= n.tolerance);
-}
-JUDGE_HD inline bool judge_narrow_keeps_maxima(const JudgeNarrow& n, const JudgePartial& p) {
-    return (n.d <= p.max_abs_down) & (n.d <= judge_fmul_down(p.max_rel_down, n.scale));
-}
-
-// judge_element's finite branch, the common case: a finite difference means both values are finite (an
-// infinity or a NaN in either makes it infinite or NaN), and within tolerance is a pass.
-JUDGE_HD inline bool judge_finite_pass(double d, double scale, const JudgeRule& rule) {
-    return (d <= 1.7976931348623157e308) & (d <= judge_add(judge_mul(scale, rule.rtol), rule.atol));
-}
-
-// True where judge_step would leave a thread's totals as they are (a pass that raises neither maximum, runs
-// that agree, no element unwritten): the vectors' fast loop, without branches, leaves the rest to judge_step.
-template <int KIND>
-JUDGE_HD inline bool judge_unchanged(judge_u64 e, judge_u64 a, judge_u64 b, const JudgeRule& rule,
-                                     bool poisons_differ, judge_u64 poison_first, const JudgePartial& p) {
-    bool agree = (a == b) & (poisons_differ | (a != poison_first));
-    if constexpr (JudgeType<KIND>::narrow) {
-        JudgeNarrow n = judge_narrow(JudgeType<KIND>::value32(e), JudgeType<KIND>::value32(a), rule);
-        return agree & judge_narrow_passes(n) & judge_narrow_keeps_maxima(n, p);
-    } else {
-        double expected = JudgeType<KIND>::value(e);
-        double d = judge_abs(judge_sub(JudgeType<KIND>::value(a), expected)), scale = judge_abs(expected);
-        return agree & judge_finite_pass(d, scale, rule) & (d <= judge_double_of_bits(p.max_abs_bits))
-               & (d <= judge_mul_down(judge_double_of_bits(p.max_rel_bits), scale));
-    }
+// A pair of float32 values settled in float32 arithmetic rounded outward, where it can be: true when the pair
+// passes and leaves the maxima as they were, or passes and its errors are added; false when only judge_step's
+// float64 rule can say. d bounds the float64 |g - e| from above (NaN where either is NaN), and the tolerance
+// bounds atol + rtol * |e|, each operation rounded in float64, from below; a product of two float32 values is
+// exact in float64. So d <= tolerance means a pass under the float64 rule, and d no greater than the bounds
+// below the maxima means neither maximum rises.
+JUDGE_HD inline bool judge_narrow_settled(float e, float g, const JudgeRule& rule, JudgePartial& p) {
+    float d = judge_fmax(judge_fsub_up(g, e), judge_fsub_up(e, g)), scale = judge_fabs(e);
+    float tolerance = judge_fadd_down(judge_fmul_down(scale, rule.rtol_down), rule.atol_down);
+    if (!(d <= 3.4028234663852886e38f && d <= tolerance)) return false;
+    if (d <= p.max_abs_down && d <= judge_fmul_down(p.max_rel_down, scale)) return true;
+    judge_errors(judge_abs(judge_sub((double)g, (double)e)), (double)scale, p);
+    p.max_abs_down = judge_float_down(judge_double_of_bits(p.max_abs_bits));
+    p.max_rel_down = judge_float_down(judge_double_of_bits(p.max_rel_bits));
+    return true;
 }
 
 // Element i: its expected bits e, the first run's a and the second's b, added to a thread's totals.
@@ -178,21 +150,15 @@ template <int KIND>
 JUDGE_HD inline void judge_step(judge_u64 i, judge_u64 e, judge_u64 a, judge_u64 b, const JudgeRule& rule,
                                 judge_u64 poison_first, judge_u64 poison_second, JudgePartial& p) {
     double rtol = rule.rtol, atol = rule.atol;
-    bool settled = false;  // in float32: a pass, its errors added
-    if constexpr (JudgeType<KIND>::narrow) {
-        float e32 = JudgeType<KIND>::value32(e), g32 = JudgeType<KIND>::value32(a);
-        JudgeNarrow n = judge_narrow(e32, g32, rule);
-        settled = judge_narrow_passes(n);
-        if (settled && !judge_narrow_keeps_maxima(n, p)) {
-            judge_errors(judge_abs(judge_sub((double)g32, (double)e32)), (double)n.scale, p);
-            p.max_abs_down = judge_float_down(judge_double_of_bits(p.max_abs_bits));
-            p.max_rel_down = judge_float_down(judge_double_of_bits(p.max_rel_bits));
-        }
-    }
+    bool settled = false;
+    if constexpr (JudgeType<KIND>::narrow)
+        settled = judge_narrow_settled(JudgeType<KIND>::value32(e), JudgeType<KIND>::value32(a), rule, p);
     if (!settled) {
         double expected = JudgeType<KIND>::value(e), got = JudgeType<KIND>::value(a);
         double d = judge_abs(judge_sub(got, expected)), scale = judge_abs(expected);
-        if (judge_finite_pass(d, scale, rule)) {
+        // The common case first, judge_element's finite branch: a finite difference means both values are
+        // finite (an infinity or a NaN in either makes it infinite or NaN), and within tolerance is a pass.
+        if (d <= 1.7976931348623157e308 && d <= judge_add(judge_mul(scale, rtol), atol)) {
             judge_errors(d, scale, p);
         } else {
             JudgeElement r = judge_element(expected, got, rtol, atol);
@@ -224,11 +190,9 @@ JUDGE_HD void judge_range(const void* expected, const void* first_run, const voi
     const Bits* one = (const Bits*)first_run;
     const Bits* two = (const Bits*)second_run;
     JudgeRule rule = judge_rule(rtol, atol);
-    bool poisons_differ = poison_first != poison_second;
     JUDGE_UNROLL
     for (judge_u64 i = start; i < n; i += stride)
-        if (!judge_unchanged<KIND>(exp[i], one[i], two[i], rule, poisons_differ, poison_first, p))
-            judge_step<KIND>(i, exp[i], one[i], two[i], rule, poison_first, poison_second, p);
+        judge_step<KIND>(i, exp[i], one[i], two[i], rule, poison_first, poison_second, p);
 }
 
 // The index of the first element at or after `from` beyond tolerance (~0 when none), one thread's share.

@@ -98,16 +98,6 @@ __device__ void judge_commit(const JudgePartial& p, unsigned long long* t) {
     if (v[8]) atomicAdd(t + 8, v[8]);
 }
 
-// Element k of a vector, k known only at run time, without taking the vector out of registers.
-template <typename Bits, int PER>
-__device__ __forceinline__ unsigned long long judge_pick(const uint4& vector, int k) {
-    const Bits* elements = (const Bits*)&vector;
-    unsigned long long picked = 0;
-#pragma unroll
-    for (int j = 0; j < PER; ++j) picked = j == k ? elements[j] : picked;
-    return picked;
-}
-
 // A thread's share of a judging in 16-byte loads of the three arrays where they are all so aligned (the
 // referee's allocations are), streamed past the caches; what is left, element by element.
 template <int KIND>
@@ -123,27 +113,18 @@ __device__ void judge_vectors(const void* expected, const void* one, const void*
     const uint4* b4 = (const uint4*)two;
     // Where both runs hold the expected bits, every element passes with no error: skipped. (With distinct
     // poisons no element of such a vector is unwritten, and the runs agree.)
-    bool poisons_differ = p1 != p2;
+    bool skip_equal = p1 != p2;
     JudgeRule rule = judge_rule(rtol, atol);
     for (judge_u64 v = thread; v < vectors; v += threads) {
         uint4 ev = __ldcs(e4 + v), av = __ldcs(a4 + v), bv = __ldcs(b4 + v);
-        if (poisons_differ && ev.x == av.x && ev.y == av.y && ev.z == av.z && ev.w == av.w && av.x == bv.x
+        if (skip_equal && ev.x == av.x && ev.y == av.y && ev.z == av.z && ev.w == av.w && av.x == bv.x
             && av.y == bv.y && av.z == bv.z && av.w == bv.w)
             continue;
         const Bits* eb = (const Bits*)&ev;
         const Bits* ab = (const Bits*)&av;
         const Bits* bb = (const Bits*)&bv;
-        unsigned rest = 0;  // the elements judge_step must see
 #pragma unroll
-        for (int k = 0; k < per; ++k)
-            rest |= (unsigned)!judge_unchanged<KIND>(eb[k], ab[k], bb[k], rule, poisons_differ, p1, p) << k;
-        // Rare past a thread's first elements (its maxima set), and one copy of judge_step's code for all.
-        while (rest) {
-            int k = __ffs(rest) - 1;
-            rest &= rest - 1;
-            judge_step<KIND>(v * per + k, judge_pick<Bits, per>(ev, k), judge_pick<Bits, per>(av, k),
-                             judge_pick<Bits, per>(bv, k), rule, p1, p2, p);
-        }
+        for (int k = 0; k < per; ++k) judge_step<KIND>(v * per + k, eb[k], ab[k], bb[k], rule, p1, p2, p);
     }
     judge_range<KIND>(expected, one, two, n, rtol, atol, p1, p2, vectors * per + thread, threads, p);
 }
