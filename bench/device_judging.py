@@ -52,7 +52,6 @@ TOLERANCES = {"float32": (1e-5, 1e-6), "bfloat16": (3e-2, 1e-3), "float16": (4e-
 # unit in the last place away (another order of the same sums: none passes bit for bit, all within tolerance), or
 # each element about 2**(2**k) times too large (a wrong kernel: every element a mismatch, the slowest path).
 RUNS = ("equal", "one-ulp-off", "all-wrong")
-STEPS = {"equal": 0, "one-ulp-off": 1}
 POISONS = (0xFFFFFFFF, 0x7F7F7F7F)  # never an element of the runs above: nothing counts as unwritten
 
 
@@ -60,7 +59,7 @@ def _outputs(context, buffers: list, dtype: str, nbytes: int, runs: str) -> None
     """Expected: normal random values; both runs as `runs` says, tiled over the arrays."""
     dt = DTYPES[dtype]
     values = np.random.default_rng(0).standard_normal(TILE_BYTES // dt.itemsize).astype(dt)
-    step = STEPS.get(runs, 1 << (8 * dt.itemsize - 4))  # all-wrong: a step in the exponent's bits
+    step = {"equal": 0, "one-ulp-off": 1, "all-wrong": 1 << (8 * dt.itemsize - 4)}[runs]  # all-wrong: in the exponent
     near = (values.view(f"u{dt.itemsize}") + step).view(np.uint8)
     tile = min(TILE_BYTES, nbytes)
     for allocation, host in zip(buffers, (values.view(np.uint8), near, near)):

@@ -81,6 +81,11 @@ JUDGE_HD inline JudgeRule judge_rule(double rtol, double atol) {
 // The relative error of an element is abs_error / scale.
 struct JudgeElement { bool ok; bool nonfinite_mismatch; double abs_error; double scale; };
 
+// atol + rtol * |expected| for an expected magnitude `scale`, each operation rounded once.
+JUDGE_HD inline double judge_tolerance(double scale, double rtol, double atol) {
+    return judge_add(judge_mul(scale, rtol), atol);
+}
+
 // harness/compare.py's rule for one pair, in float64, each operation rounded once.
 JUDGE_HD inline JudgeElement judge_element(double e, double g, double rtol, double atol) {
     JudgeElement r;
@@ -93,7 +98,7 @@ JUDGE_HD inline JudgeElement judge_element(double e, double g, double rtol, doub
     }
     double d = judge_abs(judge_sub(g, e));
     double scale = judge_abs(e);
-    r.ok = d <= judge_add(judge_mul(scale, rtol), atol);
+    r.ok = d <= judge_tolerance(scale, rtol, atol);
     r.nonfinite_mismatch = false;
     r.abs_error = d;
     r.scale = scale > 1e-30 ? scale : 1e-30;
@@ -158,7 +163,7 @@ JUDGE_HD inline void judge_step(judge_u64 i, judge_u64 e, judge_u64 a, judge_u64
         double d = judge_abs(judge_sub(got, expected)), scale = judge_abs(expected);
         // The common case first, judge_element's finite branch: a finite difference means both values are
         // finite (an infinity or a NaN in either makes it infinite or NaN), and within tolerance is a pass.
-        if (d <= 1.7976931348623157e308 && d <= judge_add(judge_mul(scale, rtol), atol)) {
+        if (d <= 1.7976931348623157e308 && d <= judge_tolerance(scale, rtol, atol)) {
             judge_errors(d, scale, p);
         } else {
             JudgeElement r = judge_element(expected, got, rtol, atol);
