@@ -215,5 +215,7 @@ def _check_output(result: CompileResult, cubin: bytes) -> None:
         raise _Malformed(f"a CUBIN of {len(cubin)} bytes")
     if result.ok and (not cubin.startswith(ELF_MAGIC) or not result.lowered_name):
         raise _Malformed("ok without an ELF CUBIN and a lowered name")
-    if not result.ok and (cubin or result.resources is not None):
-        raise _Malformed("a failed compile with a CUBIN or a resource report")
+    if not result.ok and (cubin or result.resources is not None or result.mix is not None):
+        raise _Malformed("a failed compile with a CUBIN, a resource report or an instruction mix")
+    if result.ok and result.mix is None:  # the policy of a task's arithmetic is judged from it
+        raise _Malformed("ok without the CUBIN's instruction mix")

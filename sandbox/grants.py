@@ -137,13 +137,17 @@ def compile_worker_confinement(scratch: Path) -> Confinement:
                        devices=tuple(p for p in ("/dev/null", "/dev/urandom") if os.path.exists(p)))
 
 
-def compile_worker_loaded_confinement(scratch: Path, header_folders: tuple[str, ...]) -> Confinement:
+def compile_worker_loaded_confinement(scratch: Path, header_folders: tuple[str, ...],
+                                      executable_files: tuple[str, ...] = ()) -> Confinement:
     """What an NVRTC compile needs once NVRTC is loaded and has compiled once: the header folders on its
-    include path, and the scratch folder (its working directory, where `#include "x.h"` looks first).
+    include path, and the scratch folder (its working directory, where `#include "x.h"` looks first); and
+    `executable_files`, the files of the disassembler the worker runs on each CUBIN (the program, its loader
+    and its libraries, each file alone: harness/worker_side/executable_files.py).
 
     Nothing of /proc, /etc, the system or CUDA library folders nor the Python install: an `#include` of
     /proc/self/environ, /etc/os-release or /etc/ld.so.cache cannot be read (seen with strace: after its
     first compile NVRTC opens only the headers a source includes, and stats /etc/localtime for __DATE__).
     """
-    return Confinement(read_only=tuple(_existing(header_folders)), read_write=(str(scratch),),
+    return Confinement(read_only=tuple(_existing(header_folders)) + tuple(_existing(executable_files)),
+                       read_write=(str(scratch),),
                        devices=tuple(p for p in ("/dev/null", "/dev/urandom") if os.path.exists(p)))

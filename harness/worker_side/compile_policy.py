@@ -19,6 +19,8 @@ from typing import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from harness.worker_side.sass_mix import InstructionMix
+
 MAX_SOURCE_BYTES = 256 * 1024
 MAX_OPTIONS = 32
 MAX_OPTION_CHARS = 200
@@ -68,6 +70,9 @@ class CompileResult(BaseModel):
     nvrtc_version: str
     cubin: bytes = Field(default=b"", exclude=True, repr=False)
     key: str
+    # The CUBIN's SASS instruction mix (harness/worker_side/sass_mix.py), from the compile worker; None where the
+    # kernel was compiled in-process (the referee's own kernels in a GPU worker) or did not compile.
+    mix: InstructionMix | None = None
 
 
 # ---------------------------------------------------------------- options

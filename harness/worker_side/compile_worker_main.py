@@ -13,6 +13,10 @@ NVRTC needs; once NVRTC is loaded and has compiled the warm-up kernel, a second 
 (compile_worker_loaded_confinement) leaves only the header folders and the scratch folder, so that
 no candidate's `#include` reaches /proc/self or /etc. Confined or not, the address space is limited
 (COMPILE_MEMORY_BYTES): a template bomb fails with "out of memory" instead of running to its deadline.
+
+Each CUBIN is then disassembled here (nvdisasm, harness/worker_side/sass_mix.py) into the instruction mix the
+answer carries: the disassembler reads a CUBIN an untrusted source shaped, so it runs inside the same
+confinement and memory limit, granted only its own files, with a deadline of its own.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import sys
 import traceback
 from pathlib import Path
 
-from harness.worker_side.compile_policy import COMPILE_MEMORY_BYTES, CompileRefused
+from harness.worker_side import sass_mix
+from harness.worker_side.compile_policy import COMPILE_MEMORY_BYTES, CompileRefused, trim_log
+from harness.worker_side.executable_files import startup_files
 from sandbox import confine, grants, wire
 from sandbox.answers import Status
 
@@ -36,24 +42,38 @@ EXIT_STARTUP = 4
 _WARM_UP_SOURCE = 'extern "C" __global__ void referee_warm_up(float* x) { x[0] = 1.0f; }'
 
 
-def _warm_up() -> str:
+def _warm_up():
     """Load NVRTC and compile the referee's own kernel, inside the sandbox: a worker that cannot
     compile it (a header or library the confinement hides) fails at start, not on a candidate."""
-    from harness.worker_side.nvrtc import compile_kernel, nvrtc_version  # NVRTC: only once confined
+    from harness.worker_side.nvrtc import compile_kernel  # NVRTC: only once confined
 
     compiled = compile_kernel(_WARM_UP_SOURCE, "referee_warm_up")
     if not compiled.ok:
         raise RuntimeError(f"NVRTC cannot compile the referee's own warm-up kernel:\n{compiled.log}")
     compiled.model_dump(mode="json")  # what answering a job loads, loaded before the narrowing
-    return nvrtc_version()
+    return compiled
 
 
 def _narrow(confined: bool) -> None:
-    """Once NVRTC is loaded: only the header folders and the scratch folder stay readable."""
+    """Once NVRTC is loaded: only the header folders, the scratch folder and the disassembler's files stay
+    readable. The disassembler's path and version are read now, while its package's metadata still is."""
     from harness.worker_side.nvrtc import include_folders  # NVRTC: only once confined
 
+    disassembler = startup_files(sass_mix.nvdisasm_path())
+    sass_mix.nvdisasm_version()
     if confined:
-        confine.narrow(grants.compile_worker_loaded_confinement(Path.cwd(), include_folders()))
+        confine.narrow(grants.compile_worker_loaded_confinement(Path.cwd(), include_folders(), disassembler))
+
+
+def _with_mix(result):
+    """The compile result with its CUBIN's instruction mix; a CUBIN the disassembler cannot read is no result
+    the referee can judge: the compile fails, saying why."""
+    try:
+        return result.model_copy(update={"mix": sass_mix.instruction_mix(result.cubin, Path.cwd())})
+    except sass_mix.DisassemblyFailed as exc:
+        log = f"the compiled kernel's instructions could not be read: {exc}"
+        return result.model_copy(update={"ok": False, "log": trim_log(log), "full_log": log, "cubin": b"",
+                                         "resources": None})
 
 
 def _confine(wanted: bool) -> tuple[bool, list[str]]:
@@ -70,8 +90,12 @@ def _start(answers, wanted: bool) -> bool:
     try:
         confined, notes = _confine(wanted)
         confine.limit_address_space(COMPILE_MEMORY_BYTES)
-        version = _warm_up()
+        warm_up = _warm_up()
         _narrow(confined)
+        # The disassembler runs inside the narrowed confinement, or the worker does not start.
+        if not (read := _with_mix(warm_up)).ok:
+            raise RuntimeError(read.full_log)
+        version = warm_up.nvrtc_version
     except Exception as exc:  # noqa: BLE001 - any startup failure is reported, then the process exits
         wire.send(answers, {"status": Status.STARTUP_ERROR, "error": type(exc).__name__, "detail": str(exc)})
         return False
@@ -89,6 +113,8 @@ def _compile(header: dict) -> tuple[dict, list[bytes]]:
                                 arch=header["arch"])
     except CompileRefused as exc:
         return {"status": Status.REFUSED, "detail": str(exc)}, []
+    if result.ok:
+        result = _with_mix(result)
     # model_dump leaves the CUBIN out (the field is excluded); it travels as the one blob.
     return {"status": Status.OK, "result": result.model_dump(mode="json")}, [result.cubin]
 
