@@ -9,7 +9,8 @@ import struct
 import pytest
 
 from harness.worker_side.nvrtc import compile_kernel
-from harness.worker_side.device_state import DeviceVariable, NotACubin, WritableSection, writable_sections
+from harness.worker_side.device_state import (DeviceVariable, NotACubin, WritableSection, _is_constant_bank,
+                                              constant_sections, imported_symbols, writable_sections)
 
 I32 = struct.Struct("<i")
 
@@ -279,3 +280,75 @@ def test_hostile_sizes_and_offsets_are_refused():
     struct.pack_into("<H", binary, 0x3C, 0xFFFF)  # e_shnum beyond the file
     with pytest.raises(NotACubin):
         writable_sections(bytes(binary))
+
+
+# ---------------------------------------------------------------- constant banks (writable through cvta.const)
+
+CONSTANTS = r"""
+__constant__ unsigned char tag = 1;
+__constant__ unsigned int counter = 7;
+__constant__ int table[3] = {4, 5, 6};
+__device__ int target;
+__constant__ int* where = &target;
+extern "C" __global__ void k(int* o, int i) { o[0] = tag + counter + table[i] + *where; }
+"""
+
+
+def test_constant_bank_is_listed_whole_with_its_variables():
+    bank, = constant_sections(cubin(CONSTANTS))
+    assert bank.name == ".nv.constant3" and bank.size == 32
+    by_name = {v.name: v for v in bank.variables}
+    assert {n: (v.offset, v.size) for n, v in by_name.items()} == {
+        "tag": (0, 1), "counter": (4, 4), "table": (8, 12), "where": (24, 8)}
+    assert by_name["counter"].initial == struct.pack("<I", 7) and by_name["table"].initial == struct.pack("<3i", 4, 5, 6)
+    assert bank.initial[:8] == b"\x01\0\0\0" + struct.pack("<I", 7)  # the padding after `tag` is in the image
+    assert by_name["where"].relocated == (0,) and by_name["where"].initial == bytes(8)  # patched at load
+    assert not any(v.managed for v in bank.variables)
+
+
+def test_zero_initialised_constant_is_an_image_of_zeros():
+    source = r"""
+    __constant__ unsigned int count;
+    extern "C" __global__ void k(unsigned int* o) { o[0] = count; }
+    """
+    bank, = constant_sections(cubin(source))
+    assert bank.variables == (DeviceVariable("count", 0, 4, bytes(4), local=True, managed=False),)
+
+
+def test_banks_without_variables_are_not_listed():
+    # The compiler's literals (.nv.constant2.k), the loader's addresses (.nv.constant4) and the parameters
+    # (.nv.constant0.k) hold no variable: no name locates them and no PTX name reaches them.
+    source = r"""
+    __device__ int dv = 5;
+    extern "C" __global__ void k(double* o, int i) {
+        double x = o[i];
+        switch (i) { case 0: x *= 1.2345678901; break; case 1: x += 3.14159265358979; break;
+                     case 2: x = sin(x); break; case 3: x = 7.77777777; break; }
+        o[0] = x + dv;
+    }
+    """
+    binary = cubin(source)
+    assert b".nv.constant4" in binary and b".nv.constant0.k" in binary
+    assert constant_sections(binary) == []
+    assert constant_sections(cubin(ZERO_COUNTER)) == []
+
+
+def test_every_module_wide_bank_is_read_and_per_kernel_ones_are_not():
+    assert [s.name for s in constant_sections(cubin(CONSTANTS))] == [".nv.constant3"]
+    assert _is_constant_bank(".nv.constant3") and _is_constant_bank(".nv.constant12")
+    assert not _is_constant_bank(".nv.constant0.k") and not _is_constant_bank(".nv.constant2.k")
+
+
+def test_a_constant_symbol_past_its_bank_is_refused():
+    binary = bytearray(cubin(CONSTANTS))
+    struct.pack_into("<Q", binary, symbol_entry(binary, "where") + 16, 64)  # st_size 64 > what is left of 32
+    with pytest.raises(NotACubin, match="past the end"):
+        constant_sections(bytes(binary))
+
+
+def test_imported_symbols_are_the_routines_the_loader_resolves():
+    source = r"""extern "C" __global__ void k(float* o, int i) { float* p = (float*)malloc(8); o[0] = p[0]; free(p); }"""
+    assert {"malloc", "free"} <= set(imported_symbols(cubin(source)))
+    assert not {"malloc", "free"} & set(imported_symbols(cubin(CONSTANTS)))
+    with pytest.raises(NotACubin):
+        imported_symbols(b"MZ")

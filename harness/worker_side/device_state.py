@@ -9,8 +9,17 @@ Evidence, NVRTC 13.0 sm_90 whole-program (harness.worker_side.nvrtc refuses -rdc
   `__managed__` too) goes to ".nv.global", NOBITS, WA; initialised data (anonymous
   namespace, `__device__ const`, `-default-device` globals, a string literal behind a
   `__device__` pointer) to ".nv.global.init", PROGBITS, WA.
-- `__constant__` goes to ".nv.constant3" (A only), `__shared__` to ".nv.shared.<kernel>"
-  (NOBITS, WA): the name test drops both. No globals: neither section exists.
+- `__shared__` goes to ".nv.shared.<kernel>" (NOBITS, WA): the name test drops it. No globals:
+  neither global section exists.
+- `__constant__` goes to ".nv.constant3" (A only, PROGBITS, zeros for zero-initialised ones), with
+  a LOCAL symbol per variable; pointer initialisers are relocated there as in ".nv.global.init".
+  Not writable by its flags, but a kernel can take a variable's generic address (PTX `cvta.const`)
+  and store through it: constant_sections() lists the sections that hold such variables. The other
+  constant sections hold no variable and no PTX name reaches them: ".nv.constant0.<kernel>" (the
+  launch's parameters, written by the driver at every launch), ".nv.constant2.<kernel>" (the
+  compiler's literals) and ".nv.constant4" (addresses the loader patches in).
+- a call to a driver routine (malloc, free, vprintf, __assertfail, __cuda_syscall_aligned_malloc)
+  is an undefined GLOBAL symbol (st_shndx 0) the loader resolves: imported_symbols() lists them.
 - every variable symbol is LOCAL, unused ones kept; names are mangled for namespaces,
   function statics (_ZZ1kE5calls) and templates. `__managed__` has st_other 0x4.
 
@@ -18,7 +27,10 @@ Seen on an H200 (driver 580): cuModuleGetGlobal resolves every one of these LOCA
 but the loader does NOT lay a section out contiguously: each variable gets its own
 256-byte-aligned slot, in an order unrelated to the section offsets, and `__managed__` ones
 live in managed memory elsewhere. So `address - offset` is no section base: restore each
-variable on its own, at cuModuleGetGlobal(name), checking the size it returns. Bytes at
+variable on its own, at cuModuleGetGlobal(name), checking the size it returns. A constant bank
+is different: the code addresses it as c[0x3][offset] with the section's own offsets, so the
+loader must place the section whole, and `address - offset` is the same for every variable in
+it (harness/worker_side/module_state.py checks that before restoring the section whole). Bytes at
 `relocated` offsets (`__device__ int *p = &x;`) are zero in the file and hold an address
 after loading: snapshot the variables right after cuModuleLoadData and restore from that.
 """
@@ -28,9 +40,11 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-__all__ = ["DeviceVariable", "NotACubin", "WritableSection", "writable_sections"]
+__all__ = ["DeviceVariable", "NotACubin", "WritableSection", "constant_sections", "imported_symbols",
+           "writable_sections"]
 
 _SHF_WRITE, _SHF_ALLOC = 0x1, 0x2
+_SHN_UNDEF = 0
 _SHT_SYMTAB, _SHT_RELA, _SHT_NOBITS, _SHT_REL = 2, 4, 8, 9
 _STB_LOCAL, _STT_SECTION, _STT_FILE = 0, 3, 4
 _STO_MANAGED = 0x4                    # st_other bit NVRTC sets on __managed__ variables only
@@ -72,6 +86,12 @@ class _Section:
     link: int
     info: int
     entsize: int
+
+
+def _as_bytes(cubin) -> bytes:
+    if not isinstance(cubin, (bytes, bytearray, memoryview)):
+        raise NotACubin("the CUBIN must be bytes")
+    return bytes(cubin)
 
 
 def _slice(data: bytes, offset: int, size: int, what: str) -> bytes:
@@ -152,11 +172,33 @@ def _section(cubin: bytes, sections: list[_Section], index: int, symbols: list) 
 
 def writable_sections(cubin: bytes) -> list[WritableSection]:
     """Writable global data of a CUBIN (ELF64), read from its section headers and symbol table."""
-    if not isinstance(cubin, (bytes, bytearray, memoryview)):
-        raise NotACubin("the CUBIN must be bytes")
-    cubin = bytes(cubin)
+    cubin = _as_bytes(cubin)
     sections = _sections(cubin)
     symbols = _symbols(cubin, sections)
     return [_section(cubin, sections, index, symbols) for index, s in enumerate(sections)
             if (s.name == ".nv.global" or s.name.startswith(".nv.global."))
-            and s.flags & (_SHF_WRITE | _SHF_ALLOC) == _SHF_WRITE | _SHF_ALLOC]  # else kernels can't write it
+            and s.flags & (_SHF_WRITE | _SHF_ALLOC) == _SHF_WRITE | _SHF_ALLOC]  # constant banks: constant_sections
+
+
+def _is_constant_bank(name: str) -> bool:
+    """`.nv.constantN` with N a bank number: a module-wide bank (a per-kernel one has a `.<kernel>` tail)."""
+    return name.startswith(".nv.constant") and name[len(".nv.constant"):].isdigit()
+
+
+def constant_sections(cubin: bytes) -> list[WritableSection]:
+    """The module-wide constant banks that hold `__constant__` variables: read-only to `ld.const`, writable
+    through a generic address (`cvta.const`), so restored like writable data. A bank with no variable
+    (the loader's own, ".nv.constant4") is left out: no name locates it and no PTX name reaches it."""
+    cubin = _as_bytes(cubin)
+    sections = _sections(cubin)
+    symbols = _symbols(cubin, sections)
+    banks = [_section(cubin, sections, index, symbols) for index, s in enumerate(sections)
+             if _is_constant_bank(s.name) and s.flags & _SHF_ALLOC]
+    return [bank for bank in banks if bank.variables]
+
+
+def imported_symbols(cubin: bytes) -> tuple[str, ...]:
+    """Names the CUBIN uses but does not define (st_shndx SHN_UNDEF): the driver routines it calls."""
+    cubin = _as_bytes(cubin)
+    return tuple(sorted({name for name, _bind, _other, shndx, _value, _size in _symbols(cubin, _sections(cubin))
+                         if shndx == _SHN_UNDEF}))

@@ -1,21 +1,30 @@
-"""A loaded module's writable globals, put back to their initial image before every launch.
+"""A loaded module's writable globals and constant banks, put back to their initial image before every launch.
 
 A `__device__` table or counter is the cheapest way for a kernel to carry something from one launch
-to the next: a memo of finished answers, a launch counter that skips work on some launches. Before
-every launch of a candidate (checks and timing alike, outside the timed window) the worker writes
-each writable global variable (harness/worker_side/device_state.py lists them from the CUBIN) back to the bytes
-it held right after the module was loaded. No `__device__` variable then tells a launch from another
-(memory outside them, the device heap for one, is not reset: docs/security.md).
+to the next: a memo of finished answers, a launch counter that skips work on some launches. A
+`__constant__` one does as well: `ld.const` cannot write it, but a store through its generic address
+(PTX `cvta.const`) lands in the memory behind the bank. Before every launch of a candidate (checks
+and timing alike, outside the timed window) the worker writes each writable global variable and each
+constant bank that holds variables (harness/worker_side/device_state.py lists both from the CUBIN)
+back to the bytes it held right after the module was loaded. No `__device__` or `__constant__` byte
+then tells a launch from another (memory outside them, the slack of each `__device__` slot for one,
+is not reset: docs/security.md).
 
-Each variable is located by name (cuModuleGetGlobal): the loader gives every variable a slot of its
-own, not one block per section, and patches pointer initializers at load time, so the image is
-copied from the device right after loading rather than taken from the file. Runs inside the worker.
+Each `__device__` variable is located by name (cuModuleGetGlobal): the loader gives every variable a
+slot of its own, not one block per section. A constant bank is one block (the code addresses it by
+the section's offsets), restored whole, padding between its variables included, where every variable
+agrees on its base; else variable by variable. Pointer initializers are patched at load time, so the
+image is copied from the device right after loading rather than taken from the file. Runs inside the
+worker.
+
+Cost, per launch: one device-to-device copy per `__device__` variable of its own size, plus one per
+constant bank of the section's size, at most 64 KiB (the bank's limit), tens of bytes for most kernels.
 """
 
 from __future__ import annotations
 
 from harness.worker_side import gpu
-from harness.worker_side.device_state import NotACubin, writable_sections
+from harness.worker_side.device_state import NotACubin, constant_sections, writable_sections
 
 # Beyond these a module's state is refused rather than restored: each variable is one copy per launch.
 MAX_VARIABLES = 256
@@ -27,26 +36,31 @@ class UnrestorableState(Exception):
 
 
 class ModuleState:
-    """The writable variables of one loaded module, each with a device copy of its initial bytes."""
+    """The writable variables and constant banks of one loaded module, each with a device copy of its initial
+    bytes."""
 
     def __init__(self, module: gpu.Module, cubin: bytes, stream):
+        self._slots: list[tuple[int, gpu.Allocation]] = []  # (where the bytes live, their initial image)
+        self.nbytes = 0
+        self.whole_banks = 0  # constant banks restored as one block, padding included
         try:
             variables = [v for section in writable_sections(cubin) for v in self._variables(section)]
+            banks = constant_sections(cubin)
         except NotACubin as exc:
             raise UnrestorableState(f"the CUBIN's sections cannot be read: {exc}") from None
-        if len(variables) > MAX_VARIABLES or sum(v.size for v in variables) > MAX_STATE_BYTES:
-            raise UnrestorableState(f"{len(variables)} writable global variables of {sum(v.size for v in variables)} "
-                                    f"bytes: more than the {MAX_VARIABLES} variables or {MAX_STATE_BYTES >> 30} GiB "
-                                    "restored before every launch")
-        self._slots: list[tuple[int, gpu.Allocation]] = []  # (the variable's address, its initial bytes)
-        self.nbytes = 0
+        spans = [(self._address(module, v), v.size) for v in variables]
+        for bank in banks:
+            spans += self._bank_spans(module, bank)
+        if len(spans) > MAX_VARIABLES or sum(size for _, size in spans) > MAX_STATE_BYTES:
+            raise UnrestorableState(f"{len(spans)} writable global variables and constant banks of "
+                                    f"{sum(size for _, size in spans)} bytes: more than the {MAX_VARIABLES} or "
+                                    f"{MAX_STATE_BYTES >> 30} GiB restored before every launch")
         try:
-            for variable in variables:
-                address = self._address(module, variable)
-                image = gpu.Allocation(variable.size)
+            for address, size in spans:
+                image = gpu.Allocation(size)
                 self._slots.append((address, image))
-                gpu.copy(image.ptr, address, variable.size, stream)
-                self.nbytes += variable.size
+                gpu.copy(image.ptr, address, size, stream)
+                self.nbytes += size
         except BaseException:
             self.free()
             raise
@@ -63,15 +77,25 @@ class ModuleState:
             if variable.size:
                 yield variable
 
+    def _bank_spans(self, module: gpu.Module, bank) -> list[tuple[int, int]]:
+        """The bank as one (base, size) span where all its variables sit at base + their offset; else each
+        variable's own bytes (the padding between them is then not restored: docs/security.md)."""
+        located = [(self._address(module, v), v) for v in bank.variables if v.size]
+        bases = {address - v.offset for address, v in located}
+        if len(bases) == 1:
+            self.whole_banks += 1
+            return [(bases.pop(), bank.size)]
+        return [(address, v.size) for address, v in located]
+
     @staticmethod
     def _address(module: gpu.Module, variable) -> int:
         found = module.global_address(variable.name)
         if found is None or found[1] != variable.size:
-            raise UnrestorableState(f"writable global {variable.name} ({variable.size} bytes) cannot be located")
+            raise UnrestorableState(f"global {variable.name} ({variable.size} bytes) cannot be located")
         return found[0]
 
     def restore(self, stream) -> None:
-        """Queue the copies that put every writable global back to its initial bytes."""
+        """Queue the copies that put every writable global and constant bank back to its initial bytes."""
         for address, image in self._slots:
             gpu.copy(address, image.ptr, image.nbytes, stream)
 
