@@ -35,6 +35,7 @@ from harness.timing_protocol import TimingProtocol
 from harness.worker_calls import (STOPS_A_SEQUENCE, Refused, RunResult, call_worker, guard_bytes_of, launch_geometry,
                                   run_ahead)
 from harness.worker_side import buffers
+from harness.worker_side.device_heap import heap_refusal
 from sandbox.pool import Worker, WorkerPool
 
 
@@ -242,6 +243,7 @@ class Referee(TimingProtocol, DeviceChecks):
             raise ValueError(f"case {case.name} draws its inputs on the device: a run needs its seed")
         layout = jobs.Layout.for_case(self.task, case.dims)
         geometry, failure = launch_geometry(kernel, case)
+        failure = self._heap_failure(kernel, case) or failure
         if failure is not None:
             return RunResult(layout, failure=failure)
         guard_seed = secrets.randbits(62)
@@ -277,11 +279,18 @@ class Referee(TimingProtocol, DeviceChecks):
     def time(self, kernel: CompiledKernel, cases: list[Case]) -> TimingReport:
         def kernel_job(case: Case, layout: jobs.Layout, input_sets: list, timing: dict):
             geometry, failure = launch_geometry(kernel, case)
+            failure = self._heap_failure(kernel, case) or failure
             if failure is not None:
                 raise Refused(failure)
             return jobs.make_time_job(kernel.cubin, kernel.symbol, layout, geometry, input_sets, **timing)
 
         return self._time_cases(cases, kernel_job, self.pool.candidate)
+
+    def _heap_failure(self, kernel: CompiledKernel, case: Case) -> Reason | None:
+        """A kernel that calls the device heap where the task does not allow it runs nowhere (checks, timings,
+        profiles): refused before its job is sent (harness/worker_side/device_heap.py)."""
+        refusal = heap_refusal(kernel.cubin, self.task.device_heap)
+        return None if refusal is None else Reason(code=ReasonCode.DEVICE_HEAP, case=case.name, detail=refusal)
 
     def time_vendor(self, cases: list[Case], call_for: Callable[[Case], dict]) -> TimingReport:
         """A vendor library call (harness/vendor_yardstick.py) timed and re-checked exactly like a kernel.

@@ -81,6 +81,7 @@ class _Manifest(BaseModel):
     cost: Cost = Cost()
     vendor: Vendor | None = None
     constants: dict[str, PlainNumber] = {}
+    device_heap: bool = False
     cases: list[_ManifestCase]
 
 
@@ -102,6 +103,7 @@ def load_task(path: str | Path) -> Task:
         tolerances=manifest.tolerance, launch=manifest.launch,
         reference_launch=manifest.reference_launch, initial_launch=manifest.initial_launch,
         cost=manifest.cost, vendor=manifest.vendor, constants=manifest.constants,
+        device_heap=manifest.device_heap,
         cases=_with_constants(manifest, file),
     )
     task_checks.check_task(task, file)

@@ -282,6 +282,9 @@ class Task(BaseModel):
     # Named numbers usable in every expression like a dimension (a pooling window, an epsilon); each case's
     # dims already hold them.
     constants: dict[str, int | float] = {}
+    # Whether kernels may call the device heap (malloc, free, new): off, a kernel that calls it is refused
+    # (ReasonCode.DEVICE_HEAP), since the heap outlives every launch (harness/worker_side/device_heap.py).
+    device_heap: bool = False
     cases: tuple[Case, ...]
 
     def case(self, name: str) -> Case:

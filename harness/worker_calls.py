@@ -24,9 +24,10 @@ from sandbox.pool import JobTimeout, Worker, WorkerCrashed
 _FAILURES = {Status.FAULT: ReasonCode.CUDA_FAULT, Status.LAUNCH_ERROR: ReasonCode.LAUNCH_ERROR,
              Status.OUT_OF_MEMORY: ReasonCode.OUT_OF_MEMORY, Status.TOO_SLOW: ReasonCode.TOO_SLOW}
 # Failures after which a check or a timing runs no further case: the worker was lost or stopped (or the
-# device is full), and the next case would only spend the call's time the same way.
+# device is full), and the next case would only spend the call's time the same way; or the kernel may not run
+# at all (device_heap), which every case would say again.
 STOPS_A_SEQUENCE = frozenset({ReasonCode.CUDA_FAULT, ReasonCode.TIMEOUT, ReasonCode.WORKER_CRASHED,
-                              ReasonCode.OUT_OF_MEMORY, ReasonCode.TOO_SLOW})
+                              ReasonCode.OUT_OF_MEMORY, ReasonCode.TOO_SLOW, ReasonCode.DEVICE_HEAP})
 
 
 def call_worker(worker: Worker, build: Callable[[frozenset[str]], tuple[dict, list]], deadline_s: float,
