@@ -5,13 +5,19 @@ tests/gpu/test_module_state.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from harness.worker_side import gpu, module_state
+from harness.worker_side.device_heap import heap_calls
+from harness.worker_side.device_state import constant_sections
+from harness.worker_side.nvrtc import compile_kernel
 from harness.worker_side.module_state import ModuleState, UnrestorableState
 from tests.test_device_state import CONSTANTS, cubin
 
 # CONSTANTS' bank (.nv.constant3, 32 bytes): tag at 0, counter at 4, table at 8, where at 24; `target` is __device__.
+TESTS = Path(__file__).resolve().parent
 BANK_BASE = 0x7000_0000
 CONSTANT_OFFSETS = {"tag": (0, 1), "counter": (4, 4), "table": (8, 12), "where": (24, 8)}
 
@@ -89,3 +95,26 @@ def test_banks_count_against_the_limits(copies, monkeypatch):
     monkeypatch.setattr(module_state, "MAX_VARIABLES", 1)  # the bank and `target` make two
     with pytest.raises(UnrestorableState, match="constant banks"):
         ModuleState(_Module(_bank_at(BANK_BASE)), cubin(CONSTANTS), stream=None)
+
+
+# ---------------------------------------------------------------- the GPU tests' kernels hold what they assume
+
+def _compiled(path: Path) -> bytes:
+    result = compile_kernel(path.read_text(), "matmul_f32", arch="sm_90")
+    assert result.ok, result.log
+    return result.cubin
+
+
+def test_the_constant_writes_kernel_has_the_layout_it_writes_into():
+    # tests/gpu/kernels/constant_writes.cu writes the padding byte after `tag` and a relocated pointer.
+    bank, = constant_sections(_compiled(TESTS / "gpu" / "kernels" / "constant_writes.cu"))
+    assert [(v.name, v.offset, v.size, v.relocated) for v in bank.variables] == [
+        ("tag", 0, 1, ()), ("counter", 4, 4, ()), ("where", 8, 8, (0,))]
+    assert bank.initial[:8] == b"\x01\0\0\0\x07\0\0\0"
+
+
+def test_the_constant_bank_counter_keeps_its_count_in_a_restored_bank():
+    binary = _compiled(TESTS / "exploits" / "constant_bank_counter.cu")
+    assert [v.name for bank in constant_sections(binary) for v in bank.variables] == ["launches"]
+    assert heap_calls(binary) == ()
+    assert heap_calls(_compiled(TESTS / "exploits" / "heap_counter.cu")) == ("free", "malloc")
