@@ -75,6 +75,16 @@ class CompileResult(BaseModel):
     mix: InstructionMix | None = None
 
 
+def schema_digest(model: type[BaseModel]) -> str:
+    """sha256 of a record's JSON schema: its fields, their types and defaults."""
+    return hashlib.sha256(json.dumps(model.model_json_schema(), sort_keys=True).encode()).hexdigest()
+
+
+# A cached entry is a stored CompileResult: one stored before the result gained a field (or changed one) must be
+# a miss, not a result with the field's default.
+_RESULT_SCHEMA = schema_digest(CompileResult)
+
+
 # ---------------------------------------------------------------- options
 
 _ALLOWED_HELP = (
@@ -301,9 +311,13 @@ def _usage_from(frame: re.Match | None, used_line: str | None) -> ResourceUsage:
 
 
 def cache_key(source: bytes, options: tuple[str, ...], arch: str,
-              kernel_name: str, version: str) -> str:
-    """sha256 over everything that determines the CUBIN; `arch` is the target compiled for (sm_90 or sm_90a)."""
-    header = json.dumps([_CACHE_FORMAT, list(options), arch, kernel_name, version])
+              kernel_name: str, version: str, toolchain: str) -> str:
+    """sha256 over everything that determines the CUBIN and the result kept with it: the entry's format (the
+    result's fields included, so an entry written before a field was added is never served without it), the
+    options in order, `arch` the target compiled for (sm_90 or sm_90a), the kernel's name, NVRTC's version,
+    `toolchain` what else a compile reads (nvrtc.toolchain_identity: the header files and the NVRTC library),
+    and the source."""
+    header = json.dumps([_CACHE_FORMAT, _RESULT_SCHEMA, list(options), arch, kernel_name, version, toolchain])
     return hashlib.sha256(header.encode() + b"\x00" + source).hexdigest()
 
 

@@ -7,6 +7,8 @@ NVRTC install raises. Runs in the compile worker and in the GPU worker (the refe
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
 import re
 import resource
@@ -27,6 +29,7 @@ from harness.worker_side.compile_policy import (DEFAULT_ARCH, CompileRequest, Co
                                                 without_arch_options)
 from harness.worker_side.cuda_check import check
 from harness.worker_side.include_policy import check_includes, missing_header_advice
+from harness.worker_side import sass_mix
 
 
 # ---------------------------------------------------------------- NVRTC
@@ -58,6 +61,51 @@ def include_folders() -> tuple[str, ...]:
         if folder:
             found.append(folder)
     return tuple(found)
+
+
+# Files whose contents name a header set's version (CUDART_VERSION, CCCL_VERSION), where an include folder has them.
+_VERSION_HEADERS = ("cuda_runtime_api.h", "cuda/std/__cccl/version.h")
+
+
+@functools.cache
+def toolchain_identity() -> str:
+    """What a compile result depends on besides its request, for the cache key: each include folder with its
+    version headers' contents, the NVRTC library's file and size (nvrtcVersion says only major.minor, and
+    the headers come from another package than NVRTC: either may be updated alone), and what the compile worker's
+    instruction mix is read with (nvdisasm's version, sass_mix's rules). A file that cannot be read is named as
+    such, so the parent and the compile worker (which reads it once, before its confinement narrows) agree."""
+    parts = [_file_identity(lib) for lib in _nvrtc_library()]
+    for folder in include_folders():
+        parts.append(folder)
+        parts += [_file_identity(os.path.join(folder, name), digest=True) for name in _VERSION_HEADERS]
+    parts += [_disassembler_version(), _file_identity(sass_mix.__file__, digest=True)]
+    return json.dumps(parts)
+
+
+def _disassembler_version() -> str:
+    try:
+        return f"nvdisasm {sass_mix.nvdisasm_version()}"
+    except Exception:  # not installed: the compile worker then fails at start, and nothing is cached
+        return "nvdisasm absent"
+
+
+def _nvrtc_library() -> tuple[str, ...]:
+    try:
+        return (pathfinder.load_nvidia_dynamic_lib("nvrtc").abs_path,)
+    except Exception:  # a library NVRTC's bindings found another way: its version still keys the entry
+        return ()
+
+
+def _file_identity(path: str, digest: bool = False) -> str:
+    # No dates: a file reinstalled unchanged while a server runs must not set a restarted worker's keys apart.
+    try:
+        identity = f"{path}:{os.stat(path).st_size}"
+        if digest:
+            with open(path, "rb") as stream:
+                identity += ":" + hashlib.sha256(stream.read()).hexdigest()
+        return identity
+    except OSError:
+        return f"{path}:absent"
 
 
 def _include_options() -> tuple[str, ...]:
@@ -158,7 +206,8 @@ def check_request(source: str, kernel_name: str, options: Sequence[str] = (),
     version = nvrtc_version()
     target = target_arch(user_options, arch)
     return CompileRequest(source_bytes, kernel_name, user_options, arch, version,
-                          cache_key(source_bytes, user_options, target, kernel_name, version), target)
+                          cache_key(source_bytes, user_options, target, kernel_name, version,
+                                    toolchain_identity()), target)
 
 
 def compile_kernel(source: str, kernel_name: str, *, options: Sequence[str] = (),
