@@ -108,7 +108,8 @@ class GpuLease:
     `what` says what this process is ("serve run-003", "replay run-003", "check matmul_f32", "bench"),
     and may change (a run's name is known after the executor starts). While it waits, `listener` (or
     the log) is told what it waits for, at once and every `tell_every_s`; every wait is appended to
-    `waits`, which the caller reads and clears.
+    `waits`, which the caller reads and clears. `abort()` gives up the wait under way and every later one
+    until `resume()`: a cancelled call's abort may land before its wait begins.
     """
 
     def __init__(self, gpu: str, what: str, folder: Path | None = None, poll_s: float = 0.05,
@@ -120,9 +121,7 @@ class GpuLease:
         self.poll_s, self.tell_every_s = poll_s, tell_every_s
         self.listener: Callable[[str], None] | None = None
         self.waits: list[LeaseWait] = []
-        self._abort = threading.Event()
-        self._waiting = False
-        self._state = threading.Lock()
+        self._aborted = threading.Event()  # set by abort(), cleared by resume(); a wait reads it first thing
 
     @contextmanager
     def held(self, deadline: Deadline | None = None) -> Iterator[None]:
@@ -147,10 +146,13 @@ class GpuLease:
             held.lock.release()
 
     def abort(self) -> None:
-        """From another thread: a wait under way ends with LeaseWaitAborted (a hold or no wait is left alone)."""
-        with self._state:
-            if self._waiting:
-                self._abort.set()
+        """From another thread: the wait under way, and any wait that begins before `resume()`, ends at once with
+        LeaseWaitAborted. A hold is left alone, and a free lease is still taken: only waiting is given up."""
+        self._aborted.set()
+
+    def resume(self) -> None:
+        """Waits wait again: an earlier call's abort is spent (called before the next call's work begins)."""
+        self._aborted.clear()
 
     def holder(self) -> LeaseHolder | None:
         """Who holds the lease now, as its file says (None: free, or a holder that has not written yet)."""
@@ -174,14 +176,13 @@ class GpuLease:
         return fd
 
     def _wait(self, fd: int, deadline: Deadline | None) -> None:
-        with self._state:
-            self._abort.clear()
-            self._waiting = True
         started, since = time.monotonic(), _now()
         holders: list[LeaseHolder] = []
         told_at = None
         try:
             while True:
+                if self._aborted.is_set():  # also an abort that landed before this wait began
+                    raise LeaseWaitAborted(f"the wait for GPU {self.gpu} was given up")
                 holder = _read_holder(os.pread(fd, 4096, 0))
                 if holder is not None and holder not in holders:
                     holders.append(holder)
@@ -189,20 +190,18 @@ class GpuLease:
                 if told_at is None or time.monotonic() - told_at >= self.tell_every_s:
                     self._tell(holder, since)
                     told_at = time.monotonic()
-                if self._abort.wait(self.poll_s if deadline is None else deadline.cap(self.poll_s)):
-                    raise LeaseWaitAborted(f"the wait for GPU {self.gpu} was given up")
+                if self._aborted.wait(self.poll_s if deadline is None else deadline.cap(self.poll_s)):
+                    continue  # given up at the loop's top
                 if deadline is not None and deadline.expired:
                     by = holder.describe() if holder else "another process"
                     raise OutOfTime(f"the call's {deadline.seconds:g} s ran out waiting for GPU {self.gpu}, held by "
                                     f"{by} since before {since}")
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
+                    return
                 except BlockingIOError:
                     continue
         finally:
-            with self._state:
-                self._waiting = False
             # recorded however it ended: given up, out of the call's time, or the lease taken
             self.waits.append(LeaseWait(gpu=self.gpu, since=since, waited_s=round(time.monotonic() - started, 3),
                                         holders=holders))

@@ -30,6 +30,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from harness.nvml import driver_build
+from harness.unit_rates import capability_of, flops_per_sm_clock
 from sandbox.answers import Status
 
 log = logging.getLogger(__name__)
@@ -209,69 +210,34 @@ def device_peaks(worker, device: dict, folder: Path | None = None) -> tuple[Devi
 # skips work (the 13.9x "memo" kernel claimed 160 TFLOP/s of fp32 against a 66.9 TFLOP/s device).
 PHYSICAL_MARGIN = 0.10
 
-# CUDA-core float32 lanes per SM, by compute capability; each does one FMA (2 flops) per clock.
-_FP32_LANES_EXACT = {(6, 0): 64, (6, 1): 128, (6, 2): 128, (8, 0): 64, (8, 6): 128, (8, 7): 128, (8, 9): 128,
-                     (9, 0): 128}
-_FP32_LANES_MAJOR = {7: 64, 10: 128, 11: 128, 12: 128}
-# Dense bfloat16 tensor-core flops per SM per clock (float32 accumulation), the hardware's full rate:
-# A100 (8.0) 2048; GA10x and Ada (8.6, 8.9) 1024 (GeForce boards halve it for float32 accumulation: the
-# full rate is the bound); Orin (8.7) 2048; Hopper (9.0) 4096; Blackwell datacenter (10.x) 8192 (B200's
-# 2.25 PFLOP/s on 148 SMs needs more than 4096 at any real clock); Blackwell RTX (12.x) 1024. Earlier
-# architectures have no bfloat16 tensor cores; an architecture not listed gets no theoretical peak.
-_TENSOR_BF16_EXACT = {(8, 0): 2048, (8, 6): 1024, (8, 7): 2048, (8, 9): 1024, (9, 0): 4096}
-_TENSOR_BF16_MAJOR = {10: 8192, 12: 1024}
-
 UNITS = {"memory": "GB/s", "compute": "TFLOP/s"}
 
 
-def _capability(value) -> tuple[int, int] | None:
-    """(major, minor) from [9, 0], (9, 0), "9.0" or "sm_90"; None when it does not read."""
-    try:
-        if isinstance(value, str):
-            text = value.strip().lower().removeprefix("sm_").removeprefix("compute_")
-            if "." in text:
-                major, minor = text.split(".", 1)
-                return int(major), int(minor)
-            return int(text[:-1]), int(text[-1])
-        major, minor = value
-        return int(major), int(minor)
-    except (TypeError, ValueError):
-        return None
-
-
-def _per_sm(table: dict, by_major: dict, capability: tuple[int, int] | None) -> int | None:
-    if capability is None:
-        return None
-    return table.get(capability, by_major.get(capability[0]))
-
-
 def theoretical_peaks(device: dict) -> dict[str, float | None]:
-    """What the device's own facts allow at most ({memory_gbps, fp32_tflops, tensor_bf16_tflops}, None where
-    they cannot tell): DRAM bandwidth = memory clock x 2 (double data rate) x bus bits / 8; fp32 = SMs x
-    fp32 lanes per SM x 2 (an FMA) x SM clock; tensor_bf16 = SMs x dense flops per SM per clock x SM clock.
-    `device` is a run's environment (or a worker's device facts): memory_clock_khz, memory_bus_bits,
-    sm_count, sm_clock_khz, compute_capability."""
+    """What the device's own facts allow at most ({memory_gbps, fp32_tflops, half2_tflops, tensor_bf16_tflops,
+    tensor_fp16_tflops, tensor_tf32_tflops, tensor_fp8_tflops, tensor_int8_tflops, tensor_fp64_tflops}, None where
+    they cannot tell): DRAM bandwidth = memory clock x 2 (double data rate) x bus bits / 8; each compute kind =
+    SMs x its dense flops per SM per clock (harness/unit_rates.py) x SM clock. `device` is a run's environment
+    (or a worker's device facts): memory_clock_khz, memory_bus_bits, sm_count, sm_clock_khz, compute_capability."""
     def number(key: str) -> float | None:
         value = device.get(key)
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
     memory_khz, bus_bits = number("memory_clock_khz"), number("memory_bus_bits")
     sms, sm_khz = number("sm_count"), number("sm_clock_khz")
-    capability = _capability(device.get("compute_capability"))
     memory = memory_khz * 1e3 * 2 * bus_bits / 8 / 1e9 if memory_khz and bus_bits else None
 
     def compute(per_sm_clock: float | None) -> float | None:
         return sms * per_sm_clock * sm_khz * 1e3 / 1e12 if sms and sm_khz and per_sm_clock else None
 
-    lanes = _per_sm(_FP32_LANES_EXACT, _FP32_LANES_MAJOR, capability)
-    return {"memory_gbps": memory, "fp32_tflops": compute(2 * lanes if lanes else None),
-            "tensor_bf16_tflops": compute(_per_sm(_TENSOR_BF16_EXACT, _TENSOR_BF16_MAJOR, capability))}
+    rates = flops_per_sm_clock(capability_of(device.get("compute_capability")))
+    return {"memory_gbps": memory, **{f"{kind}_tflops": compute(rate) for kind, rate in rates.items()}}
 
 
 class PhysicalPeak(BaseModel):
     """One of the device's limits: the larger of the measured and the theoretical figure."""
 
-    kind: str                          # "memory", or the compute class ("fp32", "tensor_bf16")
+    kind: str                          # "memory", or the compute kind ("fp32", "half2", "tensor_bf16", ...)
     unit: str                          # "GB/s" or "TFLOP/s"
     peak: float                        # max(measured, theoretical)
     measured: float | None = None
@@ -290,21 +256,22 @@ def _figure(value: float) -> str:
 
 
 def physical_peaks(environment: dict) -> dict[str, PhysicalPeak]:
-    """The device's physical limits from a run's environment: "memory" and each compute class, each the max of
-    the measured peak (environment["peaks"], harness/peaks.py) and the theoretical one (theoretical_peaks);
-    a limit with neither is absent, and is then not checked. A measured rate can be below what an honest
-    kernel reaches (cuBLAS's float32 GEMM is not the CUDA cores' limit), so it never stands alone when the
-    device's facts give the theoretical one."""
+    """The device's physical limits from a run's environment: "memory" and each compute kind (theoretical_peaks'
+    keys), each the max of the measured peak (environment["peaks"], harness/peaks.py: memory, fp32 and
+    tensor_bf16 are measured) and the theoretical one; a limit with neither is absent, and is then not checked.
+    A measured rate can be below what an honest kernel reaches (cuBLAS's float32 GEMM is not the CUDA cores'
+    limit), so it never stands alone when the device's facts give the theoretical one."""
     measured = environment.get("peaks") or {}
     theory = theoretical_peaks(environment)
     found = {}
-    for kind, key, unit in (("memory", "memory_gbps", "GB/s"), ("fp32", "fp32_tflops", "TFLOP/s"),
-                            ("tensor_bf16", "tensor_bf16_tflops", "TFLOP/s")):
+    for key, theoretical in theory.items():
+        kind = key.removesuffix("_gbps").removesuffix("_tflops")
         seen = measured.get(key)
         seen = float(seen) if isinstance(seen, (int, float)) and seen > 0 else None
-        values = [v for v in (seen, theory[key]) if v]
+        values = [v for v in (seen, theoretical) if v]
         if values:
-            found[kind] = PhysicalPeak(kind=kind, unit=unit, peak=max(values), measured=seen, theoretical=theory[key])
+            found[kind] = PhysicalPeak(kind=kind, unit=UNITS["memory" if kind == "memory" else "compute"],
+                                       peak=max(values), measured=seen, theoretical=theoretical)
     return found
 
 

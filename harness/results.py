@@ -28,6 +28,7 @@ class ReasonCode(str, Enum):
     LAUNCH_NOT_AS_DECLARED = "launch_not_as_declared"  # a timed launch ran other kernels, or another grid or block
     BEYOND_PHYSICAL_LIMIT = "beyond_physical_limit"  # faster than the device can move the bytes or do the flops
     UNEVEN_LAUNCHES = "uneven_launches"    # the mean launch far above the median: work shifted between launches
+    ARITHMETIC_NOT_ALLOWED = "arithmetic_not_allowed"  # SASS on units the task's `arithmetic` forbids (tensor cores)
     DEVICE_HEAP = "device_heap"            # calls device malloc/free where the task does not allow the heap
 
 

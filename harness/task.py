@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from harness import task_checks
+from harness.arithmetic import CUDA_CORES, Arithmetic
 from harness.inputs import draw
 from harness.task_schema_errors import field_path, schema_error
 from harness.task_model import (_STRICT, WHOLE_FILE, Case, Cost, Generator, LaunchSpec, Param, PlainNumber, Task,
@@ -79,6 +80,7 @@ class _Manifest(BaseModel):
     reference_launch: LaunchSpec | None = None
     initial_launch: LaunchSpec | None = None
     cost: Cost = Cost()
+    arithmetic: Arithmetic = CUDA_CORES
     vendor: Vendor | None = None
     constants: dict[str, PlainNumber] = {}
     device_heap: bool = False
@@ -102,7 +104,7 @@ def load_task(path: str | Path) -> Task:
         oracle_file=manifest.oracle, params=tuple(manifest.params), inputs=manifest.inputs,
         tolerances=manifest.tolerance, launch=manifest.launch,
         reference_launch=manifest.reference_launch, initial_launch=manifest.initial_launch,
-        cost=manifest.cost, vendor=manifest.vendor, constants=manifest.constants,
+        cost=manifest.cost, arithmetic=manifest.arithmetic, vendor=manifest.vendor, constants=manifest.constants,
         device_heap=manifest.device_heap,
         cases=_with_constants(manifest, file),
     )

@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 import ml_dtypes
 import numpy as np
 from harness import expr
+from harness.arithmetic import arithmetic_problem
 from harness.csig import C_TYPE_SPELLINGS, C_TYPES, CParam, dtype_of_ctype, is_identifier, parse_signature
 from harness.inputs import read_npy
 from harness.task_schema_errors import field_path
@@ -62,6 +63,8 @@ class _Checker:
         for case in self.task.cases:
             self.check_case_values(case)
         self.check_vendor()
+        if (problem := arithmetic_problem(self.task.arithmetic, self.task.cost.compute)) is not None:
+            self.fail("arithmetic", problem)
         self.check_npy_contents()
         self.check_signature()
         self.check_files()

@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from harness import expr
+from harness.arithmetic import CUDA_CORES, Arithmetic
 # re-exported, so the whole task API can be imported from this module
 from harness.csig import C_TYPE_SPELLINGS, C_TYPES, CParam, Signature, dtype_of_ctype, parse_signature
 
@@ -278,6 +279,8 @@ class Task(BaseModel):
     reference_launch: LaunchSpec | None = None
     initial_launch: LaunchSpec | None = None
     cost: Cost = Cost()
+    # The units a kernel may compute on (harness/arithmetic.py): "cuda-cores", "any" or tensor-core input types.
+    arithmetic: Arithmetic = CUDA_CORES
     vendor: Vendor | None = None
     # Named numbers usable in every expression like a dimension (a pooling window, an epsilon); each case's
     # dims already hold them.

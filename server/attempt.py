@@ -108,7 +108,7 @@ def record_attempt(run: Run, candidate: Candidate, rationale: str, usage: dict |
                          reasons=[Reason.model_validate(r.to_json()) for r in entry.reasons], cases=_latencies(entry),
                          score_ms=entry.score_ms, speedup_vs_baseline=_answer(entry.speedup_vs_baseline),
                          speedup_vs_best=_answer(entry.speedup_vs_best), best_attempt=run.best_number,
-                         budget=run.budget(), holdout=holdout)
+                         budget=run.budget(), holdout=holdout, mix=entry.compile.mix if entry.compile else None)
 
 
 def _evaluate(run: Run, number: int, candidate: Candidate, references: dict, *, fresh: bool,
@@ -132,6 +132,8 @@ def _judged(run: Run, entry: AttemptRecord, candidate: Candidate, references: di
         run.executor.prepare(visible, seeds)  # the secret inputs are made while the kernel compiles and is checked
     kernel, compiled = run.kernel(candidate)
     entry.compile = _compile_summary(compiled)
+    if kernel is None and compiled.ok:  # compiled, but on units the task forbids: rejected before it runs
+        return _reject(entry, [run.arithmetic_refusal(candidate, compiled)])
     if kernel is None:
         return _reject(entry, [Reason(code=ReasonCode.COMPILE_ERROR, detail=compiled.log)])
     _say(progress, 1, 4, "checking the visible cases")
@@ -241,7 +243,8 @@ def _reject(entry: AttemptRecord, reasons: list[Reason]) -> AttemptRecord:
 def _compile_summary(compiled) -> dict:
     r = compiled.resources
     return {"ok": compiled.ok, "compile_ms": compiled.compile_ms, "cache_hit": compiled.cache_hit,
-            "log": compiled.log, "resources": r.model_dump(mode="json") if r else None}
+            "log": compiled.log, "resources": r.model_dump(mode="json") if r else None,
+            "mix": compiled.mix.model_dump(mode="json") if compiled.mix else None}
 
 
 def _say(progress: Progress | None, done: float, total: float, message: str) -> None:

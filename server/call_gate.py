@@ -23,6 +23,7 @@ from sandbox.deadline import Deadline
 from server import probes
 from server.call import CallProgress
 from server.client_log import ClientLog
+from server.lease_waits import resume_waits
 from server.report_files import write_report_files
 from server.run import Refusal, Run
 
@@ -94,6 +95,9 @@ def gate(run: Run, reports: FinishedReports, logs: ClientLog) -> Callable:
                         probes.publish(run)
 
             stop = (lambda: None) if tool in _RUN_TO_THE_END else run.executor.abort
+            # An abort stays until resumed, as it may land before the wait it gives up begins: the previous call's
+            # abort is spent now that its thread has ended, and this call's own comes only once its thread starts.
+            resume_waits(run.executor)
             try:
                 return await _answered(tool, lambda: _to_thread_settled(in_thread, stop))
             finally:

@@ -28,6 +28,13 @@ def name_lease(executor: Any, run_name: str) -> None:
         lease.what = f"{lease.what} {run_name}"
 
 
+def resume_waits(executor: Any) -> None:
+    """Before a call's work: an earlier call's abort (GpuLease.abort) no longer gives up this call's waits."""
+    lease = lease_of(executor)
+    if lease is not None:
+        lease.resume()
+
+
 class LeaseWatch:
     """One call's view of the lease: its waits are told through the call's progress (`report` replaces the
     call's own callback, whose last step a wait message continues) and kept for the call's audit record."""

@@ -13,6 +13,7 @@ from harness.nvrtc_features import NvrtcFeatures
 from harness.profile_digest import ProfileDigest
 from harness.stats import WITHIN_NOISE, LatencyStats, Significance, Speedup, significance
 from harness.results import Reason
+from harness.worker_side.sass_mix import InstructionMix
 from server.records import Verdict
 
 
@@ -42,6 +43,12 @@ class CompileAnswer(BaseModel):
     resources: Resources | None = None
     compile_ms: float
     cache_hit: bool
+    # The CUBIN's SASS instruction mix: the units it computes on (CUDA-core fp32, fp64, half2; tensor-core MMA by
+    # input type); None when it did not compile.
+    mix: InstructionMix | None = None
+    # Why every probe and record_attempt would reject it before running it (arithmetic_not_allowed: units the
+    # task's `arithmetic` forbids); None when nothing would.
+    rejected: Reason | None = None
 
 
 class SpeedupAnswer(Speedup):
@@ -113,6 +120,7 @@ class AttemptAnswer(BaseModel):
 
 
 class FinishAnswer(BaseModel):
+    mix: InstructionMix | None = None  # the attempt's SASS instruction mix, as compile_kernel answers it
     stop_reason: str
     best_attempt: int
     disqualified: list[int]

@@ -60,13 +60,19 @@ def compile_candidate(run: Run, make_candidate: Callable[[], Candidate]) -> Comp
                                                  shared_bytes=r.shared_bytes, stack_bytes=r.stack_bytes)
     return CompileAnswer(candidate=candidate.id, ok=compiled.ok, arch=compiled.arch, log=compiled.log,
                          log_resource=f"referee://compile-logs/{candidate.id}", resources=resources,
-                         compile_ms=compiled.compile_ms, cache_hit=compiled.cache_hit)
+                         compile_ms=compiled.compile_ms, cache_hit=compiled.cache_hit, mix=compiled.mix,
+                         rejected=run.arithmetic_refusal(candidate, compiled))
 
 
 def compiled_kernel(run: Run, tool: str, candidate: Candidate):
     """The candidate's kernel. One that does not compile still costs the probe: the compile was done, and the
     probe is logged so that a resumed run counts it too."""
     kernel, compiled = run.kernel(candidate)
+    if kernel is None and compiled.ok:  # on units the task forbids: not run, the probe counted
+        refusal = run.arithmetic_refusal(candidate, compiled)
+        run.probe_done(tool, 0.0, {"candidate": candidate.id, "compiled": True, "rejected": refusal.code.value})
+        raise Refusal(f"candidate {candidate.id} is rejected before it runs ({refusal.code.value}; the probe is "
+                      f"counted: {run.budget().probes_left_in_window} left in this window): {refusal.detail}")
     if kernel is None:
         run.probe_done(tool, 0.0, {"candidate": candidate.id, "compiled": False})
         raise Refusal(f"candidate {candidate.id} does not compile (the probe is counted: "

@@ -21,6 +21,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
 
 from harness.results import ReasonCode
+from harness.worker_side.sass_mix import InstructionMix
 
 Number = float | int  # an int read from a file stays an int: written back as it was
 
@@ -171,6 +172,7 @@ class CompileRecord(Record):
     resources: dict[str, Any] | None = None
 
 
+    mix: InstructionMix | None = None  # the CUBIN's SASS instruction mix (harness/worker_side/sass_mix.py)
 class AttemptRecord(Record):
     """One entry of history.json: an attempt (0 is the baseline) and how it was judged."""
 

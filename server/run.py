@@ -20,7 +20,9 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel, ValidationError
 
+from harness.arithmetic import arithmetic_reason
 from harness.call_limits import call_limits
+from harness.results import Reason
 from harness.worker_side.compile_policy import DEFAULT_ARCH
 from harness.worker_side.nvrtc import check_request
 from harness.settings import CompiledKernel, TimingSettings
@@ -350,7 +352,8 @@ class Run:
         return self.candidates[cid]
 
     def kernel(self, candidate: Candidate) -> tuple[CompiledKernel | None, Any]:
-        """(CompiledKernel, compile result); the CompiledKernel is None when the source does not compile."""
+        """(CompiledKernel, compile result); the CompiledKernel is None when the source does not compile, or when
+        its instructions use units the task forbids (arithmetic_refusal says which). Every tool compiles here."""
         compiled = self.executor.compile(candidate.source, candidate.options)
         if not compiled.cache_hit:
             self.compiles_total += 1
@@ -359,9 +362,16 @@ class Run:
         if not compiled.cache_hit or not (self.dir / f"compile-logs/{candidate.id}.log").exists():
             # A cache hit may be a new candidate (same source, another launch): its log resource must exist too.
             self.write_text(f"compile-logs/{candidate.id}.log", compiled.full_log)
-        if not compiled.ok:
+        if not compiled.ok or self.arithmetic_refusal(candidate, compiled) is not None:
             return None, compiled
         return CompiledKernel(candidate.id, compiled.cubin, compiled.lowered_name, candidate.launch), compiled
+
+    def arithmetic_refusal(self, candidate: Candidate, compiled) -> Reason | None:
+        """Why a compiled candidate breaks the task's `arithmetic` (harness/arithmetic.py), or None. The task's
+        own initial kernel, as written, is the author's and is not held to it."""
+        if not compiled.ok or (candidate.source == self.task.source("initial") and not candidate.options):
+            return None
+        return arithmetic_reason(self.task.arithmetic, compiled.mix)
 
     def cases_named(self, names: list[str] | None, *, performance_only: bool = False) -> list[Case]:
         pool = list(self.task.performance_cases if performance_only else self.task.visible_cases)

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import secrets
 
+from harness.arithmetic import compute_kind
 from harness.peaks import PHYSICAL_MARGIN, LimitCheck, limit_checks, physical_peaks, theoretical_peaks, violations
 from harness.task_model import Task
 from harness.results import Reason, ReasonCode
+from harness.worker_side.sass_mix import InstructionMix
 from server.records import AttemptRecord
 from server.run import Run
 
@@ -32,10 +34,12 @@ def peak_bandwidth_bytes_per_s(environment: dict) -> float | None:
     return gbps * 1e9 if gbps else None
 
 
-def physical_limit_checks(task: Task, environment: dict, stats: dict[str, dict]) -> list[LimitCheck]:
+def physical_limit_checks(task: Task, environment: dict, stats: dict[str, dict],
+                          mix: InstructionMix | None = None) -> list[LimitCheck]:
     """Each performance case's median (stats[case]: a LatencyStats dump) against the device's physical limits
-    for the case's bytes (less the L2 its writes may stay in) and its compute class's flops; a case without
-    stats is not checked."""
+    for the case's bytes (less the L2 its writes may stay in) and its flops at the peak of the units the kernel
+    uses (`mix`, its SASS: harness/arithmetic.py compute_kind; without one, the task's `cost.compute`); a case
+    without stats is not checked."""
     peaks = physical_peaks(environment)
     if not peaks:
         return []
@@ -47,7 +51,7 @@ def physical_limit_checks(task: Task, environment: dict, stats: dict[str, dict])
         if not case_stats:
             continue
         checks += limit_checks(peaks, case.name, case_stats["median_ms"], task.bytes_moved(case.dims),
-                               task.flops(case.dims), task.cost.compute, cache_bytes=cache)
+                               task.flops(case.dims), compute_kind(mix, task.cost.compute), cache_bytes=cache)
     return checks
 
 
@@ -69,7 +73,7 @@ def beyond_physical_limit(run: Run, entry: AttemptRecord) -> list[Reason]:
     worst limit); [] when none is, or when the device has no peak to check against. The numbers go into
     entry.physical_limit either way. For attempts only: the baseline is the task's own kernel."""
     stats = {name: s.to_json() for name, s in entry.stats().items()}
-    checks = physical_limit_checks(run.task, run.environment, stats)
+    checks = physical_limit_checks(run.task, run.environment, stats, entry.compile.mix if entry.compile else None)
     if checks:
         entry.physical_limit = limit_record(checks)
     return limit_reasons(checks)

@@ -24,6 +24,7 @@ import hashlib
 import os
 import re
 import signal
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -34,6 +35,7 @@ import numpy as np
 from harness.call_limits import CallLimits, OutOfTime
 from harness.vendor_yardstick import VendorReport
 from harness.compile_cache import CompileCache
+from harness.worker_side.sass_mix import instruction_mix
 from harness.gpu_lease import GpuLease, held
 from harness.ncu_profile import NCU_MISSING, NO_PERMISSION, ProfilingUnavailable
 from harness.placement import GpuInfo
@@ -89,6 +91,13 @@ def fake_gpus(count: int) -> list[GpuInfo]:
     return [GpuInfo(i, FAKE_GPU_UUID if i == 0 else f"GPU-fa4e0000-0000-4000-8000-{i + 1:012d}", 141 << 30)
             for i in range(count)]
 
+
+
+@functools.lru_cache(maxsize=256)
+def _mix_of(cubin: bytes):
+    """The CUBIN's instruction mix, read once per CUBIN (the tests compile the same few kernels many times)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        return instruction_mix(cubin, Path(scratch))
 
 class FakeExecutor:
     def __init__(self, task: Task, gpu: str = "Fake GPU", vendor_latency_us: float | None = 20.0,
@@ -164,6 +173,7 @@ class FakeExecutor:
     def compile(self, source: str, options: tuple[str, ...]):
         result = compile_kernel(source, self.task.kernel_name, options=options, arch="sm_90", cache=self.cache)
         if result.ok:
+            result = result.model_copy(update={"mix": _mix_of(result.cubin)})  # as the compile worker answers
             # Markers are comments, so two candidates may share a CUBIN: tag it with the source (never run).
             tagged = result.cubin + b"\0fake:" + hashlib.sha256(source.encode()).digest()
             result = result.model_copy(update={"cubin": tagged})

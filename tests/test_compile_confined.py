@@ -15,6 +15,7 @@ import pytest
 from harness.worker_side.compile_policy import (COMPILE_MEMORY_BYTES, MAX_SOURCE_BYTES, CompileRefused,
                                                 out_of_memory_message)
 from harness.worker_side.nvrtc import compile_kernel
+from harness.worker_side.sass_mix import instruction_mix
 from harness.compile_service import DEFAULT_DEADLINE_S, CompileService
 from sandbox.confine import unavailable_reason
 from sandbox.deadline import Deadline
@@ -283,9 +284,10 @@ def test_refused_options_are_refused_before_any_worker_starts(option):
 # ---------------------------------------------------------------- answers are checked, not trusted
 
 @pytest.fixture(scope="module")
-def honest_answer():
-    """What a sound compile worker answers for GOOD, built in-process."""
+def honest_answer(tmp_path_factory):
+    """What a sound compile worker answers for GOOD, built in-process: the result with its CUBIN's mix."""
     result = compile_kernel(GOOD, "scale")
+    result = result.model_copy(update={"mix": instruction_mix(result.cubin, tmp_path_factory.mktemp("disassemble"))})
     return {"status": "ok", "result": result.model_dump(mode="json")}, [result.cubin]
 
 
@@ -311,8 +313,10 @@ def test_an_honest_answer_is_accepted(honest_answer, monkeypatch):
     lambda a, b: ({**a, "result": {**a["result"], "log": "trust me"}}, b),
     lambda a, b: ({**a, "result": {**a["result"], "cubin": "AAAA"}}, b),
     lambda a, b: ({**a, "status": "done"}, b),
+    lambda a, b: ({**a, "result": {**a["result"], "mix": None}}, b),
+    lambda a, b: ({**a, "result": {**a["result"], "mix": {**a["result"]["mix"], "fp32": "many"}}}, b),
 ], ids=["ok-int", "ok-string", "failed-with-cubin", "empty-cubin", "not-elf", "two-blobs", "other-key",
-        "forged-log", "extra-field", "unknown-status"])
+        "forged-log", "extra-field", "unknown-status", "ok-without-mix", "malformed-mix"])
 def test_a_malformed_answer_is_a_failed_compile_not_a_cached_one(forge, honest_answer, monkeypatch):
     with CompileService(confine=False) as service:
         _answering(service, *forge(*honest_answer), monkeypatch)

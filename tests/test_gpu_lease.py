@@ -112,9 +112,11 @@ def test_a_waiting_call_can_be_given_up_and_nested_holds_do_not_wait_for_themsel
             except Exception as exc:  # noqa: BLE001 - the test reads it
                 errors.append(exc)
 
+        told = threading.Event()
+        lease.listener = lambda message: told.set()  # said once the wait is under way
         thread = threading.Thread(target=wait)
         thread.start()
-        time.sleep(0.3)
+        assert told.wait(10)
         lease.abort()  # as GpuExecutor.abort does when the call is cancelled
         thread.join(timeout=10)
         assert [type(e).__name__ for e in errors] == ["LeaseWaitAborted"]
