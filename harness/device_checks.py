@@ -183,38 +183,64 @@ class DeviceChecks:
                 for entry in kept]
 
     def judge_audits(self, timed, answer: dict, audited: list[int], expected: list[KeptExpected]) -> list[str] | None:
-        """"launch I: detail" for each audited launch whose held outputs are wrong; None where they could not be
-        judged on the device (device_off says why; the batch is then timed again on the host)."""
+        """"launch I: detail" for each audited launch whose held outputs are wrong, all judged in one job of the
+        reference's worker; None where they could not be judged on the device (device_off says why; the batch is
+        then timed again on the host)."""
         held = answer.get("held_outputs")
         if not isinstance(held, list) or len(held) != len(audited):
             self._off(f"the candidate's timed outputs could not be shared with the judging worker "
                       f"({answer.get('held_error') or 'no handles'})")
             return None
-        wrong = []
-        for i, kept, entries in zip(audited, expected, held):
-            runs = [[entry, entry] for entry in entries]  # one launch: its outputs stand for both runs
+        case, layout = timed.case, timed.layout
+        # one launch: its outputs stand for both runs
+        launches = [self._judge_header(kept, layout, [[entry, entry] for entry in entries], drop=True)
+                    for kept, entries in zip(expected, held)]
+        header = {"op": "judge", "launches": launches, "poisons": list(buffers.POISON_BYTES),
+                  "first_mismatches": FIRST_MISMATCHES}
+        try:
+            answer, _, failure = call_worker(self.pool.reference, lambda resident: (header, []),
+                                             self.run_deadline_s(case), JUDGE_ANSWER_BYTES, case.name,
+                                             self._deadline())
+        except ExpectedMissing:
+            self._off("the reference's worker no longer held the audited launches' expected outputs")
+            return None
+        if failure is not None:
+            self._off(f"judging on the device failed: {failure.code.value}: {failure.detail}")
+            return None
+        judged, wrong = answer.get("judged_launches"), []
+        if not isinstance(judged, list) or len(judged) != len(audited):
+            self._off("judging on the device gave an answer that does not name every audited launch")
+            return None
+        atols = {s.name: self._tolerance(s.name)[1] for s in layout.outputs}
+        for i, kept, entry in zip(audited, expected, judged):
             try:
-                digests = self._judge(timed.case, kept, timed.layout, runs, drop=True)
-            except ExpectedMissing:
-                digests = None
-            if digests is None:
-                self._off(self.device_off or "an audited launch could not be judged on the device")
+                digests = _read_judged({"judged": entry}, layout, kept, atols)
+            except jobs.AnswerError as exc:
+                self._off(f"judging on the device gave an answer that does not read: {exc}")
                 return None
             wrong += [f"launch {i}: {mismatch_detail(d.check)}" for d in digests if not d.check.passed]
         self.audits_on_device += len(audited)
         return wrong
 
+    def judges_audits_on_device(self, case: Case) -> bool:
+        """Whether a fresh-input timing of the case leaves its audited outputs on the device, judged there."""
+        return self.device_off is None and (self.settings.device_audits or outputs_on_device(self.task, case,
+                                                                                            self.settings))
+
     # -- the judging job -----------------------------------------------------------------------------
-    def _judge(self, case: Case, kept: KeptExpected, layout: jobs.Layout,
-               held: list, drop: bool = False) -> list[OutputDigest] | None:
+    def _judge_header(self, kept: KeptExpected, layout: jobs.Layout, held: list, drop: bool) -> dict:
         outputs = []
         for spec, runs in zip(layout.outputs, held):
             rtol, atol = self._tolerance(spec.name)
             itemsize = DTYPES[spec.dtype].itemsize
             outputs.append({"name": spec.name, "dtype": spec.dtype, "itemsize": itemsize,
                             "elements": spec.nbytes // itemsize, "rtol": rtol, "atol": atol, "runs": runs})
-        header = {"op": "judge", "expected": kept.key, "outputs": outputs, "poisons": list(buffers.POISON_BYTES),
-                  "first_mismatches": FIRST_MISMATCHES, "drop_expected": drop}
+        return {"expected": kept.key, "outputs": outputs, "drop_expected": drop}
+
+    def _judge(self, case: Case, kept: KeptExpected, layout: jobs.Layout,
+               held: list, drop: bool = False) -> list[OutputDigest] | None:
+        header = {"op": "judge", **self._judge_header(kept, layout, held, drop), "poisons": list(buffers.POISON_BYTES),
+                  "first_mismatches": FIRST_MISMATCHES}
         answer, _, failure = call_worker(self.pool.reference, lambda resident: (header, []),
                                          self.run_deadline_s(case), JUDGE_ANSWER_BYTES, case.name, self._deadline())
         if failure is not None:

@@ -84,6 +84,8 @@ class CaseTiming(BaseModel):
     # "fresh": every launch's inputs drawn on the device from a secret per-job key; "rotated": the fixed sets
     inputs: str = "rotated"
     audited_launches: int = 0         # timed launches compared in full with the reference's output for their inputs
+    # [timed launches, audited launches] of each fresh-input job whose samples these are (harness/audit_bound.py)
+    audit_jobs: list[list[int]] = []
     event_overhead_ms: float | None = None
     host_kept_up: bool | None = None  # the whole timed loop was queued before the GPU reached it
     reasons: list[Reason] = []

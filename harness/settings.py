@@ -16,10 +16,17 @@ class TimingSettings(BaseModel):
     iterations: int = 100
     rotation_sets: int = 4
     cold_l2: bool = True
-    # Audited launches per job: max(min_checked_launches, checked_fraction x iterations). Each one costs a
-    # reference launch on its inputs and a full comparison of its outputs in the parent.
-    checked_fraction: float = 0.03
-    min_checked_launches: int = 3
+    # Audited launches per job: max(min_checked_launches, checked_fraction x iterations), the same share of every
+    # job's launches. record_attempt times each performance case in at least RunSettings.timing_rounds (2) jobs:
+    # 2 x 10 audits, so a kernel wrong on more than half of a case's timed launches escapes them all with a
+    # chance below 2**-20 (harness/audit_bound.py). Each one costs a reference launch on its inputs and a
+    # comparison of its outputs, on the device where it can (device_audits).
+    checked_fraction: float = 0.10
+    min_checked_launches: int = 10
+    # True: the audited outputs of fresh-input timings stay on the device and are compared there by the reference's
+    # worker (harness/device_checks.py), whatever their size; where the outputs cannot be shared (no CUDA IPC),
+    # the host compares them, as with False.
+    device_audits: bool = True
     run_deadline_s: float = 10.0
     time_deadline_s: float = 45.0
     # Noise-adaptive sampling: after the first `iterations` launches, more batches of `iterations`

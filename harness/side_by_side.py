@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from harness.audit_bound import escape_bound
 from harness.settings import CompiledKernel
 from harness.stats import LatencyStats, summarize
 from harness.task_model import Case
@@ -31,11 +32,18 @@ class SideBySide:
     event_samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     cases: dict[str, dict[str, CaseTiming]] = field(default_factory=dict)  # each case's last CaseTiming
     audited: dict[str, dict[str, int]] = field(default_factory=dict)
+    # [timed launches, audited launches] of every fresh-input job, per kernel label and case
+    audit_jobs: dict[str, dict[str, list[list[int]]]] = field(default_factory=dict)
 
     def stats(self) -> dict[str, dict[str, LatencyStats]]:
         """The statistics of the merged samples, per label and case."""
         return {label: {case: summarize(values) for case, values in per_case.items()}
                 for label, per_case in self.samples.items()}
+
+    def audit_escape_bound(self, label: str, case: str) -> float:
+        """The chance, at most, that a kernel wrong on more than half of the case's timed launches passed every
+        audit of these rounds (harness/audit_bound.py); 1 where nothing was audited."""
+        return escape_bound(self.audit_jobs.get(label, {}).get(case, []))
 
 
 def time_side_by_side(time: Callable[[CompiledKernel, list[Case]], TimingReport], kernels: dict[str, CompiledKernel],
@@ -55,6 +63,7 @@ def time_side_by_side(time: Callable[[CompiledKernel, list[Case]], TimingReport]
                 timed.event_samples.setdefault(label, {}).setdefault(case.case, []).extend(case.event_samples_ms or [])
                 timed.cases.setdefault(label, {})[case.case] = case
                 timed.audited[label][case.case] += case.audited_launches
+                timed.audit_jobs.setdefault(label, {}).setdefault(case.case, []).extend(case.audit_jobs)
                 clocks.add(case.clock)
     if len(clocks) > 1:  # samples of two clocks are not comparable
         raise RuntimeError(f"the timings side by side read different clocks: {sorted(clocks)}")

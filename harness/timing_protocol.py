@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harness import jobs
+from harness.audit_bound import secret_audits
 from harness.compare import compare_output
 from harness.gpu_lease import held
 from harness.judging import integrity_reasons, mismatch_detail, poison_count, undeclared_launches, uneven_launches
@@ -142,7 +143,7 @@ class TimingProtocol:
                     audits: list[tuple[str, Future]]) -> CaseTiming:
         """`make_job(case, layout, input_sets, timing)` gives (header, blobs), or raises Refused."""
         s, case, layout = self.settings, timed.case, timed.layout
-        checked = _secret_subset(s.iterations, s.checked_launches)
+        checked = secret_audits(s.iterations, s.checked_launches)
         guard_seed = secrets.randbits(62)
         timing = {"warmups": s.warmups, "iterations": s.iterations, "cold_l2": s.cold_l2,
                   "checked_launches": checked, "guard_seed": guard_seed, "clock": s.clock, "hashes": timed.sent_hashes,
@@ -151,7 +152,7 @@ class TimingProtocol:
         if limit is not None:
             timing["launch_limit_s"] = limit
         sets = len(timed.input_sets)
-        on_device = timed.draws is not None and worker is self.pool.candidate and self.judges_on_device(case)
+        on_device = timed.draws is not None and worker is self.pool.candidate and self.judges_audits_on_device(case)
         # The answer's bound: on the device, a worker that cannot export the outputs reads them back after all.
         out_bytes = sum(a.nbytes for a in layout.outputs) * (len(checked) + sets)
         expected = None
@@ -209,6 +210,7 @@ class TimingProtocol:
             "event_median_ms": summarize(events).median_ms if events else None,
             "checked_launches": sum(b.checked_launches for b in batches),
             "audited_launches": sum(b.audited_launches for b in batches),
+            "audit_jobs": [job for b in batches for job in b.audit_jobs],
             "unwritten_launches": sum(b.unwritten_launches for b in batches),
             "host_kept_up": all(kept_up) if kept_up else None,
             "warnings": warnings, "batches": len(batches), "median_rel_halfwidth": noise,
@@ -302,7 +304,8 @@ class TimingProtocol:
             audits.append((case.name, self._comparing().submit(self._audit_reasons, timed, outputs, audited, expected)))
         reasons += undeclared_launches(answer.get("launch_records"), header, case.name)
         return self._case_timing(case, answer, clock, samples, events, reasons, checked_launches=len(audited),
-                                 audited_launches=len(audited), inputs="fresh", unwritten_launches=len(short))
+                                 audited_launches=len(audited), inputs="fresh", unwritten_launches=len(short),
+                                 audit_jobs=[[iterations, len(audited)]])
 
     def _comparing(self) -> ThreadPoolExecutor:
         if self._comparer is None:
@@ -386,10 +389,4 @@ def _with_audits(timing: CaseTiming, audits: list[Future]) -> CaseTiming:
     if not reasons:
         return timing
     return timing.model_copy(update={"passed": False, "reasons": timing.reasons + reasons})
-
-
-def _secret_subset(iterations: int, count: int) -> list[int]:
-    """Launches to re-check, drawn from the OS's randomness so a kernel cannot predict them."""
-    chooser = secrets.SystemRandom()
-    return sorted(chooser.sample(range(iterations), min(count, iterations)))
 

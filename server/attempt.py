@@ -200,7 +200,9 @@ def _fill_timing(run: Run, entry: AttemptRecord, timing: SideBySide) -> None:
                "roofline_fraction": roofline_fraction(measured.roofline_ms, mine[name].median_ms),
                "clock": measured.clock, "event_median_ms": _median(timing.event_samples.get("candidate", {}).get(name)),
                # fresh: every timed launch drew new inputs from a secret key; audited: launches compared in full
-               "inputs": measured.inputs, "audited_launches": timing.audited.get("candidate", {}).get(name)}
+               "inputs": measured.inputs, "audited_launches": timing.audited.get("candidate", {}).get(name),
+               # the chance, at most, that a kernel wrong on more than half of these launches passed every audit
+               "audit_escape_bound": timing.audit_escape_bound("candidate", name)}
         if baseline is not None:
             row.update(baseline_stats=_dump(baseline[name]), best_stats=_dump(best[name]),
                        speedup_vs_baseline=_dump(speedup(baseline[name], mine[name])),
@@ -229,7 +231,8 @@ def _latencies(entry: AttemptRecord) -> list[CaseLatency]:
                         achieved_tflops=t.achieved_tflops, roofline_ms=t.roofline_ms,
                         roofline_fraction=t.roofline_fraction, baseline_median_ms=t.baseline_median_ms,
                         speedup_vs_baseline=_answer(t.speedup_vs_baseline), speedup_vs_best=_answer(t.speedup_vs_best),
-                        inputs=t.inputs, audited_launches=t.audited_launches)
+                        inputs=t.inputs, audited_launches=t.audited_launches,
+                        audit_escape_bound=t.audit_escape_bound)
             for name, t in (entry.timing or {}).items()]
 
 

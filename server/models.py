@@ -94,6 +94,9 @@ class CaseLatency(BaseModel):
     speedup_vs_best: SpeedupAnswer | None = None
     inputs: str | None = None               # "fresh": every timed launch drew new inputs from a secret key
     audited_launches: int | None = None     # timed launches compared in full with the reference's output
+    # At most this chance that a kernel wrong on more than half of the case's timed launches passed every audit:
+    # below 2**-20 for an attempt; a time_kernel probe times one round and audits half as many (2**-10).
+    audit_escape_bound: float | None = None
 
 
 class TimeAnswer(BaseModel):

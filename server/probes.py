@@ -166,7 +166,8 @@ def _time_answer(run: Run, candidate: Candidate, measured: SideBySide) -> TimeAn
                                 baseline_median_ms=stats["baseline"][case.case].median_ms,
                                 speedup_vs_baseline=speedup(stats["baseline"][case.case], mine),
                                 speedup_vs_best=speedup(best[case.case], mine),
-                                inputs=case.inputs, audited_launches=case.audited_launches))
+                                inputs=case.inputs, audited_launches=case.audited_launches,
+                                audit_escape_bound=measured.audit_escape_bound("candidate", case.case)))
     names = [r.case for r in rows]
     return TimeAnswer(
         candidate=candidate.id, cases=rows, score_ms=geometric_mean([stats["candidate"][n].median_ms for n in names]),

@@ -150,6 +150,8 @@ class CaseTimingRecord(Record):
     event_median_ms: Number | None = None
     inputs: str | None = None             # "fresh": every timed launch drew new inputs from a secret key
     audited_launches: int | None = None   # timed launches compared in full with the reference's output
+    # at most this chance that a kernel wrong on more than half of the case's timed launches passed every audit
+    audit_escape_bound: Number | None = None
     baseline_stats: StatsRecord | None = None
     best_stats: StatsRecord | None = None
     speedup_vs_baseline: SpeedupRecord | None = None

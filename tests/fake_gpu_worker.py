@@ -316,6 +316,18 @@ class DeviceJudging:
                 "kept_expected": sorted(self.kept)}
 
     def judge(self, header):
+        """A check's outputs, or with "launches" each audited launch of a timing, in one job."""
+        if "launches" not in header:
+            return self.judge_one(header)
+        judged = []
+        for launch in header["launches"]:
+            answer = self.judge_one({**header, **launch})
+            if answer["status"] != "ok":
+                return answer
+            judged.append(answer["judged"])
+        return {"status": "ok", "judged_launches": judged}
+
+    def judge_one(self, header):
         from harness.compare import compare_output, raw_words
         from harness.output_digest import digest_on_host
         if header["expected"] not in self.kept:

@@ -152,8 +152,8 @@ TIMING_BEHAVIOURS = ["honest", "stale_timing", "skip_timing"]
 
 
 def _timing_referee(task, pool, device: bool) -> Referee:
-    settings = TimingSettings(warmups=2, iterations=20, run_deadline_s=60.0,
-                              device_judging_from_bytes=0 if device else None)
+    settings = TimingSettings(warmups=2, iterations=20, run_deadline_s=60.0, min_checked_launches=3,
+                              device_judging_from_bytes=0 if device else None, device_audits=device)
     return Referee(task, pool, CompiledKernel("reference", CUBIN, task.kernel_name, task.launch), settings)
 
 
@@ -174,6 +174,35 @@ def test_a_timings_audits_judged_on_the_device_give_the_hosts_reasons(task, work
     if behaviour == "stale_timing":
         assert on_device.cases[0].reasons[0].detail.split("(first:")[0] == \
                on_host.cases[0].reasons[0].detail.split("(first:")[0]
+
+
+def test_a_small_cases_audits_are_judged_on_the_device_and_its_checks_on_the_host(task, workers):
+    """The default settings: outputs far below device_judging_from_bytes, audits on the device all the same; each
+    timing job's audits judged in one job of the reference's worker."""
+    case = task.performance_cases[-1]
+    settings = TimingSettings(warmups=2, iterations=20, run_deadline_s=60.0, min_checked_launches=3)
+    referee = Referee(task, workers("honest"), CompiledKernel("reference", CUBIN, task.kernel_name, task.launch),
+                      settings)
+    judge_jobs = _judge_jobs(referee.pool.reference)
+    kernel = CompiledKernel("candidate", CUBIN, "matmul_f32", task.launch)
+    assert referee.check(kernel, [case]).passed and referee.judged_on_device == 0
+    report = referee.time(kernel, [case])
+    assert report.passed and referee.device_off is None
+    assert referee.audits_on_device == report.cases[0].audited_launches == 3 * report.cases[0].batches
+    assert [len(header["launches"]) for header in judge_jobs] == [3] * report.cases[0].batches
+
+
+def _judge_jobs(worker) -> list[dict]:
+    """The headers of every judging job the worker is sent from now on."""
+    seen, call = [], worker.call
+
+    def recorded(header, *args, **kwargs):
+        if header.get("op") == "judge":
+            seen.append(header)
+        return call(header, *args, **kwargs)
+
+    worker.call = recorded
+    return seen
 
 
 def test_a_timing_whose_outputs_cannot_be_shared_is_audited_on_the_host(task, workers):

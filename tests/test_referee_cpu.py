@@ -58,7 +58,10 @@ def referee(request, task, reference_worker):
     try:
         # The stand-in reference computes 2048^3 products on the CPU: a loaded machine needs more than the 10 s
         # a GPU job gets, and no test here is about that deadline.
-        settings = TimingSettings(warmups=2, iterations=20, fresh_inputs=protocol != "rotated", run_deadline_s=60.0)
+        # 3 audits per job, not the default 10: each costs the fake a float64 matmul (tests/test_audit_bound.py
+        # checks the default count)
+        settings = TimingSettings(warmups=2, iterations=20, fresh_inputs=protocol != "rotated", run_deadline_s=60.0,
+                                  min_checked_launches=3)
         yield Referee(task, pool, kernel, settings)
     finally:
         candidate.stop()
@@ -99,6 +102,7 @@ def test_an_honest_kernel_passes_check_and_timing(referee, task):
         assert 1 <= case.batches <= 20 and case.median_rel_halfwidth <= 0.005
         # min_checked_launches audited per batch, each on its own fresh inputs
         assert case.checked_launches == case.audited_launches == 3 * case.batches and case.inputs == "fresh"
+        assert case.audit_jobs == [[20, 3]] * case.batches
         assert case.unwritten_launches == 0
         assert case.achieved_gbps is not None and case.achieved_gbps > 0
         assert case.achieved_tflops is not None and case.achieved_tflops > 0

@@ -282,39 +282,54 @@ def _room_maker(utilities):
 
 
 def judge_job(context: gpu.Context, header: dict, utilities) -> tuple[dict, list]:
-    """Compare a candidate's held outputs (by their handles) with the expected outputs kept here."""
+    """Compare a candidate's held outputs (by their handles) with the expected outputs kept here: one set of
+    them (a check), or, with "launches", each audited launch of a timing against its own, in one job that opens
+    each exported allocation once."""
+    judges, opened = judges_of(utilities), {}
+    try:
+        if "launches" in header:
+            judged = [_judge_outputs({**header, **launch}, utilities, judges, opened) for launch in header["launches"]]
+            return {"status": Status.OK, "judged_launches": judged, "resident_inputs": utilities.resident.keys()}, []
+        judged = _judge_outputs(header, utilities, judges, opened)
+    finally:
+        for handle in opened.values():
+            handle.close()
+    return {"status": Status.OK, "judged": judged, "resident_inputs": utilities.resident.keys()}, []
+
+
+def _judge_outputs(header: dict, utilities, judges: Judges, opened: dict[str, Opened]) -> list[dict]:
+    """Each output of header["outputs"] (its runs' handles) against the expected outputs header["expected"]."""
     expected = utilities.kept.get(header["expected"])
     if expected is None:
         raise ExpectedMissing(header["expected"])
-    judges, judged = judges_of(utilities), []
-    patterns = header["poisons"]
+    judged, patterns = [], header["poisons"]
     for out in header["outputs"]:
         name, dtype, itemsize, elements = out["name"], out["dtype"], out["itemsize"], out["elements"]
         nbytes = elements * itemsize
         if name not in expected or expected[name].nbytes != nbytes:
             raise ExpectedMissing(f"{header['expected']}/{name}")
-        opened: list[Opened] = []
-        try:
-            for entry in out["runs"]:
-                opened.append(Opened(entry))
-                if opened[-1].size() < nbytes:
-                    raise ValueError(f"{name}: the exported allocation is smaller than the output")
-            first, second = opened[0].ptr, opened[1].ptr
-            rtol, atol = out["rtol"], out["atol"]
-            totals = judges.judge(dtype, expected[name].ptr, first, second, elements, rtol, atol,
-                                  (pattern(patterns[0], itemsize), pattern(patterns[1], itemsize)))
-            mismatches, start = [], 0
-            while len(mismatches) < min(header["first_mismatches"], totals["mismatches"]):
-                index = judges.first_after(dtype, expected[name].ptr, first, elements, rtol, atol, start)
-                if index is None:
-                    break
-                mismatches.append([index, element_hex(expected[name].ptr, index, itemsize),
-                                   element_hex(first, index, itemsize)])
-                start = index + 1
-            judged.append({"name": name, "totals": totals, "mismatches": mismatches})
-        finally:
-            for handle in opened:
-                handle.close()
+        runs = []
+        for entry in out["runs"]:
+            base = opened.get(entry["handle"])
+            if base is None:
+                base = opened[entry["handle"]] = Opened({**entry, "offset": 0})
+            if not isinstance(entry.get("offset"), int) or entry["offset"] < 0 or \
+                    base.size() < entry["offset"] + nbytes:
+                raise ValueError(f"{name}: the exported allocation is smaller than the output")
+            runs.append(base.ptr + entry["offset"])
+        first, second = runs
+        rtol, atol = out["rtol"], out["atol"]
+        totals = judges.judge(dtype, expected[name].ptr, first, second, elements, rtol, atol,
+                              (pattern(patterns[0], itemsize), pattern(patterns[1], itemsize)))
+        mismatches, start = [], 0
+        while len(mismatches) < min(header["first_mismatches"], totals["mismatches"]):
+            index = judges.first_after(dtype, expected[name].ptr, first, elements, rtol, atol, start)
+            if index is None:
+                break
+            mismatches.append([index, element_hex(expected[name].ptr, index, itemsize),
+                               element_hex(first, index, itemsize)])
+            start = index + 1
+        judged.append({"name": name, "totals": totals, "mismatches": mismatches})
     if header.get("drop_expected"):  # used once (a secret seed's, an audited launch's)
         utilities.kept.drop(header["expected"])
-    return {"status": Status.OK, "judged": judged, "resident_inputs": utilities.resident.keys()}, []
+    return judged

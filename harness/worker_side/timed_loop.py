@@ -7,7 +7,9 @@ Every launch, warm-ups included, is readied outside its timed window: with fresh
 writable globals are put back to their initial image and its outputs poisoned (execute.Job.poison);
 with a cold L2, the L2 is flushed. After it, still outside the window, its outputs are scanned for
 poison left unwritten, its drawn inputs are checked against their draw, and the outputs of the
-audited launches (a secret subset the parent chose) are copied to snapshots read back at the end.
+audited launches (a secret subset the parent chose) are copied to snapshots. The counts and the snapshots
+go to the evidence context (harness/worker_side/evidence.py) in stream order, before the next launch runs:
+no launch can reach the evidence of another.
 
 The whole timed loop is queued behind a hold kernel, with no host synchronization inside it, so
 that each launch's event pair (and kernel-clock record) measures the GPU, not the host's pace.
@@ -19,13 +21,15 @@ from time import perf_counter
 
 import numpy as np
 
-from harness.worker_side import device_judging, gpu
+from harness.worker_side import device_judging, evidence, gpu
 from harness.worker_side.cuda_check import CudaError
 from harness.worker_side.job import Job, Launcher
 from harness.worker_side.messages import TimeAnswer, TimeJob
 from harness.worker_side.utility_kernels import MAX_HOLD_NS, Utilities
 from harness.worker_side.buffers import audit_slots, digests_later, pack_outputs, time_slots
 from sandbox.answers import Status
+
+_COUNTS_BYTES = 16  # per timed launch: output elements still poisoned, drawn input elements changed (uint64 each)
 
 
 def time_job(context: gpu.Context, utilities: Utilities, header: TimeJob, blobs: list[bytes],
@@ -37,7 +41,6 @@ def time_job(context: gpu.Context, utilities: Utilities, header: TimeJob, blobs:
         loop.upload_sets()
         loop.warm_up()
         loop.queue_timed_launches()
-        loop.compare_rotated_snapshots()
         loop.wait_for_timed_launches()
         loop.phase("gpu")
         return loop.answer()
@@ -57,7 +60,8 @@ class TimedLoop:
         cubin, self.input_blobs = (None, blobs) if launcher is not None else (blobs[0], blobs[1:])
         self.phases: dict[str, float] = {}
         self._mark = perf_counter()
-        self.counters = self.snapshots = self.queued = None
+        self.counters = self.snapshots = self.scratch = self.queued = None
+        self.evidence = evidence.of_worker(utilities)
         self.pairs: list[gpu.EventPair] = []
         self.job = Job(context, header, cubin, sets=self.sets, launcher=launcher, resident=utilities.resident)
         self.n_out = len(self.job.outputs(0))
@@ -70,11 +74,12 @@ class TimedLoop:
         self.phase("setup")
 
     def _allocate(self) -> None:
-        # Counters: per timed launch, output elements still poisoned; then per timed launch, drawn input
-        # elements changed; then per re-checked output (rotated sets), whether it differs from its set's last.
+        # The scratch (the candidate's context): one launch's counts, output elements still poisoned and drawn
+        # input elements changed. The counters (the evidence context): those two counts of every timed launch.
         making_room = self.utilities.resident.making_room
-        self.counters = making_room(gpu.Allocation, 8 * (2 * max(self.iterations, 1) + len(self.checked) * self.n_out))
-        self.snapshots = making_room(gpu.Allocation, self.output_bytes * len(self.checked))
+        self.scratch = making_room(gpu.Allocation, _COUNTS_BYTES)
+        self.counters = making_room(self.evidence.allocate, _COUNTS_BYTES * max(self.iterations, 1))
+        self.snapshots = making_room(self.evidence.allocate, self.output_bytes * len(self.checked))
         for _ in range(self.iterations):  # one at a time: those made before a failure are destroyed too
             self.pairs.append(gpu.EventPair())
         self.queued = gpu.EventPair()
@@ -106,7 +111,6 @@ class TimedLoop:
     def warm_up(self) -> None:
         """The first warm-up is waited for alone, within the launch limit: a kernel that spins is stopped
         before more launches queue up behind it."""
-        gpu.fill(self.counters.ptr, 0, self.counters.nbytes, self.context.stream)
         for i in range(self.warmups):
             self.ready(i, i % self.sets)
             self.job.launch(i % self.sets)
@@ -134,19 +138,26 @@ class TimedLoop:
             if self.clocked:
                 utilities.untag()
             gpu.record(self.pairs[i].end, stream)
-            for _, p, buffer in job.outputs(s):
-                utilities.count_equal(buffer.ptr, p["nbytes"] // p["itemsize"], p["itemsize"], self.header["poison"],
-                                      self.counters.ptr + 8 * i)
-            if self.fresh_key is not None:
-                job.draw(utilities, s, self.fresh_key, self.warmups + i,
-                         changed=self.counters.ptr + 8 * (self.iterations + i))
+            self.count(i, s)
             if i in checked:
                 for _, p, buffer in job.outputs(s):
-                    gpu.copy(snapshot_ptr, buffer.ptr, p["nbytes"], stream)
+                    self.evidence.take(snapshot_ptr, buffer.ptr, p["nbytes"], stream)
                     snapshot_ptr += p["nbytes"]
         # Still inside the hold when everything is queued: the GPU never waited for the host.
         self.host_kept_up = not gpu.completed(self.queued.start)
         utilities.queued(self.iterations, perf_counter() - started, self.host_kept_up)
+
+    def count(self, launch: int, set_index: int) -> None:
+        """Queue timed launch `launch`'s counts into the scratch, zeroed first (the launch itself may have written
+        it), then their move to the evidence context."""
+        stream, scratch = self.context.stream, self.scratch.ptr
+        gpu.fill(scratch, 0, _COUNTS_BYTES, stream)
+        for _, p, buffer in self.job.outputs(set_index):
+            self.utilities.count_equal(buffer.ptr, p["nbytes"] // p["itemsize"], p["itemsize"], self.header["poison"],
+                                       scratch)
+        if self.fresh_key is not None:
+            self.job.draw(self.utilities, set_index, self.fresh_key, self.warmups + launch, changed=scratch + 8)
+        self.evidence.take(self.counters.ptr + _COUNTS_BYTES * launch, scratch, _COUNTS_BYTES, stream)
 
     def wait_for_timed_launches(self) -> None:
         """Everything queued done. With a launch limit, each timed launch must end within it of the one before
@@ -160,16 +171,6 @@ class TimedLoop:
     def _limit_of(self, launches: int) -> float | None:
         """The limit of `launches` launches waited for together."""
         return None if self.limit_s is None else self.limit_s * max(launches, 1)
-
-    def compare_rotated_snapshots(self) -> None:
-        """Rotated sets only: a re-checked output equal to its set's last one is not read back twice."""
-        if self.fresh_key is not None:
-            return
-        at = self.snapshot_offsets()
-        base = 8 * 2 * self.iterations
-        for k, i in enumerate(self.checked):
-            for j, (_, p, last) in enumerate(self.job.outputs(i % self.sets)):
-                self.utilities.differ(at[k][j], last.ptr, p["nbytes"], self.counters.ptr + base + 8 * (k * self.n_out + j))
 
     def snapshot_offsets(self) -> list[list[int]]:
         """Device address of each re-checked launch's copy of each output: back to back, in launch order."""
@@ -190,13 +191,13 @@ class TimedLoop:
         kernel_ms, gpu_busy_ms, records = utilities.finish_with_records(tags)
         if not self.clocked:
             kernel_ms = records = None
-        counts = np.frombuffer(gpu.download(self.counters.ptr, self.counters.nbytes).tobytes(), dtype=np.uint64)
-        unwritten, changed = counts[:iterations], counts[iterations:2 * iterations]
+        counts = self.evidence.download(self.counters.ptr, self.counters.nbytes).view(np.uint64).reshape(-1, 2)
+        unwritten, changed = counts[:iterations, 0], counts[:iterations, 1]
         held = self.hold_snapshots() if self.header.get("hold_outputs") and self.fresh_key is not None else {}
         if held.get("held_outputs") is not None:  # judged on the device: only the inputs' evidence is read back
             inputs_host, blobs, slots = self.utilities.staging.take(self.job.input_bytes()), [], []
         else:
-            inputs_host, blobs, slots = self.read_back(counts[2 * iterations:])
+            inputs_host, blobs, slots = self.read_back()
         output_hashes = digests_later(blobs)  # hashed on the hashing threads while the inputs are checked
         self.phase("read_back")
         hashes, guards = self.job.evidence(inputs_host)
@@ -219,15 +220,16 @@ class TimedLoop:
         snapshots stay here until the next job, and their handles go back, per audited launch per output.
         Where they cannot be exported, they are read back as usual ("held_error")."""
         try:
-            entries = [[device_judging.export(self.snapshots.ptr, ptr) for ptr in launch]
-                       for launch in self.snapshot_offsets()]
+            with self.evidence.current():  # the snapshots are the evidence context's allocation
+                entries = [[device_judging.export(self.snapshots.ptr, ptr) for ptr in launch]
+                           for launch in self.snapshot_offsets()]
         except CudaError as exc:
             return {"held_outputs": None, "held_error": f"{exc.name}: {exc}"}
         self.utilities.held.keep(self.snapshots)
         self.snapshots = None  # freed at the next job, once judged
         return {"held_outputs": entries}
 
-    def read_back(self, differs: np.ndarray) -> tuple[np.ndarray, list, list[str]]:
+    def read_back(self) -> tuple[np.ndarray, list, list[str]]:
         """(host room for the inputs' evidence, the output blobs to send, their slots). Fresh inputs: every
         audited launch's snapshot. Rotated sets: the re-checked snapshots (each one equal to its set's last
         output given as that same object, hashed once), then the last output of every set."""
@@ -245,12 +247,11 @@ class TimedLoop:
         at, blobs = self.snapshot_offsets(), []
         for k, i in enumerate(self.checked):
             for j, (_, p, _) in enumerate(job.outputs(i % self.sets)):
-                if sets and differs[k * n_out + j] == 0:
-                    blobs.append(lasts[(i % sets) * n_out + j])  # the same bytes: the same object, hashed once
-                else:
-                    start = at[k][j] - self.snapshots.ptr
-                    blobs.append(host[start:start + p["nbytes"]])
-                    gpu.download_into(at[k][j], blobs[-1])
+                start = at[k][j] - self.snapshots.ptr
+                blobs.append(host[start:start + p["nbytes"]])
+                self.evidence.download_into(at[k][j], blobs[-1])
+                if sets and np.array_equal(blobs[-1], lasts[(i % sets) * n_out + j]):
+                    blobs[-1] = lasts[(i % sets) * n_out + j]  # the same bytes: the same object, hashed once
         if self.fresh_key is not None:
             return inputs_host, blobs, audit_slots(self.checked, n_out)
         return inputs_host, blobs + lasts, time_slots(self.checked, self.sets, n_out)
@@ -260,7 +261,7 @@ class TimedLoop:
             return  # a kernel still runs: releasing would wait for it, and the worker ends anyway
         for pair in self.pairs + ([self.queued] if self.queued else []):
             pair.destroy()
-        for allocation in (self.counters, self.snapshots):
+        for allocation in (self.scratch, self.counters, self.snapshots):
             if allocation is not None:
                 allocation.free()
         self.job.close()

@@ -103,6 +103,7 @@ class Utilities:
         self.held = Held()
         self.kept = Kept(int(KEPT_SHARE * context.info.total_memory_bytes))
         self.judges = None
+        self.evidence = None  # the evidence context (harness/worker_side/evidence.py), made by the first timing
         self.queue_ns_per_launch = HOST_QUEUE_NS_PER_LAUNCH
         self.event_overhead_ms, self.kernel_floor_ms = self._floor_ms()
 

@@ -1,0 +1,97 @@
+"""The evidence context: a second CUDA context on the worker's device that holds what proves a timed launch
+right, out of the candidate's reach.
+
+A kernel can address only the memory of the context it runs in: each context has its own GPU address space,
+and an access to another context's memory faults (a sticky error: the job fails). The timed loop
+(harness/worker_side/timed_loop.py) keeps there, per timed launch, the count of output elements left unwritten
+and of drawn input elements changed, and the snapshots of the audited launches' outputs. Each launch's counts
+are made by the referee's kernels in a small scratch of the candidate's context, right after the launch, then
+moved here with cuMemcpyPeerAsync on the same stream, with the audited outputs: in stream order, before the
+candidate's next launch runs, so no later launch can repair a snapshot or zero a count. The snapshots are what
+device judging exports to the reference's worker (harness/worker_side/device_judging.py); no kernel ever runs
+in this context.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import numpy as np
+from cuda.bindings import driver
+
+from harness.worker_side import gpu
+from harness.worker_side.cuda_check import check
+
+# The evidence context runs no kernel: the least printf FIFO and heap the driver takes, so that it costs the
+# device little beyond its own bookkeeping.
+_SMALL_LIMITS = {"CU_LIMIT_PRINTF_FIFO_SIZE": 4096, "CU_LIMIT_MALLOC_HEAP_SIZE": 4096, "CU_LIMIT_STACK_SIZE": 1024}
+
+
+class EvidenceContext:
+    """The second context, made once per worker by its first timing (of_worker), destroyed with the worker."""
+
+    def __init__(self, context: gpu.Context):
+        self.candidate = context.context
+        # cuCtxCreate makes the new context current: popped at once, the candidate's stays the thread's own.
+        self.handle = check(driver.cuCtxCreate(None, 0, context.device), "cuCtxCreate")
+        try:
+            for name, value in _SMALL_LIMITS.items():
+                driver.cuCtxSetLimit(getattr(driver.CUlimit, name), value)  # best effort: smaller is only cheaper
+        finally:
+            check(driver.cuCtxPopCurrent(), "cuCtxPopCurrent")
+
+    @contextmanager
+    def current(self):
+        """The evidence context made current for the calls within (allocations, frees, exports, reads)."""
+        check(driver.cuCtxPushCurrent(self.handle), "cuCtxPushCurrent")
+        try:
+            yield
+        finally:
+            check(driver.cuCtxPopCurrent(), "cuCtxPopCurrent")
+
+    def allocate(self, nbytes: int) -> EvidenceAllocation:
+        return EvidenceAllocation(self, nbytes)
+
+    def take(self, destination: int, source: int, nbytes: int, stream) -> None:
+        """Queue on the candidate's `stream` a copy of its bytes at `source` into this context at `destination`."""
+        if nbytes:
+            check(driver.cuMemcpyPeerAsync(destination, self.handle, source, self.candidate, nbytes, stream),
+                  "cuMemcpyPeerAsync")
+
+    def download(self, ptr: int, nbytes: int) -> np.ndarray:
+        with self.current():
+            return gpu.download(ptr, nbytes)
+
+    def download_into(self, ptr: int, host: np.ndarray) -> None:
+        with self.current():
+            gpu.download_into(ptr, host)
+
+    def destroy(self) -> None:
+        if self.handle is not None:
+            driver.cuCtxDestroy(self.handle)
+            self.handle = None
+
+
+class EvidenceAllocation(gpu.Allocation):
+    """Device memory of the evidence context."""
+
+    def __init__(self, evidence: EvidenceContext, nbytes: int):
+        self.evidence = evidence
+        with evidence.current():
+            super().__init__(nbytes)
+
+    def free(self) -> None:
+        """Best effort, as gpu.Allocation's: after a sticky error the free fails harmlessly."""
+        if self.ptr and self.evidence.handle is not None:
+            pushed = driver.cuCtxPushCurrent(self.evidence.handle)[0] == driver.CUresult.CUDA_SUCCESS
+            driver.cuMemFree(self.ptr)
+            if pushed:
+                driver.cuCtxPopCurrent()
+        self.ptr = 0
+
+
+def of_worker(utilities) -> EvidenceContext:
+    """The worker's evidence context, made on first use (a reference's worker that never times has none)."""
+    if utilities.evidence is None:
+        utilities.evidence = EvidenceContext(utilities.context)
+    return utilities.evidence
