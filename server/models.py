@@ -120,10 +120,10 @@ class AttemptAnswer(BaseModel):
     best_attempt: int
     budget: Budget
     holdout: dict[str, Any] | None = None
+    mix: InstructionMix | None = None  # the attempt's SASS instruction mix, as compile_kernel answers it
 
 
 class FinishAnswer(BaseModel):
-    mix: InstructionMix | None = None  # the attempt's SASS instruction mix, as compile_kernel answers it
     stop_reason: str
     best_attempt: int
     disqualified: list[int]

@@ -172,9 +172,9 @@ class CompileRecord(Record):
     cache_hit: bool | None = None
     log: str | None = None
     resources: dict[str, Any] | None = None
-
-
     mix: InstructionMix | None = None  # the CUBIN's SASS instruction mix (harness/worker_side/sass_mix.py)
+
+
 class AttemptRecord(Record):
     """One entry of history.json: an attempt (0 is the baseline) and how it was judged."""
 
