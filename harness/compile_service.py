@@ -94,7 +94,9 @@ class CompileService:
         """Compile in the worker; CompileRefused for a request refused by policy, else a result. `within`: the
         tool call's deadline, which caps the compile's own (a compile cut short by it is a failed compile)."""
         request = _Request.checked(source, kernel_name, options, arch)
-        if (hit := self.cache.get(request.key)) is not None:
+        # An entry an in-process compile stored (nvrtc.compile_kernel with this cache) has no instruction mix: the
+        # worker compiles it again, and its whole result replaces the entry.
+        if (hit := self.cache.get(request.key)) is not None and hit.mix is not None:
             return hit.model_copy(update={"cache_hit": True})
         with self._lock:
             result = self._compile_in_worker(request, within or Deadline.never())

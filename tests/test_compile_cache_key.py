@@ -192,3 +192,16 @@ def test_the_stored_entry_holds_every_field_of_the_result(tmp_path):
     assert set(stored) == set(CompileResult.model_fields) - {"cubin"}
     served = _compile(CompileCache(folder=tmp_path), _request())
     assert served.model_copy(update={"cache_hit": False}) == first and served.cubin == first.cubin
+
+
+def test_the_compile_service_never_serves_an_entry_without_the_instruction_mix():
+    """A result compiled in-process (no disassembly, so no mix) and one from the compile worker share a key: the
+    service compiles the first again rather than answer a kernel whose instructions were not read."""
+    cache = CompileCache()
+    in_process = _compile(cache, _request())
+    assert in_process.ok and in_process.mix is None
+    with CompileService(confine=CONFINE, cache=cache) as service:
+        served = service.compile(SCALE, "scale", ["-DFACTOR=2.0f"], "sm_90")
+        assert not served.cache_hit and served.mix is not None and served.mix.fp32 >= 1
+        again = service.compile(SCALE, "scale", ["-DFACTOR=2.0f"], "sm_90")
+    assert again.cache_hit and again.mix == served.mix  # the worker's result replaced the entry
