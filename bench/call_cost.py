@@ -3,7 +3,11 @@ and the tamper check of the run's locked files; `audit_record` alone shows the f
 describe_task answers when many come at once, or while a slow record_attempt is in flight. The GPU side is the test suite's fake executor (tests/fake_executor.py);
 the run is a real run folder of cases/matmul_f32, whose expected outputs take about 111 MB.
 
-    python bench/call_cost.py [--calls 50] [--concurrent 200] [--slow-s 3] [--json OUT]
+With --record-attempt, on a GPU: record_attempt on matmul_f32 (the tiled candidate against the baseline, two
+rounds; bench/timing.py's overhead step) against its bound, compile + 1.3 x GPU busy + 0.3 s, with the three
+numbers, and each case's bound on a kernel wrong on most timed launches passing every audit (harness/audit_bound.py).
+
+    python bench/call_cost.py [--calls 50] [--concurrent 200] [--slow-s 3] [--record-attempt] [--json OUT]
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from mcp import Client
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.timing import Bench  # noqa: E402
+from harness.device import gpu_absent_reason  # noqa: E402
 from harness.task import load_task  # noqa: E402
 from server.app import build_server  # noqa: E402
 from server.lifecycle import new_run  # noqa: E402
@@ -99,13 +105,44 @@ async def describe_during_attempt(run: Run, slow_s: float) -> dict:
     return answered
 
 
+def record_attempt_cost() -> dict:
+    """record_attempt's wall time on a GPU against compile + 1.3 x GPU busy + 0.3 s, and its audits' bound."""
+    with tempfile.TemporaryDirectory(prefix="call-cost-gpu-") as out:
+        bench = Bench(Path(out), runs=1, trials=1)
+        try:
+            bench.overhead()
+        finally:
+            bench.close()
+    o = bench.results["overhead"]
+    return {"record_attempt_s": round(o["record_attempt_wall_s"], 3), "compile_s": round(o["compile_s"], 3),
+            "gpu_busy_s": round(o["gpu_busy_s"], 3), "gpu_busy_source": o["gpu_busy_source"],
+            "bound_s": round(o["bound_s"], 3), "within_bound": o["record_attempt_wall_s"] <= o["bound_s"],
+            "audit_escape_bound": o["audit_escape_bound"], "verdict": o["verdict"]}
+
+
+def attempt_lines(cost: dict) -> list[str]:
+    """The GPU numbers in words: the three terms of the bound, the wall time against it, the audits' bound."""
+    lines = [f"record_attempt {cost['record_attempt_s']:.2f} s against compile {cost['compile_s']:.2f} s + 1.3 x "
+             f"GPU busy {cost['gpu_busy_s']:.2f} s ({cost['gpu_busy_source']}) + 0.3 s = {cost['bound_s']:.2f} s: "
+             + ("within" if cost["within_bound"] else "over")]
+    for case, bound in cost["audit_escape_bound"].items():
+        lines.append(f"  {case}: a kernel wrong on most timed launches passes every audit with a chance of at most "
+                     + ("(not audited)" if bound is None else f"{bound:.3g}"))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=50, help="guard calls timed one after another")
     parser.add_argument("--concurrent", type=int, default=200, help="describe_task calls issued at once")
     parser.add_argument("--slow-s", type=float, default=3.0, help="the slow record_attempt's timing, seconds")
     parser.add_argument("--json", type=Path, help="write the numbers here as JSON")
+    parser.add_argument("--record-attempt", action="store_true",
+                        help="on a GPU: record_attempt's wall time against compile + 1.3 x GPU busy + 0.3 s")
     args = parser.parse_args(argv)
+    if args.record_attempt and (reason := gpu_absent_reason()) is not None:
+        print(f"--record-attempt measures on a GPU, and there is none here: {reason}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="call-cost-") as tmp:
         run = new_run(MATMUL, Path(tmp) / "results", RunSettings(), FakeExecutor(load_task(MATMUL)))
         time.sleep(SETTLE_S)
@@ -116,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
                    "concurrent_describe_task": anyio.run(concurrent_describes, run, args.concurrent),
                    "describe_during_slow_attempt": anyio.run(describe_during_attempt, run, args.slow_s)}
         run.close()
+    if args.record_attempt:
+        numbers["record_attempt_on_gpu"] = record_attempt_cost()
     print(json.dumps(numbers, indent=2))
+    if args.record_attempt:
+        print("\n".join(attempt_lines(numbers["record_attempt_on_gpu"])))
     if args.json:
         args.json.write_text(json.dumps(numbers, indent=2) + "\n")
     return 0

@@ -324,6 +324,8 @@ class Bench:
             "timed_launches_s": busy["s"], "worker_jobs": measured,
             "host_s": wall_s - compile_s - gpu_busy_s, "worker_cold_start_s": cold_start_s,
             "compile_ms": first.compile_ms, "cache_hit_ms": hit_ms,
+            # per case, the chance at most that a kernel wrong on most launches passed every audit (harness/audit_bound.py)
+            "audit_escape_bound": {name: row.audit_escape_bound for name, row in (entry.timing or {}).items()},
             "executor_calls": {name: clock.summary() for name, clock in calls.items()}}
         self.save()
 
