@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness import expr
+from harness.arithmetic import CUDA_CORES, Arithmetic
 from harness.csig import C_TYPE_SPELLINGS, parse_signature
 from harness.task_model import (DTYPES, INTEGER_DTYPES, Case, Cost, Generator, LaunchSpec, Param, Tolerance,
                                 dtype_of_ctype)
@@ -59,6 +60,8 @@ class CasesFile(BaseModel):
     reference_launch: LaunchSpec | None = None
     initial_launch: LaunchSpec | None = None
     cost: Cost | None = None
+    # The units a kernel may compute on (harness/arithmetic.py); task.toml always states it.
+    arithmetic: Arithmetic = CUDA_CORES
 
 
 @dataclass

@@ -65,6 +65,9 @@ def _header(plan: TaskPlan, oracle: bool) -> list[str]:
              f"name = {value(plan.name)}", f"description = {value(plan.description)}"]
     if oracle:
         lines.append('oracle = "oracle.py"')
+    lines += ["# The units a kernel may compute on (docs/task-format.md, \"Arithmetic\"): \"cuda-cores\" (no tensor "
+              "cores), \"any\", or the tensor-core input types allowed, e.g. [\"bf16\"].",
+              f"arithmetic = {value(plan.spec.arithmetic)}"]
     kernel = {"name": plan.kernel_name, "signature": plan.signature}
     return lines + [""] + _table("kernel", kernel)
 

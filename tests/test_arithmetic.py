@@ -15,9 +15,11 @@ from harness.task import load_task
 from harness.task_model import TaskError
 from harness.worker_side.nvrtc import compile_kernel
 from harness.worker_side.sass_mix import InstructionMix, instruction_mix
+from server.cli import main
 from server.suspicion import physical_limit_checks
 from tests.fake_executor import H200_ENVIRONMENT
 from tests.server_support import INITIAL, MATMUL, client, kernel, ok, refused
+from tests.test_new_task import CASES, cases_file, new_task_args
 
 REPO = Path(__file__).resolve().parents[1]
 SPLIT = (REPO / "tests" / "exploits" / "split_precision_gemm.cu").read_text()
@@ -136,3 +138,12 @@ async def test_a_forbidden_kernel_is_rejected_by_every_tool_before_it_runs(run):
 def test_the_task_s_own_initial_kernel_is_not_held_to_the_rule(run):
     baseline = run.candidates[run.history[0].candidate]
     assert baseline.source == INITIAL and run.history[0].compile.mix is not None
+
+
+@pytest.mark.parametrize("given, written", [(None, 'arithmetic = "cuda-cores"'), (["tf32"], 'arithmetic = ["tf32"]')])
+def test_new_task_always_writes_the_arithmetic(tmp_path, given, written):
+    cases = CASES if given is None else {**CASES, "arithmetic": given}
+    folder = tmp_path / "matmul"
+    assert main(new_task_args(folder, cases_file(tmp_path, cases))) == 0
+    assert written in (folder / "task.toml").read_text().splitlines()
+    assert load_task(folder).arithmetic == (tuple(given) if given else "cuda-cores")
