@@ -24,6 +24,7 @@ from harness.device import gpu_absent_reason  # noqa: E402
 from harness.settings import CompiledKernel, TimingSettings  # noqa: E402
 from harness.task import load_task  # noqa: E402
 from harness.task_model import LaunchSpec  # noqa: E402
+from harness.timing_shape import shape_of  # noqa: E402
 from server.demo import PLAN  # noqa: E402
 from server.executor import GpuExecutor  # noqa: E402
 
@@ -83,7 +84,6 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     document = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "rows": rows}
     try:
-        from harness.timing_shape import shape_of
         for row in rows:
             row["shape"] = shape_of(row["samples_ms"]).model_dump(mode="json") if row["samples_ms"] else None
     except Exception as exc:  # noqa: BLE001 - the raw samples are what matters; a shape is recomputed later

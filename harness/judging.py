@@ -80,3 +80,12 @@ def undeclared_launches(records: list | None, header: dict, case: str) -> list[R
     return [Reason(code=ReasonCode.LAUNCH_NOT_AS_DECLARED, case=case, detail=(
         f"{len(off)} timed launches did not run exactly the declared kernel {declared[0]} with grid "
         f"{tuple(declared[1])} and block {tuple(declared[2])} (first: launch {i} ran {seen})"))]
+
+
+def audit_reasons(case: str, wrong: list[str], audited: int) -> list[Reason]:
+    """The reason of a timing whose audited launches gave wrong outputs (`wrong`: "launch I: detail" each)."""
+    if not wrong:
+        return []
+    return [Reason(code=ReasonCode.TIMED_OUTPUT_MISMATCH, case=case, detail=(
+        f"{len(wrong)} of {audited} audited timed launches gave wrong outputs for their own fresh "
+        f"inputs (first: {wrong[0]}); a result must be computed from the inputs of its launch"))]

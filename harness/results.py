@@ -30,6 +30,9 @@ class ReasonCode(str, Enum):
     UNEVEN_LAUNCHES = "uneven_launches"    # the mean launch far above the median: work shifted between launches
     ARITHMETIC_NOT_ALLOWED = "arithmetic_not_allowed"  # SASS on units the task's `arithmetic` forbids (tensor cores)
     DEVICE_HEAP = "device_heap"            # calls device malloc/free where the task does not allow the heap
+    TIMING_MODES = "timing_modes"          # the timed launches fall into distinct fast and slow groups, twice
+    TIMING_SPREAD = "timing_spread"        # the timed launches spread wider than honest kernels', twice
+    RETIMING_DISAGREES = "retiming_disagrees"  # a flagged result timed again in a fresh worker: medians disagree
 
 
 class Reason(BaseModel):

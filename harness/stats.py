@@ -225,6 +225,15 @@ def geomean_speedup(pairs: Sequence[tuple[LatencyStats, LatencyStats]]) -> Speed
     )
 
 
+def median_rel_halfwidth(samples_ms: Sequence[float], confidence: float = 0.95) -> float:
+    """Half-width of the median's confidence interval divided by the median (inf with no samples)."""
+    values = np.sort(np.asarray(samples_ms, dtype=np.float64).ravel())
+    if values.size == 0:
+        return math.inf
+    low, high = median_ci(values, confidence)
+    return _safe_ratio((high - low) / 2.0, float(np.median(values))) if high > low else 0.0
+
+
 class StoppingRule:
     """Keep sampling until the median CI is tight relative to the median.
 
@@ -267,12 +276,7 @@ class StoppingRule:
 
     def rel_halfwidth(self) -> float:
         """Half-width of the median CI divided by the median (inf if unknown)."""
-        n = len(self._sorted)
-        if n == 0:
-            return math.inf
-        low, high = median_ci(self._sorted, self.confidence)
-        median = float(np.median(self._sorted))
-        return _safe_ratio((high - low) / 2.0, median) if high > low else 0.0
+        return median_rel_halfwidth(self._sorted, self.confidence)
 
     def is_finished(self) -> bool:
         n = len(self._samples)

@@ -17,13 +17,15 @@ from harness import jobs
 from harness.audit_bound import secret_audits
 from harness.compare import compare_output
 from harness.gpu_lease import held
-from harness.judging import integrity_reasons, mismatch_detail, poison_count, undeclared_launches, uneven_launches
+from harness.judging import (audit_reasons, integrity_reasons, mismatch_detail, poison_count, undeclared_launches,
+                             uneven_launches)
 from harness.nvml import GpuWatch, judge
 from harness.peaks import roofline_fraction, roofline_ms
 from harness.results import CaseTiming, Reason, ReasonCode, TimingReport
 from harness.settings import ReferenceFailed, input_seed
-from harness.stats import StoppingRule, geometric_mean, summarize
+from harness.stats import StoppingRule, geometric_mean, median_rel_halfwidth, summarize
 from harness.task_model import INTEGER_DTYPES, Case
+from harness.timing_shape import shape_of, shape_reasons
 from harness.worker_calls import (STOPS_A_SEQUENCE, Refused, call_worker, clocked_samples, guard_bytes_of,
                                   launch_geometry)
 from harness.worker_side import buffers, fresh_inputs
@@ -66,8 +68,16 @@ class TimingProtocol:
                 rule.add(sample)
             if rule.is_finished() or len(rule.samples) + s.iterations > rule.max_samples:
                 break
+        if shape_reasons(shape_of(rule.samples), case.name):
+            # Launches in distinct modes, or spread beyond honest kernels': one more job decides, judged alone, so
+            # that a GPU that changed pace between jobs is not mistaken for a kernel that changes pace per launch.
+            again = self._time_batch(timed, make_job, worker, audits)
+            refused = again.reasons or shape_reasons(shape_of(again.samples_ms), case.name)
+            if refused:
+                return again.model_copy(update={"passed": False, "reasons": refused, "batches": len(batches) + 1})
+            batches = [again.model_copy(update={"warnings": again.warnings + [_MEASURED_AGAIN]})]
         watch = judge(before, self.nvml.read(), self._our_pids()) if self.nvml and before else None
-        return self._merged(case, batches, rule, watch)
+        return self._merged(case, batches, watch)
 
     def _timed_case(self, case: Case) -> _TimedCase:
         """What every batch of a case's timing shares. The input sets (and their hashes) are fixed per
@@ -189,7 +199,7 @@ class TimingProtocol:
             return self._judge_fresh_timing(timed, answer, blobs_back, checked, guard_seed, expected, built[0], audits)
         return self._judge_timing(timed, answer, blobs_back, checked, guard_seed)
 
-    def _merged(self, case: Case, batches: list[CaseTiming], rule: StoppingRule, watch: GpuWatch | None) -> CaseTiming:
+    def _merged(self, case: Case, batches: list[CaseTiming], watch: GpuWatch | None) -> CaseTiming:
         if len({b.clock for b in batches}) > 1:
             raise jobs.AnswerError(f"case {case.name}: the worker's timings changed clock between batches")
         samples = [x for b in batches for x in b.samples_ms]
@@ -198,7 +208,7 @@ class TimingProtocol:
         warnings = list(dict.fromkeys(w for b in batches for w in b.warnings))
         if watch is not None:
             warnings += watch.warnings
-        noise = rule.rel_halfwidth()
+        noise = median_rel_halfwidth(samples)
         if noise > self.settings.noise_target:
             warnings.append(f"the median is known to +-{noise:.2%} after {len(samples)} launches, "
                             f"short of the +-{self.settings.noise_target:.2%} target")
@@ -356,6 +366,10 @@ class TimingProtocol:
         return stale
 
 
+_MEASURED_AGAIN = ("measured again in one more job: the first jobs' launches fell into distinct modes or spread "
+                   "wide (harness/timing_shape.py), this job's did not")
+
+
 @dataclass
 class _TimedCase:
     """One case's timing state, shared by its batches."""
@@ -371,15 +385,6 @@ class _TimedCase:
     # Fresh inputs: how each drawn input is drawn, by name (None: the rotated fixed sets)
     draws: dict[str, dict] | None = None
     poison_is_a_value: bool = False
-
-
-def audit_reasons(case: str, wrong: list[str], audited: int) -> list[Reason]:
-    """The reason of a timing whose audited launches gave wrong outputs (`wrong`: "launch I: detail" each)."""
-    if not wrong:
-        return []
-    return [Reason(code=ReasonCode.TIMED_OUTPUT_MISMATCH, case=case, detail=(
-        f"{len(wrong)} of {audited} audited timed launches gave wrong outputs for their own fresh "
-        f"inputs (first: {wrong[0]}); a result must be computed from the inputs of its launch"))]
 
 
 def _with_audits(timing: CaseTiming, audits: list[Future]) -> CaseTiming:

@@ -14,6 +14,9 @@ by `--behaviour=NAME` on its command line (parsed out before the fds):
                  inputs: every audited launch returns the first timed launch's result)
   skip_timing    time jobs: every 4th timed launch leaves 10 elements unwritten
   batched_timing time jobs: every 4th timed launch takes 0.2 ms, the others 0.01 ms (work done in batches)
+  two_mode_timing   time jobs: 55% of the timed launches take 0.05 ms, the others 0.075 ms (padded)
+  modes_once_timing the first two time jobs as two_mode_timing (the first may be answered again on the host,
+                    when the device does not judge), the later ones honest
   fault          answers a sticky CUDA_ERROR_ILLEGAL_ADDRESS fault, then exits 3
   out_of_memory  answers every job as the real worker does when device memory ran out, and stays up
   no_cublas      vendor_time jobs answer "unavailable" and peaks come without compute peaks
@@ -46,8 +49,9 @@ from harness.worker_side.gpu_worker_main import confine_from_argv, regions_from_
 
 BEHAVIOURS = {"honest", "oob_after", "oob_before", "modify_input", "unwritten", "race",
               "stale_timing", "skip_timing", "fault", "out_of_memory", "no_cublas",
-              "quiet_timing", "noisy_timing", "batched_timing"}
-SAMPLE_SPREAD_MS = {"quiet_timing": 0.00001, "noisy_timing": 0.02}
+              "quiet_timing", "noisy_timing", "batched_timing", "two_mode_timing", "modes_once_timing"}
+SAMPLE_SPREAD_MS = {"quiet_timing": 0.00001, "noisy_timing": 0.005}
+TIME_JOBS = [0]  # time jobs answered so far by this worker process
 FAKE_PEAKS = {"memory_gbps": 4000.0, "fp32_tflops": 50.0, "tensor_bf16_tflops": 800.0}
 EXIT_STICKY = 3
 EXIT_TOO_SLOW = 5
@@ -188,6 +192,10 @@ def _samples(header, behaviour):
     if behaviour == "batched_timing":
         return [0.2 if i % 4 == 0 else 0.01 for i in range(iterations)]
     rng = np.random.default_rng(header["guard_seed"] % (1 << 32))
+    TIME_JOBS[0] += 1
+    if behaviour == "two_mode_timing" or (behaviour == "modes_once_timing" and TIME_JOBS[0] <= 2):
+        padded = rng.permutation(iterations) < round(0.45 * iterations)
+        return [float((0.075 if pad else 0.05) + abs(x)) for pad, x in zip(padded, rng.normal(0.0, 0.0005, iterations))]
     return [float(0.05 + abs(x)) for x in rng.normal(0.0, SAMPLE_SPREAD_MS.get(behaviour, 0.001), iterations)]
 
 

@@ -1,0 +1,111 @@
+"""The shape of a job's timed launches: how widely they spread and whether they fall into distinct modes.
+
+An honest kernel's launches take about the same time: noise of a fraction of a percent to a few percent,
+and rare outliers. A kernel that decides per launch (from its inputs, a clock, a counter) whether to run
+fast or slow has launches in two groups with little between them; the median is the fast group's when
+it holds a little over half of the launches, and the slow launches set everything else (the mean, the
+upper end of the median's interval). `uneven_launches` (harness/judging.py) bounds the mean against the
+median; the shape looks at the samples themselves, where the mean hides how they are spread.
+
+Pure: samples in, statistics and reasons out. The timing protocol (harness/timing_protocol.py) measures
+a case again in one more job when its shape is refused, and refuses the case only if that job's shape is
+refused too. The thresholds come from honest kernels timed on an H100 (bench/spreads.py; docs/timing.md,
+"Timing shapes").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from harness.results import Reason, ReasonCode
+
+# Both sides of a gap must hold at least this share of the launches for the gap to part two modes: a few
+# slow outliers (a clock step, an interrupt of the GPU's front end) are not a mode.
+MODE_SHARE = 0.10
+# Two modes: the gap between them is at least this fraction of the median, and at least MODE_SEPARATION
+# times the wider of the two sides' own spreads (p25 to p75 of each side).
+MODE_GAP = 0.10
+MODE_SEPARATION = 3.0
+# A job's spread, (p90 - p10) / median, beyond SPREAD_MAX + SPREAD_JITTER_MS / median: short kernels jitter
+# by a fixed amount of time as well as by a fraction of it.
+SPREAD_MAX = 0.25
+SPREAD_JITTER_MS = 0.002
+
+
+class TimingShape(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    n: int
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    spread: float            # (p90 - p10) / median
+    mode_gap: float          # the widest gap between consecutive sorted samples with MODE_SHARE on each side, / median
+    mode_below: float        # the share of launches below that gap
+    mode_separation: float   # that gap / the wider of the two sides' interquartile ranges (inf: both sides flat)
+
+    @property
+    def spread_allowed(self) -> float:
+        return SPREAD_MAX + (SPREAD_JITTER_MS / self.median_ms if self.median_ms > 0 else 0.0)
+
+    @property
+    def has_modes(self) -> bool:
+        return self.mode_gap >= MODE_GAP and self.mode_separation >= MODE_SEPARATION
+
+    @property
+    def too_wide(self) -> bool:
+        return self.spread > self.spread_allowed
+
+
+def shape_of(samples_ms: Sequence[float]) -> TimingShape:
+    """The shape of one job's (or one case's) timed launches."""
+    samples = np.sort(np.asarray(samples_ms, dtype=np.float64).ravel())
+    if samples.size == 0:
+        raise ValueError("no latency samples")
+    n = int(samples.size)
+    p10, median, p90 = (float(v) for v in np.percentile(samples, [10.0, 50.0, 90.0]))
+    scale = median if median > 0 else 1.0
+    gap, below, separation = _widest_split(samples)
+    return TimingShape(n=n, median_ms=median, p10_ms=p10, p90_ms=p90, spread=(p90 - p10) / scale,
+                       mode_gap=gap / scale, mode_below=below, mode_separation=separation)
+
+
+def _widest_split(samples: np.ndarray) -> tuple[float, float, float]:
+    """(gap, share below it, separation) of the widest gap between sorted samples i-1 and i with at least
+    MODE_SHARE of the launches on each side; (0, 0, 0) when there are too few launches for two sides."""
+    n = samples.size
+    least = max(2, int(np.ceil(MODE_SHARE * n)))
+    if n < 2 * least:
+        return 0.0, 0.0, 0.0
+    gaps = np.diff(samples)[least - 1:n - least]  # gaps[j] lies between samples least-1+j and least+j
+    j = int(np.argmax(gaps))
+    split = least + j                             # samples[:split] below the gap, samples[split:] above it
+    gap = float(gaps[j])
+    within = max(_iqr(samples[:split]), _iqr(samples[split:]))
+    separation = gap / within if within > 0 else (float("inf") if gap > 0 else 0.0)
+    return gap, split / n, separation
+
+
+def _iqr(values: np.ndarray) -> float:
+    low, high = np.percentile(values, [25.0, 75.0])
+    return float(high - low)
+
+
+def shape_reasons(shape: TimingShape, case: str) -> list[Reason]:
+    """Why a job's launches are refused for their shape: distinct modes, or else a spread no honest kernel shows
+    (two modes spread wide as well: the modes are the reason)."""
+    if shape.has_modes:
+        return [Reason(code=ReasonCode.TIMING_MODES, case=case, detail=(
+            f"the {shape.n} timed launches fall into two groups: {shape.mode_below:.0%} of them below a gap of "
+            f"{shape.mode_gap:.0%} of the median ({shape.median_ms * 1e3:.2f} us), {shape.mode_separation:.3g} "
+            f"times the groups' own spread (at most {MODE_GAP:.0%} and {MODE_SEPARATION:g} times allowed): a "
+            "kernel that runs fast on some launches and slow on others is scored by its fast ones"))]
+    if shape.too_wide:
+        return [Reason(code=ReasonCode.TIMING_SPREAD, case=case, detail=(
+            f"the timed launches spread over {shape.spread:.0%} of the median ({shape.median_ms * 1e3:.2f} us) "
+            f"from the 10th to the 90th percentile, beyond the {shape.spread_allowed:.0%} honest kernels stay "
+            "within"))]
+    return []
