@@ -78,6 +78,7 @@ class AttemptView:
     resources: dict[str, Any] | None
     flags: list[str]
     source: str | None
+    arithmetic: str | None = None  # the SASS instruction mix in one line (harness/worker_side/sass_mix.py)
     previous: int | None = None  # the attempt the diff is against
     diff: list[str] = field(default_factory=list)
     diff_truncated: bool = False
@@ -231,7 +232,8 @@ def _attempt(run_dir: Path, entry: AttemptRecord, baseline_medians: dict[str, fl
         cases=[] if verdict == REJECTED else _case_rows(entry.timing, baseline_medians),
         options=list(entry.options or []), launch=entry.launch,
         resources=entry.compile.resources if entry.compile else None, flags=list(entry.flags or []),
-        source=_source(run_dir, entry.attempt))
+        source=_source(run_dir, entry.attempt),
+        arithmetic=entry.compile.mix.summary() if entry.compile and entry.compile.mix else None)
 
 
 def _attach_diffs(attempts: list[AttemptView]) -> None:

@@ -237,6 +237,7 @@ def _attempt(a: AttemptView) -> Safe:
             ("compile options", " ".join(a.options) or "none"),
             ("launch", fmt_value(a.launch) if a.launch is not None else "—"),
             ("resources", ", ".join(f"{k} {v}" for k, v in (a.resources or {}).items()) or "—"),
+            ("arithmetic (its SASS)", a.arithmetic or "—"),
             ("agent usage", ", ".join(f"{k} {fmt_value(v)}" for k, v in a.usage.items()) if a.usage else
              "not given")]
     if a.flags:

@@ -4,6 +4,7 @@ peak a kernel is held to, and the rule through the real tools with the fake exec
 from __future__ import annotations
 
 import shutil
+from html import escape
 import tempfile
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from harness.task_model import TaskError
 from harness.worker_side.nvrtc import compile_kernel
 from harness.worker_side.sass_mix import InstructionMix, instruction_mix
 from server.cli import main
+from server.report import load_report
+from server.report_files import write_report
 from server.suspicion import physical_limit_checks
 from tests.fake_executor import H200_ENVIRONMENT
 from tests.server_support import INITIAL, MATMUL, client, kernel, ok, refused
@@ -133,6 +136,10 @@ async def test_a_forbidden_kernel_is_rejected_by_every_tool_before_it_runs(run):
         assert answer["mix"]["tensor"] == {"fp16": 3} and answer["budget"]["attempts_left"] == 6  # the attempt is spent
         assert run.executor.calls.count("check") == checks_before  # never run
     assert run.history[-1].compile.mix.tensor == {"fp16": 3}
+    shown = load_report(run.dir).attempts[-1].arithmetic
+    assert shown.endswith("tensor cores: 3 fp16 (HMMA.16816.F32)")
+    write_report(run.dir)
+    assert escape(shown) in (run.dir / "report.html").read_text()
 
 
 def test_the_task_s_own_initial_kernel_is_not_held_to_the_rule(run):
