@@ -182,6 +182,13 @@ def speedup(baseline: LatencyStats, candidate: LatencyStats) -> Speedup:
                    beyond_noise=disjoint_and_faster and ratio > 1.0 and low > 1.0 + NOISE_FLOOR)
 
 
+def intervals_agree(first: tuple[float, float], second: tuple[float, float]) -> bool:
+    """Whether two timings of one kernel on one case agree: their medians' intervals (low, high) overlap, each
+    upper end widened by NOISE_FLOOR, the most a median moves between honest jobs whose own intervals are
+    narrower than that."""
+    return second[0] <= first[1] * (1.0 + NOISE_FLOOR) and first[0] <= second[1] * (1.0 + NOISE_FLOOR)
+
+
 # The one wording of a speedup's significance, shared by the tool answers, the report and the demo's table.
 FASTER_BEYOND_NOISE = "faster beyond noise"
 SLOWER_BEYOND_NOISE = "slower beyond noise"

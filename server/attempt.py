@@ -162,7 +162,7 @@ def _judged(run: Run, entry: AttemptRecord, candidate: Candidate, references: di
     if suspicious:
         _say(progress, 3.5, 4, "re-verifying a result that looks too good")
         entry.flags = suspicious
-        entry.reverification, recheck_reasons = suspicion.reverify(run, kernel, clock)
+        entry.reverification, recheck_reasons = suspicion.reverify(run, entry, kernel, clock)
         run.audit.append(EventKind.FLAGGED, {"attempt": number, "flags": suspicious, "reverified": not recheck_reasons})
         if recheck_reasons:
             return _reject(entry, recheck_reasons)

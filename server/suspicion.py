@@ -19,8 +19,9 @@ from harness.arithmetic import compute_kind
 from harness.peaks import PHYSICAL_MARGIN, LimitCheck, limit_checks, physical_peaks, theoretical_peaks, violations
 from harness.task_model import Task
 from harness.results import Reason, ReasonCode
+from harness.stats import NOISE_FLOOR, LatencyStats, intervals_agree
 from harness.worker_side.sass_mix import InstructionMix
-from server.records import AttemptRecord
+from server.records import AttemptRecord, StatsRecord
 from server.run import Run
 
 SUSPICIOUS_SPEEDUP_RATIO = 10.0
@@ -94,8 +95,9 @@ def flags(run: Run, entry: AttemptRecord) -> list[str]:
     return found
 
 
-def reverify(run: Run, kernel, clock) -> tuple[dict, list[Reason]]:
-    """New secret inputs, then timing in a fresh worker: (what was found, reasons to reject)."""
+def reverify(run: Run, entry: AttemptRecord, kernel, clock) -> tuple[dict, list[Reason]]:
+    """New secret inputs, then timing in a fresh worker, compared case by case with the attempt's own timing:
+    (what was found, reasons to reject)."""
     visible = list(run.task.visible_cases)
     seeds = {case.name: secrets.randbits(31) for case in visible}
     check = clock.run(run.executor.check, kernel, visible, seeds)
@@ -105,5 +107,31 @@ def reverify(run: Run, kernel, clock) -> tuple[dict, list[Reason]]:
     run.executor.fresh_worker()  # nothing carried over from the first timing
     timing = clock.run(run.executor.time, kernel, list(run.task.performance_cases))
     medians = {c.case: c.stats.median_ms for c in timing.cases if c.stats}
-    found = {"seeds": seeds, "passed": timing.passed, "medians_ms": medians}
-    return found, [r.model_copy(update={"detail": f"re-verification: {r.detail}"}) for r in timing.reasons]
+    reasons = [r.model_copy(update={"detail": f"re-verification: {r.detail}"}) for r in timing.reasons]
+    if timing.passed:
+        reasons += retiming_disagreements(entry.stats(), {c.case: c.stats for c in timing.cases if c.stats})
+    return {"seeds": seeds, "passed": timing.passed and not reasons, "medians_ms": medians}, reasons
+
+
+def retiming_disagreements(first: dict[str, StatsRecord], second: dict[str, LatencyStats]) -> list[Reason]:
+    """A flagged result counts only if its second timing agrees with the first in every case it timed
+    (harness/stats.py intervals_agree): one reason per case that does not, naming both medians."""
+    reasons = []
+    for case, stats in first.items():
+        again = second.get(case)
+        if again is None:
+            reasons.append(Reason(code=ReasonCode.RETIMING_DISAGREES, case=case, detail=(
+                f"re-verification: {case} was not timed again (first median {stats.median_ms * 1e3:.2f} us)")))
+        elif not intervals_agree(_interval(stats), (again.ci_low_ms, again.ci_high_ms)):
+            reasons.append(Reason(code=ReasonCode.RETIMING_DISAGREES, case=case, detail=(
+                f"re-verification: {case} timed again in a fresh worker at a median of {again.median_ms * 1e3:.2f} us "
+                f"[{again.ci_low_ms * 1e3:.2f}, {again.ci_high_ms * 1e3:.2f}], against {stats.median_ms * 1e3:.2f} us "
+                f"[{_interval(stats)[0] * 1e3:.2f}, {_interval(stats)[1] * 1e3:.2f}] the first time: the two timings' "
+                f"intervals do not overlap, beyond the {NOISE_FLOOR:.1%} two honest jobs may differ by")))
+    return reasons
+
+
+def _interval(stats: StatsRecord) -> tuple[float, float]:
+    """A recorded median's interval; the median itself where the record has none."""
+    low, high = stats.ci_low_ms, stats.ci_high_ms
+    return (stats.median_ms if low is None else low), (stats.median_ms if high is None else high)

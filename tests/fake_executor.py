@@ -10,6 +10,7 @@ Markers (in a comment anywhere in the source):
   fake: die            the process kills itself during timing (a server killed mid-attempt)
   fake: slow_s=N       timing takes N seconds, unless abort() kills the "worker" first (worker_crashed)
   fake: unwritten-on-retime   timing after abort() (a fresh worker) finds unwritten outputs
+  fake: retime_latency_us=N   timing after abort() (a fresh worker) has a median latency of N microseconds
   fake: no-ncu         profile() finds no ncu; fake: no-counters  ncu is denied the counters (ERR_NVGPUCTRPERM)
   fake: blocked        profile() answers the register-blocked matmul's recorded CSV (else the naive one's)
   fake: spin_s=N       every launch on a performance case takes N seconds (in real time), bounded as the
@@ -249,7 +250,9 @@ class FakeExecutor:
         if "slow_s" in marks:
             if self.abort_signal.wait(float(marks["slow_s"])):
                 return _killed(cases)
-        latency_ms = float(marks.get("latency_us", self.default_latency_us)) / 1000
+        retimed = self.aborted and "retime_latency_us" in marks
+        latency_us = marks["retime_latency_us"] if retimed else marks.get("latency_us", self.default_latency_us)
+        latency_ms = float(latency_us) / 1000
         rng = np.random.default_rng(len(self.calls))
         timings = []
         for case in cases:
