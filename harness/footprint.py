@@ -47,11 +47,12 @@ class DoesNotFit(Exception):
 # -- device memory ------------------------------------------------------------------------------
 
 def timing_bytes(layout: Layout, settings: TimingSettings) -> int:
-    """Device bytes of one timing job: every set's guarded buffers, snapshots and launch counters."""
+    """Device bytes of one timing job: every set's guarded buffers, snapshots and launch counters (two per timed
+    launch, in the evidence context, and one launch's in a scratch: harness/worker_side/timed_loop.py)."""
     per_set = sum(guarded_bytes(a.nbytes) for a in layout.arrays)
     output_bytes = sum(a.nbytes for a in layout.outputs)
-    counters = 8 * (2 * settings.iterations + settings.checked_launches * len(layout.outputs))
-    return settings.rotation_sets * per_set + settings.checked_launches * output_bytes + counters
+    counters = 16 * (settings.iterations + 1)
+    return settings.rotation_sets * per_set + settings.audits_per_job(output_bytes) * output_bytes + counters
 
 
 def case_bytes(task: Task, case: Case, settings: TimingSettings) -> int:
@@ -92,7 +93,7 @@ def reference_bytes(task: Task, case: Case, settings: TimingSettings, total_memo
     device_judging.py) and its job on the audited launches' inputs (one set of guarded arrays)."""
     layout = Layout.for_case(task, case.dims)
     outputs = sum(a.nbytes for a in layout.outputs)
-    kept = min((settings.rotation_sets + settings.checked_launches) * outputs, max(int(KEPT_SHARE * total_memory),
+    kept = min((settings.rotation_sets + settings.audits_per_job(outputs)) * outputs, max(int(KEPT_SHARE * total_memory),
                                                                                    outputs))
     return kept + sum(guarded_bytes(a.nbytes) for a in layout.arrays)
 
@@ -116,7 +117,8 @@ def memory_shortfalls(task: Task, settings: TimingSettings, device: dict) -> lis
     for case in task.cases:
         needed = case_bytes(task, case, settings)
         if needed > usable:
-            what = (f"{settings.rotation_sets} input sets and {settings.checked_launches} output snapshots for timing"
+            audits = settings.audits_per_job(CaseArrays.of(task, case).outputs)
+            what = (f"{settings.rotation_sets} input sets and {audits} output snapshots for timing"
                     if case.role == "performance" else "its buffers")
             problems.append(f"case {case.name} needs {needed / 2**30:.1f} GiB of device memory ({what}); "
                             f"this GPU offers {usable / 2**30:.1f} GiB to a job")
@@ -163,7 +165,8 @@ def host_need(task: Task, case: Case, settings: TimingSettings, serving: bool) -
     inputs = 0 if case_draws(task, case, settings.draw_inputs_from_bytes) is not None else a.inputs
     outputs = 0 if outputs_on_device(task, case, settings) else a.outputs
     sets = settings.rotation_sets if serving else 1
-    audited = settings.checked_launches
+    # Fresh-input timings' audited outputs are judged on the device (device_audits): none is read back.
+    audited = 0 if settings.device_audits and settings.fresh_inputs else settings.audits_per_job(a.outputs)
     kept = sets * (inputs + outputs) + (inputs if serving and case.role != "holdout" else 0)
     read_back = audited * outputs + (0 if settings.fresh_inputs else settings.rotation_sets * outputs)
     parent = max(inputs + 4 * outputs,

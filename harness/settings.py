@@ -27,6 +27,11 @@ class TimingSettings(BaseModel):
     # worker (harness/device_checks.py), whatever their size; where the outputs cannot be shared (no CUDA IPC),
     # the host compares them, as with False.
     device_audits: bool = True
+    # The audited outputs one job holds on the device at most: a case whose outputs are so large that
+    # checked_launches snapshots would pass it audits fewer launches per job (at least min_audits_large), and its
+    # weaker bound is what the attempt records (harness/audit_bound.py).
+    audit_snapshot_bytes: int = 2 << 30
+    min_audits_large: int = 3
     run_deadline_s: float = 10.0
     time_deadline_s: float = 45.0
     # Noise-adaptive sampling: after the first `iterations` launches, more batches of `iterations`
@@ -53,6 +58,11 @@ class TimingSettings(BaseModel):
     def checked_launches(self) -> int:
         """How many timed launches have their output re-checked (audited, with fresh inputs)."""
         return max(self.min_checked_launches, round(self.checked_fraction * self.iterations))
+
+    def audits_per_job(self, output_bytes: int) -> int:
+        """checked_launches, fewer where their snapshots of `output_bytes` each would pass audit_snapshot_bytes."""
+        fitting = self.audit_snapshot_bytes // max(output_bytes, 1)
+        return max(min(self.checked_launches, fitting), min(self.min_audits_large, self.checked_launches))
 
 
 @dataclass(frozen=True)

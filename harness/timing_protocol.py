@@ -153,7 +153,7 @@ class TimingProtocol:
                     audits: list[tuple[str, Future]]) -> CaseTiming:
         """`make_job(case, layout, input_sets, timing)` gives (header, blobs), or raises Refused."""
         s, case, layout = self.settings, timed.case, timed.layout
-        checked = secret_audits(s.iterations, s.checked_launches)
+        checked = secret_audits(s.iterations, s.audits_per_job(sum(a.nbytes for a in layout.outputs)))
         guard_seed = secrets.randbits(62)
         timing = {"warmups": s.warmups, "iterations": s.iterations, "cold_l2": s.cold_l2,
                   "checked_launches": checked, "guard_seed": guard_seed, "clock": s.clock, "hashes": timed.sent_hashes,

@@ -94,3 +94,12 @@ def test_the_audits_per_job_are_a_fixed_share_of_its_launches():
     assert TimingSettings().checked_launches == 10
     assert TimingSettings(iterations=400).checked_launches == 40
     assert TimingSettings(iterations=40).checked_launches == 10
+
+
+def test_a_case_whose_snapshots_would_not_fit_audits_fewer_launches_and_its_bound_says_so():
+    settings = TimingSettings()
+    assert settings.audits_per_job(16 << 20) == 10  # matmul_f32's 2048 x 2048 floats
+    assert settings.audits_per_job(1 << 30) == 3  # two snapshots fit the 2 GiB, at least 3 are taken
+    assert settings.audits_per_job(300 << 20) == 6
+    weaker = [AuditedJob(settings.iterations, settings.audits_per_job(1 << 30))] * RunSettings().timing_rounds
+    assert escape_bound(weaker) == pytest.approx(2.0 ** -6)

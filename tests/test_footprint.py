@@ -42,8 +42,8 @@ def test_timing_needs_every_set_with_its_guards_and_the_snapshots():
     n = 16777216
     layout = Layout.for_case(task, case.dims)
     # each 64 MiB array with its guard bands and the 2 MiB of slack that aligns it
-    # and two counters per timed launch (unwritten elements, changed drawn inputs), one per snapshot
-    expected = 4 * 3 * (4 * n + 2 * GUARD_BYTES + (2 << 20)) + 3 * 4 * n + 8 * (2 * 100 + 3)
+    # and two counters per timed launch (unwritten elements, changed drawn inputs), and one launch's in a scratch
+    expected = 4 * 3 * (4 * n + 2 * GUARD_BYTES + (2 << 20)) + 10 * 4 * n + 16 * (100 + 1)
     assert timing_bytes(layout, settings) == expected == case_bytes(task, case, settings)
     odd = next(c for c in task.cases if c.name == "odd")
     assert case_bytes(task, odd, settings) == 3 * (4 * 1001 + 2 * GUARD_BYTES)
@@ -116,9 +116,12 @@ def test_host_need_counts_the_parent_the_workers_and_the_shared_regions():
     kept, peak = host_need(task, large, TimingSettings(), serving=True)
     # 4 input sets of inputs and expected outputs, and the secret inputs made ahead of an attempt
     assert kept == 4 * (128 + 64) * MiB + 128 * MiB
-    # parent: a secret check (inputs, 2 x 2 outputs) = a fresh timing's audits (3 + 3 outputs) = 384 MiB;
-    # each worker: the inputs and 3 audited outputs; each worker's two regions: the job's inputs, the answer's outputs
-    assert peak == 384 * MiB + 2 * (128 + 3 * 64) * MiB + 2 * (128 + 3 * 64) * MiB
+    # parent: a secret check (inputs, 2 x 2 outputs) = 384 MiB (a fresh timing's audits are judged on the device);
+    # each worker: the inputs and a check's 2 outputs; each worker's two regions: the job's inputs, its outputs
+    assert peak == 384 * MiB + 2 * (128 + 2 * 64) * MiB + 2 * (128 + 2 * 64) * MiB
+    # audited on the host (no device audits): 10 audited outputs read back in each worker, and compared in the parent
+    _, on_host = host_need(task, large, TimingSettings(device_audits=False), serving=True)
+    assert on_host == 2 * 10 * 64 * MiB + 2 * (128 + 10 * 64) * MiB + 2 * (128 + 10 * 64) * MiB
     kept, _ = host_need(task, large, TimingSettings(), serving=False)
     assert kept == (128 + 64) * MiB  # a check keeps the case's own input set
 
@@ -155,10 +158,10 @@ def test_when_no_case_is_too_large_alone_the_largest_is_named(tmp_path):
         max(host_need(task, c, settings, True)[1] for c in task.cases) + resident_bytes(task, settings, True)
     own = sum(host_need(task, task.case("large"), settings, True))
     assert own < total
-    assert own == 2560 * MiB  # 896 MiB kept, 1664 MiB at its peak (above)
+    assert own == 2304 * MiB  # 896 MiB kept, 1408 MiB at its peak (above)
     (problem,) = host_shortfalls(task, settings, own, serving=True)
-    assert problem.startswith("case large needs 2.50 GiB of host memory")
-    assert problem.endswith(f"; the whole run {total / 2**30:.2f} GiB); this machine has 2.50 GiB available")
+    assert problem.startswith("case large needs 2.25 GiB of host memory")
+    assert problem.endswith(f"; the whole run {total / 2**30:.2f} GiB); this machine has 2.25 GiB available")
     assert host_shortfalls(task, settings, total, serving=True) == []
 
 
