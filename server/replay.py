@@ -28,6 +28,7 @@ from harness.side_by_side import TimingFailed, time_side_by_side
 from harness.stats import geomean_speedup, significance, speedup
 from harness.task_model import Case, LaunchSpec, Task
 from harness.results import CheckReport
+from harness.worker_side.sass_mix import InstructionMix
 from server import lock as locking
 from server import suspicion
 from server.audit import write_json_atomic
@@ -110,6 +111,7 @@ def _replay(executor: Executor, record: RunRecord, repeats: int, say: Say, check
     checks += [c for c in (failed, baseline_failed) if c is not None]
     if kernel is None or baseline is None:
         return
+    mix = executor.compile(record.kernel.source, record.kernel.options).mix  # a cache hit: the units it computes on
     say(f"attempt {record.kernel.attempt} on its visible cases")
     checks += _replay_checks(executor, record, kernel)
     has_oracle = record.task.oracle_file is not None
@@ -126,7 +128,7 @@ def _replay(executor: Executor, record: RunRecord, repeats: int, say: Say, check
     for number in range(1, repeats + 1):
         say(f"timing beside the baseline, repeat {number} of {repeats}")
         timings.append(_repeat(executor, record, kernel, baseline, number))
-        checks += _physical_limit(record, environment or {}, timings[-1])
+        checks += _physical_limit(record, environment or {}, timings[-1], mix)
 
 
 def _compile(executor: Executor, subject: Subject) -> tuple[CompiledKernel | None, CheckResult | None]:
@@ -220,7 +222,8 @@ def _repeat(executor: Executor, record: RunRecord, kernel: CompiledKernel, basel
                     "samples_ms": timed.samples}
 
 
-def _physical_limit(record: RunRecord, environment: dict, timed: tuple[RepeatResult, dict]) -> list[CheckResult]:
+def _physical_limit(record: RunRecord, environment: dict, timed: tuple[RepeatResult, dict],
+                    mix: InstructionMix | None = None) -> list[CheckResult]:
     """The re-timed kernel's medians against this device's physical limits (server/suspicion.py): a failed
     check per case beyond them, so the decision is NO-GO naming beyond_physical_limit. The numbers go into the
     repeat's record. The baseline (attempt 0) is the task's own kernel: exempt, as in the run."""
@@ -228,7 +231,7 @@ def _physical_limit(record: RunRecord, environment: dict, timed: tuple[RepeatRes
     stats = (extra.get("stats") or {}).get("candidate")
     if record.kernel.attempt == 0 or not stats:
         return []
-    checks = suspicion.physical_limit_checks(record.task, environment, stats)
+    checks = suspicion.physical_limit_checks(record.task, environment, stats, mix)
     if checks:
         extra["physical_limit"] = suspicion.limit_record(checks)
     return [CheckResult(name=f"physical limit {r.case} (repeat {result.repeat})", kind="physical-limit", case=r.case,
