@@ -59,9 +59,10 @@ def referee(request, task, reference_worker):
         # The stand-in reference computes 2048^3 products on the CPU: a loaded machine needs more than the 10 s
         # a GPU job gets, and no test here is about that deadline.
         # 3 audits per job, not the default 10: each costs the fake a float64 matmul (tests/test_audit_bound.py
-        # checks the default count)
+        # checks the default count). These stand-ins share no outputs (no --ipc-dir): the audits travel to the host
+        # and are compared there, the path this file tests (tests/test_device_checks.py tests the device's).
         settings = TimingSettings(warmups=2, iterations=20, fresh_inputs=protocol != "rotated", run_deadline_s=60.0,
-                                  min_checked_launches=3)
+                                  min_checked_launches=3, device_audits=False)
         yield Referee(task, pool, kernel, settings)
     finally:
         candidate.stop()
