@@ -55,7 +55,8 @@ class _Request(CompileRequest):
 
     def job(self) -> dict:
         return {"op": "compile", "source": self.source_bytes.decode(), "kernel_name": self.kernel_name,
-                "options": list(self.options), "arch": self.arch}
+                "options": list(self.options), "arch": self.arch,
+                "toolchain": self.toolchain}
 
     def failed(self, message: str, started: float) -> CompileResult:
         """ok=False with `message` as the log, for a compile the worker did not complete."""

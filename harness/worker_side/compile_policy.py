@@ -333,3 +333,4 @@ class CompileRequest:
     nvrtc_version: str
     key: str
     target: str
+    toolchain: str = ""  # what the key was made with besides the request (nvrtc.toolchain_identity)

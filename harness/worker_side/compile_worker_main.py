@@ -110,7 +110,7 @@ def _compile(header: dict) -> tuple[dict, list[bytes]]:
 
     try:
         result = compile_kernel(header["source"], header["kernel_name"], options=header["options"],
-                                arch=header["arch"])
+                                arch=header["arch"], toolchain=header.get("toolchain"))
     except CompileRefused as exc:
         return {"status": Status.REFUSED, "detail": str(exc)}, []
     if result.ok:

@@ -196,8 +196,10 @@ def _out_of_memory(status, log: str) -> bool:
 
 
 def check_request(source: str, kernel_name: str, options: Sequence[str] = (),
-                  arch: str = DEFAULT_ARCH) -> CompileRequest:
-    """Every policy check, made before anything compiles (here or in a compile worker). `arch`: the device's."""
+                  arch: str = DEFAULT_ARCH, toolchain: str | None = None) -> CompileRequest:
+    """Every policy check, made before anything compiles (here or in a compile worker). `arch`: the device's.
+    `toolchain`: the identity the cache key is made with (the parent's, sent with the job: the cache is the
+    parent's, and a confined worker may see its files differently); None, this process's own."""
     check_arch(arch)
     user_options = check_options(options, arch)
     check_kernel_name(kernel_name)
@@ -205,13 +207,14 @@ def check_request(source: str, kernel_name: str, options: Sequence[str] = (),
     check_includes(source)
     version = nvrtc_version()
     target = target_arch(user_options, arch)
+    toolchain = toolchain if toolchain is not None else toolchain_identity()
     return CompileRequest(source_bytes, kernel_name, user_options, arch, version,
-                          cache_key(source_bytes, user_options, target, kernel_name, version,
-                                    toolchain_identity()), target)
+                          cache_key(source_bytes, user_options, target, kernel_name, version, toolchain), target,
+                          toolchain)
 
 
 def compile_kernel(source: str, kernel_name: str, *, options: Sequence[str] = (),
-                   arch: str = DEFAULT_ARCH, cache=None) -> CompileResult:
+                   arch: str = DEFAULT_ARCH, cache=None, toolchain: str | None = None) -> CompileResult:
     """Compile `kernel_name` in `source` to a CUBIN for `arch` (or its architecture-specific target, sm_90a,
     where the options ask for it with -arch=sm_90a).
 
@@ -219,7 +222,7 @@ def compile_kernel(source: str, kernel_name: str, *, options: Sequence[str] = ()
     returned as ok=False with the log. `cache`: where successful compiles are kept and found
     (harness/compile_cache.py's CompileCache), or None.
     """
-    request = check_request(source, kernel_name, options, arch)
+    request = check_request(source, kernel_name, options, arch, toolchain)
     user_options, source_bytes, version, key = request.options, request.source_bytes, request.nvrtc_version, request.key
     if cache is not None and (hit := cache.get(key)) is not None:
         return hit.model_copy(update={"cache_hit": True})
