@@ -1,13 +1,15 @@
 """report.html: one self-contained page (inline CSS, the heatmap as inline SVG, no script, no external URL).
 
 Every value is escaped with html.escape: kernel sources, rationales, usage, the finish reason and
-compiler logs are written by the agent and are hostile. A Content-Security-Policy that allows no
-script and no external resource is a second fence, not the first.
+compiler logs are written by the agent and are hostile. Control characters (NUL among them) and lone
+surrogates, which HTML cannot carry, are written as visible escapes (`\x00`, `\ud800`). A
+Content-Security-Policy that allows no script and no external resource is a second fence, not the first.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from html import escape
 
@@ -40,8 +42,19 @@ class Safe(str):
     """HTML made here from escaped parts; everything else is escaped before it is written."""
 
 
+# C0 controls but tab, newline and carriage return; DEL and the C1 controls; lone surrogates (no UTF-8 form).
+_UNWRITABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _visible(char: re.Match) -> str:
+    code = ord(char.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def e(value) -> Safe:
-    return value if isinstance(value, Safe) else Safe(escape("" if value is None else str(value), quote=True))
+    if isinstance(value, Safe):
+        return value
+    return Safe(_UNWRITABLE.sub(_visible, escape("" if value is None else str(value), quote=True)))
 
 
 def join(parts) -> Safe:

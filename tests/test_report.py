@@ -251,3 +251,26 @@ def test_a_report_that_fails_is_logged_and_the_run_still_finishes(tmp_path, monk
     assert "could not be written" in caplog.text and "no PNG today" in caplog.text
     assert verify_run(run.dir).ok
     write_report_files(tmp_path / "nowhere")  # never raises
+
+
+def test_control_characters_in_a_rationale_are_written_as_visible_escapes(tmp_path):
+    run = new_run(tmp_path)
+
+    async def drive():
+        async with client(run) as c:
+            await ok(c, "record_attempt", source=kernel("latency_us=50"), rationale="tiles\x00 of 32\x1b[31m red\x7f")
+            await ok(c, "finish", reason="done\x00")
+
+    anyio.run(drive, backend="asyncio")
+    run.close()
+    data = (run.dir / "report.html").read_bytes()
+    assert not [byte for byte in data if byte < 0x20 and byte not in b"\t\n\r"], "a raw control byte in the page"
+    assert b"\x7f" not in data
+    text = data.decode()
+    assert "tiles\\x00 of 32\\x1b[31m red\\x7f" in text and "done\\x00" in text
+
+
+def test_a_lone_surrogate_is_written_as_an_escape_and_the_page_still_encodes():
+    from server.report_html import e
+    assert e("a\ud800b\x85") == "a\\ud800b\\x85"
+    assert e("tab\tline\nreturn\r<&>") == "tab\tline\nreturn\r&lt;&amp;&gt;"
