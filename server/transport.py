@@ -85,10 +85,15 @@ def mcp_url(host: str, port: int) -> str:
 def http_auth(token: str, host: str, port: int) -> dict[str, Any]:
     """Keyword arguments for MCPServer(...) that make every HTTP request carry `Authorization: Bearer TOKEN`.
 
-    No resource_server_url: the server is not an OAuth resource server, so it publishes no
-    protected-resource metadata that would send clients looking for an authorization server.
+    With resource_server_url the SDK publishes the protected resource metadata (RFC 9728) at
+    /.well-known/oauth-protected-resource/mcp and names it in every 401's `WWW-Authenticate: Bearer
+    resource_metadata="..."`: a client without the token learns that this resource wants a bearer
+    token, where without it a client went looking for OAuth endpoints and reported "Dynamic Client
+    Registration rejected (404)". The token is the one static token, checked by StaticTokenVerifier
+    itself, so the SDK's check of a token's RFC 8707 audience is off.
     """
-    auth = AuthSettings(issuer_url=base_url(host, port), resource_server_url=None, required_scopes=[SCOPE])
+    auth = AuthSettings(issuer_url=base_url(host, port), resource_server_url=mcp_url(host, port),
+                        required_scopes=[SCOPE], validate_token_resource=False)
     return {"token_verifier": StaticTokenVerifier(token), "auth": auth}
 
 

@@ -154,6 +154,21 @@ def test_initialize_without_a_token_is_unauthorized(live):
     assert response.headers["www-authenticate"].startswith("Bearer")
 
 
+def test_a_401_names_the_protected_resource_metadata_which_answers_without_a_token(live):
+    # RFC 9728: a client without the token learns from the 401 where to read what this resource wants.
+    header = _post_initialize(live).headers["www-authenticate"]
+    metadata_url = f"http://127.0.0.1:{live.port}/.well-known/oauth-protected-resource/mcp"
+    assert header.startswith("Bearer ") and f'resource_metadata="{metadata_url}"' in header, header
+    metadata = httpx2.get(metadata_url, timeout=10)
+    assert metadata.status_code == 200
+    document = metadata.json()
+    assert document["resource"] == live.url
+    assert document["bearer_methods_supported"] == ["header"]
+    assert document["scopes_supported"] == [SCOPE]
+    assert _post_initialize(live, **_bearer("wrong-token-0123456789-abcdefghij")).headers[
+        "www-authenticate"].endswith(f'resource_metadata="{metadata_url}"')
+
+
 def test_initialize_with_a_wrong_token_is_unauthorized(live):
     assert _post_initialize(live, **_bearer("wrong-token-0123456789-abcdefghij")).status_code == 401
     assert _post_initialize(live, **_bearer(TOKEN[:-1])).status_code == 401
@@ -260,7 +275,8 @@ def test_resolve_token_generates_one_when_unset(env):
 def test_http_auth_configures_a_bearer_only_server():
     kwargs = http_auth(TOKEN, "127.0.0.1", 8765)
     assert isinstance(kwargs["token_verifier"], StaticTokenVerifier)
-    assert kwargs["auth"].resource_server_url is None
+    assert str(kwargs["auth"].resource_server_url) == "http://127.0.0.1:8765/mcp"
+    assert kwargs["auth"].validate_token_resource is False  # the static token is checked by the verifier itself
     assert kwargs["auth"].required_scopes == [SCOPE]
     assert str(kwargs["auth"].issuer_url) == "http://127.0.0.1:8765"
     assert _ping_server(**kwargs).settings.auth is kwargs["auth"]
