@@ -23,6 +23,7 @@ from server.folder_lock import EXIT_HELD, FolderHeld
 from server.report_files import write_report_held
 from server.run import RunSettings
 from server.serve import serve, verify
+from server.transport import loopback_refusal
 from server.task_commands import lint, lint_first, new_task
 from server.settings import RefereeSettings, sandbox_refusal
 from server.verify import verify_run
@@ -189,6 +190,19 @@ def _run_folder(path: Path) -> Path:
     return path
 
 
+def _serve(args, settings: RefereeSettings) -> int:
+    """Every argument is checked before the GPU is looked for and before anything is made: the run folder, the
+    GPU's name, the host, the task and its lint; then serve() takes the port."""
+    run_dir = _run_folder(args.run) if args.run is not None else None
+    if args.gpu is not None:
+        parse_choice(args.gpu)
+    if settings.transport == "http" and (refusal := loopback_refusal(settings.host)) is not None:
+        raise UsageError(refusal)
+    if args.task is not None:
+        lint_first(load_task(args.task), settings.run.timing, sys.stderr, "kernel-referee serve: ")
+    return serve(settings, args.task, run_dir, start_new=args.new_run, gpu=args.gpu)
+
+
 def _verify(args) -> int:
     return verify(_run_folder(args.run), sys.stdout)
 
@@ -228,9 +242,7 @@ def _dispatch(args, settings: RefereeSettings) -> int:
     if args.command == "check":
         return _check(args, settings)
     if args.command == "serve":
-        if args.task is not None:
-            lint_first(load_task(args.task), settings.run.timing, sys.stderr, "kernel-referee serve: ")
-        return serve(settings, args.task, args.run, start_new=args.new_run, gpu=args.gpu)
+        return _serve(args, settings)
     if args.command == "new-task":
         return new_task(args.folder, description=args.description, signature=args.signature, reference=args.reference,
                         initial=args.initial_kernel, cases_file=args.input_cases, oracle=args.oracle, name=args.name,

@@ -10,10 +10,12 @@ import argparse
 import math
 from typing import Callable
 
-# The exit codes every command shares (README, "Exit codes"); a command's own outcomes use 0, 1 and 3.
+# The exit codes every command shares (README, "Exit codes"); a command's own outcomes use 0, 1 and 3 (and
+# serve's 4 and 5).
 EXIT_USAGE = 2          # bad arguments, or an input that cannot be used (no such folder, not a run folder...)
 EXIT_INTERNAL = 70      # an error inside kernel-referee itself (sysexits' EX_SOFTWARE): a bug, named on one line
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as a shell reports it
+EXIT_PORT_IN_USE = 5    # serve --transport http: another process listens on the port; nothing was made
 
 MAX_ATTEMPTS = 999      # attempts/NNN.cu
 

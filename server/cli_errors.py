@@ -14,8 +14,9 @@ from harness.oracle import OracleError
 from harness.settings import ReferenceFailed
 from harness.task_model import TaskError
 from harness.worker_side.compile_policy import CompileRefused
-from server.cli_args import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from server.cli_args import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PORT_IN_USE, EXIT_USAGE, UsageError
 from server.executor import ExecutorError
+from server.transport import PortInUse
 
 # What a person can fix (an argument, a file, a folder, the task: its reference or oracle failing on a case, a
 # reference that does not compile, a case too large for this machine): the usage exit code.
@@ -64,6 +65,8 @@ def failed(prog: str, exc: BaseException) -> int:
         raise error
     if isinstance(error, KeyboardInterrupt):
         message, code = "interrupted", EXIT_INTERRUPTED
+    elif isinstance(error, PortInUse):
+        message, code = one_line(error), EXIT_PORT_IN_USE
     elif isinstance(error, USER_ERRORS):
         message, code = one_line(error), EXIT_USAGE
     else:

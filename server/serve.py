@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 from pathlib import Path
 from typing import Callable, TextIO
@@ -34,7 +35,19 @@ def serve(settings: RefereeSettings, task_dir: Path | None, run_dir: Path | None
           gpu: str | None = None) -> int:
     """Start a run of the task in `task_dir` (or resume the unfinished one of the same task, unless
     `start_new`), or resume `run_dir`, and serve it until the client leaves; on GPU `gpu` (an index or a
-    UUID), else on a free one (harness/placement.py)."""
+    UUID), else on a free one (harness/placement.py).
+
+    Over HTTP the token and the port come first: a bad token or a busy port (transport.PortInUse) is refused
+    before the GPU is looked for or a run is made, and the port stays held until the server serves on it."""
+    if settings.transport != "http":
+        return _serve(settings, task_dir, run_dir, start_new, gpu, None, None)
+    credentials = transport.resolve_token()
+    with transport.listen(settings.host, settings.port) as listener:
+        return _serve(settings, task_dir, run_dir, start_new, gpu, credentials, listener)
+
+
+def _serve(settings: RefereeSettings, task_dir: Path | None, run_dir: Path | None, start_new: bool, gpu: str | None,
+           credentials: tuple[str, bool] | None, listener: socket.socket | None) -> int:
     absent = gpu_absent_reason()
     if absent is not None:
         print(f"kernel-referee serve needs an NVIDIA GPU: {absent}. `kernel-referee check TASK` compiles "
@@ -44,7 +57,7 @@ def serve(settings: RefereeSettings, task_dir: Path | None, run_dir: Path | None
     if refusal:
         print(f"kernel-referee: {refusal}", file=sys.stderr)
         return 2
-    token, generated = transport.resolve_token() if settings.transport == "http" else (None, False)
+    token, generated = credentials or (None, False)
 
     def make_executor(task: Task, timing: TimingSettings, placed: GpuInfo | None) -> Executor:
         return GpuExecutor(task, timing, confine=settings.confine, compile_deadline_s=settings.compile_deadline_s,
@@ -53,7 +66,7 @@ def serve(settings: RefereeSettings, task_dir: Path | None, run_dir: Path | None
     def served(run: Run) -> None:
         options = transport.http_auth(token, settings.host, settings.port) if settings.transport == "http" else {}
         transport.run(build_server(run, **options), settings.transport, host=settings.host, port=settings.port,
-                      token=token, token_generated=generated)
+                      token=token, token_generated=generated, listener=listener)
 
     return serve_run(settings.results, settings.run, task_dir, run_dir, start_new, make_executor, served,
                      list_gpus(), gpu)

@@ -11,6 +11,7 @@ token gets 401 whatever its Host, and only an authenticated request can see 421 
 from __future__ import annotations
 
 import copy
+import errno
 import hmac
 import ipaddress
 import os
@@ -32,6 +33,7 @@ MCP_PATH = "/mcp"
 MIN_TOKEN_LENGTH = 16
 
 _LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+LISTEN_BACKLOG = 64
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
@@ -126,15 +128,47 @@ def transport_security(host: str, port: int, extra_hosts: Sequence[str] = ()) ->
     )
 
 
+class PortInUse(Exception):
+    """The HTTP port is taken by another process: nothing was made, and no client is sent there."""
+
+
+def loopback_refusal(host: str) -> str | None:
+    """Why `host` is not served (None for a loopback address): the command line has no way to serve beyond
+    loopback, and says so before anything is made."""
+    if is_loopback(host):
+        return None
+    return (f"refusing to serve on {host!r}: the token travels in clear over plain HTTP and the server runs code "
+            "on this machine's GPU, so only loopback (127.0.0.1, localhost, ::1) is served; reach a remote GPU host "
+            "through an SSH tunnel to its loopback port")
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The HTTP server's socket, bound and listening now: taken before the run is made, and held until the
+    server serves on it, so a busy port is refused before anything exists and no other process can take the
+    port in between (a client that connects meanwhile waits in the backlog)."""
+    address = host.strip("[]")
+    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # As uvicorn does: connections of a server that just stopped (TIME_WAIT) do not hold the port. A port
+        # another socket listens on is still refused.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUse(f"port {port} on {host} is in use by another process (another server?): nothing was "
+                            "started; choose a free one with --port") from None
+        raise
+    return sock
+
+
 def _check_http_args(server: MCPServer, host: str, port: int, allow_remote: bool) -> None:
     if not 0 < port < 65536:
         raise ValueError(f"port {port} is not a TCP port (1-65535)")
-    if not is_loopback(host) and not allow_remote:
-        raise ValueError(
-            f"refusing to serve on {host!r}: the token travels in clear over plain HTTP and the server runs "
-            f"code on this machine's GPU, so only loopback (127.0.0.1, localhost, ::1) is served unless "
-            f"allow_remote is set"
-        )
+    refusal = None if allow_remote else loopback_refusal(host)
+    if refusal is not None:
+        raise ValueError(f"{refusal} (or allow_remote set)")
     if server.settings.auth is None:
         raise ValueError("the HTTP transport needs bearer-token auth: build the server with MCPServer(**http_auth(...))")
 
@@ -181,7 +215,8 @@ def _stderr_log_config() -> dict[str, Any]:
     return config
 
 
-def _serve_http(server: MCPServer, host: str, port: int, security: TransportSecuritySettings) -> None:
+def _serve_http(server: MCPServer, host: str, port: int, security: TransportSecuritySettings,
+                listener: socket.socket | None) -> None:
     # Not server.run("streamable-http"): that uses uvicorn's default logging, which writes to stdout.
     import uvicorn  # uvicorn loads only for the HTTP transport
 
@@ -190,7 +225,7 @@ def _serve_http(server: MCPServer, host: str, port: int, security: TransportSecu
         app, host=host.strip("[]"), port=port, log_level=server.settings.log_level.lower(),
         log_config=_stderr_log_config(),
     )
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=[listener] if listener is not None else None)
 
 
 def run(
@@ -203,8 +238,10 @@ def run(
     token_generated: bool = False,
     allow_remote: bool = False,
     extra_hosts: Sequence[str] = (),
+    listener: socket.socket | None = None,
 ) -> None:
     """Serve until stopped. `token` is only shown to the user; the server checks the one given to http_auth.
+    `listener`: the socket `listen` took for `host` and `port` (else uvicorn binds them itself).
 
     `extra_hosts` are further names (without port) that clients use to reach a remote server, as
     they will appear in the Host header.
@@ -216,4 +253,4 @@ def run(
         raise ValueError(f"unknown transport {transport!r}: use 'stdio' or 'http'")
     _check_http_args(server, host, port, allow_remote)
     _announce(host, port, token, token_generated)
-    _serve_http(server, host, port, transport_security(host, port, extra_hosts))
+    _serve_http(server, host, port, transport_security(host, port, extra_hosts), listener)
