@@ -17,6 +17,7 @@ from harness import expr
 from harness.arithmetic import arithmetic_problem
 from harness.csig import C_TYPE_SPELLINGS, C_TYPES, CParam, dtype_of_ctype, is_identifier, parse_signature
 from harness.inputs import read_npy
+from harness.launch_checks import unknown_per_case
 from harness.task_schema_errors import field_path
 from harness.task_model import (DTYPES, INTEGER_DTYPES, Case, Generator, LaunchError, LaunchSpec,
                                 Param, Task, TaskError, param_shape, scalar_value)
@@ -237,10 +238,8 @@ class _Checker:
             self.fail("cases", 'no case has role = "performance"; at least one is needed '
                                "to time the kernel")
         for field, spec in self.launch_specs():
-            for key in spec.per_case:
-                if key not in names:
-                    self.fail(f"{field}.per_case.{key}",
-                              f"there is no case named {key!r} (cases: {', '.join(names)})")
+            if (unknown := unknown_per_case(spec, names)) is not None:
+                self.fail(f"{field}.per_case.{unknown[0]}", unknown[1])
 
     def expressions(self) -> list[tuple[str, str]]:
         """(field, text) for every expression in the manifest."""

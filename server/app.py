@@ -13,7 +13,7 @@ from pydantic import Field
 
 from harness.worker_side.compile_policy import MAX_SOURCE_BYTES
 from server import attempt, probes, profiling
-from server.call_gate import FinishedReports, gate
+from server.call_gate import FinishedReports, gate, strict_arguments
 from server.client_log import ClientLog
 from server.models import (AttemptAnswer, CheckAnswer, CompileAnswer, FinishAnswer, LaunchInput, ProfileAnswer,
                            TaskDescription, TimeAnswer, Usage)
@@ -65,6 +65,7 @@ def build_server(run: Run, **server_options: Any) -> MCPServer:
     _resources(server, run)
     _completions(server, run)
     _prompt(server)
+    strict_arguments(server)  # every tool refuses an argument it does not take
     return server
 
 

@@ -8,13 +8,15 @@ import errno
 import logging
 import os
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 import anyio
 import anyio.abc
 import anyio.from_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic_core import PydanticCustomError
 
 from harness.oracle import OracleError
 from harness.settings import ReferenceFailed
@@ -179,3 +181,31 @@ def _progress_bridge(ctx: Context | None, logs: ClientLog):
             log.debug("progress not delivered", exc_info=True)
 
     return report
+
+
+def strict_arguments(server: MCPServer) -> None:
+    """Every tool refuses an argument it does not take, naming the ones it does, before the call reaches the gate
+    (nothing is charged): `run_cases(case=[...])` would otherwise run every case, `compile_kernel(option=[...])`
+    compile without the option. The input schemas say so too (`additionalProperties: false`).
+
+    The SDK builds each tool's argument model from its signature and drops unknown keys; the models are swapped
+    here, once all tools are registered (the SDK has no option for it)."""
+    for tool in server._tool_manager.list_tools():  # noqa: SLF001 - the registered tools, see above
+        tool.fn_metadata.arg_model = _strict_model(tool.name, tool.fn_metadata.arg_model)
+        tool.parameters["additionalProperties"] = False
+
+
+def _strict_model(tool: str, model: type[BaseModel]) -> type[BaseModel]:
+    known = [field.alias or name for name, field in model.model_fields.items()]
+
+    def known_only(cls, data: Any) -> Any:
+        unknown = sorted(key for key in data if key not in known) if isinstance(data, dict) else []
+        if unknown:
+            takes = ", ".join(known) if known else "no arguments"
+            raise PydanticCustomError("unknown_argument", "unknown argument {unknown}: {tool} takes {takes}",
+                                      {"unknown": ", ".join(repr(key[:100]) for key in unknown[:8]), "tool": tool,
+                                       "takes": takes})
+        return data
+
+    return type(model.__name__, (model,), {"__module__": model.__module__, "model_config": ConfigDict(extra="forbid"),
+                                           "known_only": model_validator(mode="before")(classmethod(known_only))})

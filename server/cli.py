@@ -14,6 +14,7 @@ from harness.worker_side.compile_policy import CompileRefused
 from harness.settings import TimingSettings
 from harness.task_model import LaunchSpec, TaskError
 from harness.task import load_task
+from harness.launch_checks import unknown_per_case
 from harness.placement import parse_choice
 from server.check import run_check, targets_for
 from server.cost import CostInputs, cost_sheet, render, run_hours
@@ -176,6 +177,8 @@ def _check(args, settings: RefereeSettings) -> int:
         return 2
     if args.gpu is not None:
         parse_choice(args.gpu)  # a malformed --gpu is refused before anything runs
+    if launch is not None and (unknown := unknown_per_case(launch, [case.name for case in task.cases])) is not None:
+        raise UsageError(f"--launch per_case.{unknown[0]}: {unknown[1]}")
     return run_check(task, targets, settings.run.timing, sys.stdout, args.json, confine=settings.confine, gpu=args.gpu)
 
 

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from harness.arithmetic import arithmetic_reason
 from harness.call_limits import call_limits
+from harness.launch_checks import check_candidate_launch
 from harness.results import Reason
 from harness.worker_side.compile_policy import DEFAULT_ARCH
 from harness.worker_side.nvrtc import check_request
@@ -329,8 +330,7 @@ class Run:
     def _launch(self, launch: dict) -> LaunchSpec:
         try:
             spec = LaunchSpec.model_validate(launch)
-            for case in self.task.visible_cases:
-                spec.resolve(case)
+            check_candidate_launch(spec, self.task.visible_cases)
         except (ValidationError, ValueError) as exc:
             raise Refusal(f"invalid launch geometry: {exc}".replace("\n", " ")[:800]) from None
         return spec
