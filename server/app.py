@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import re
+from contextlib import asynccontextmanager
 from importlib import metadata
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, AsyncIterator, Callable
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError
+from mcp.server.subscriptions import InMemorySubscriptionBus
 from mcp.types import Completion, CompletionArgument, ResourceTemplateReference, ToolAnnotations
 from pydantic import Field
 
 from harness.worker_side.compile_policy import MAX_SOURCE_BYTES
-from server import attempt, probes, profiling
+from server import attempt, probes, profiling, resource_views
 from server.call_gate import FinishedReports, gate, strict_arguments
 from server.client_log import ClientLog
 from server.models import (AttemptAnswer, CheckAnswer, CompileAnswer, FinishAnswer, LaunchInput, ProfileAnswer,
                            TaskDescription, TimeAnswer, Usage)
+from server.resource_updates import ResourceUpdates
 from server.run import Run
 
 INSTRUCTIONS = """kernel-referee judges one CUDA kernel. Read describe_task, write a kernel with the exact
@@ -42,16 +46,28 @@ UsageInput = Annotated[Usage | None, Field(description="what the client spent on
 Reason = Annotated[str, Field(description="why the run ends now (kept in the summary)", min_length=1,
                               max_length=1000)]
 
-PROBE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
+# What each tool does to the run, as the client is told: describe_task reads; compile_kernel and the probes are
+# charged on every call (the compile rate limit, the probe window), so calling one again is not the same as once;
+# record_attempt and finish spend what cannot be given back.
+READS = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+CHARGED = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
+SPENDS = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False)
 _CANDIDATE_ID = re.compile(r"c[0-9a-f]{15}")
 COMPILE_LOGS = "referee://compile-logs/{candidate}"
 MAX_COMPLETIONS = 100  # the most values a completion answer may carry
 
 
 def build_server(run: Run, **server_options: Any) -> MCPServer:
-    reports, logs = FinishedReports(run), ClientLog()
-    server = MCPServer(name="kernel-referee", version=_version(), instructions=INSTRUCTIONS, lifespan=reports.lifespan,
-                       **server_options)
+    reports, logs, bus = FinishedReports(run), ClientLog(), InMemorySubscriptionBus()
+    updates = ResourceUpdates(run.dir, bus)
+
+    @asynccontextmanager
+    async def lifespan(mcp_server: MCPServer) -> AsyncIterator[dict]:
+        async with reports.lifespan(mcp_server) as state, updates.watching():
+            yield state
+
+    server = MCPServer(name="kernel-referee", version=_version(), instructions=INSTRUCTIONS, lifespan=lifespan,
+                       subscriptions=bus, **server_options)
     logs.install(server)
     call = gate(run, reports, logs)
 
@@ -84,14 +100,13 @@ def _tool(server: MCPServer, title: str, annotations: ToolAnnotations) -> Callab
 
 
 def _probe_tools(server: MCPServer, run: Run, call: Callable, candidate: Callable) -> None:
-    @_tool(server, "Describe the task", ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    @_tool(server, "Describe the task", READS)
     async def describe_task() -> TaskDescription:
         """The task: signature, parameters, visible cases, tolerances, default launch, the device, the baseline's
         latency per case, the best so far, and the budget. Start here."""
         return await call(None, "describe_task", {}, lambda _: probes.describe(run), needs_budget=False)
 
-    @_tool(server, "Compile a kernel", ToolAnnotations(read_only_hint=False, destructive_hint=False,
-                                                       idempotent_hint=True, open_world_hint=False))
+    @_tool(server, "Compile a kernel", CHARGED)
     async def compile_kernel(source: Annotated[str, Field(description=SOURCE_TEXT, max_length=MAX_SOURCE_BYTES)],
                              options: Options = None, launch: Launch = None) -> CompileAnswer:
         """Compile a kernel with NVRTC for the run's GPU. Returns a candidate id (source + options + launch) to
@@ -101,7 +116,7 @@ def _probe_tools(server: MCPServer, run: Run, call: Callable, candidate: Callabl
         return await call(None, "compile_kernel", args,
                           lambda _: probes.compile_candidate(run, lambda: candidate(None, source, options, launch)))
 
-    @_tool(server, "Run chosen cases", PROBE)
+    @_tool(server, "Run chosen cases", CHARGED)
     async def run_cases(ctx: Context, candidate_id: CandidateId = None, source: Source = None, launch: Launch = None,
                         cases: Cases = None) -> CheckAnswer:
         """Run a candidate once per chosen visible case and compare with the reference: pass/fail and a mismatch
@@ -109,7 +124,7 @@ def _probe_tools(server: MCPServer, run: Run, call: Callable, candidate: Callabl
         return await call(ctx, "run_cases", {"candidate": candidate_id, "cases": cases}, lambda report: (
             probes.check_cases(run, "run_cases", lambda: candidate(candidate_id, source, None, launch), cases, report)))
 
-    @_tool(server, "Validate a candidate", PROBE)
+    @_tool(server, "Validate a candidate", CHARGED)
     async def validate(ctx: Context, candidate_id: CandidateId = None, source: Source = None,
                        launch: Launch = None) -> CheckAnswer:
         """The full correctness protocol on every visible case: two runs with different poison, guard bands,
@@ -117,7 +132,7 @@ def _probe_tools(server: MCPServer, run: Run, call: Callable, candidate: Callabl
         return await call(ctx, "validate", {"candidate": candidate_id}, lambda report: probes.check_cases(
             run, "validate", lambda: candidate(candidate_id, source, None, launch), None, report))
 
-    @_tool(server, "Time a candidate", PROBE)
+    @_tool(server, "Time a candidate", CHARGED)
     async def time_kernel(ctx: Context, candidate_id: CandidateId = None, source: Source = None,
                           launch: Launch = None, cases: Cases = None) -> TimeAnswer:
         """Time a valid candidate on the performance cases beside the baseline and the best (median with
@@ -128,7 +143,7 @@ def _probe_tools(server: MCPServer, run: Run, call: Callable, candidate: Callabl
 
 
 def _profile_tool(server: MCPServer, run: Run, call: Callable, candidate: Callable) -> None:
-    @_tool(server, "Profile a candidate (Nsight Compute)", PROBE)
+    @_tool(server, "Profile a candidate (Nsight Compute)", CHARGED)
     async def profile_kernel(ctx: Context, candidate_id: CandidateId = None, source: Source = None,
                              launch: Launch = None,
                              case: Annotated[str | None, Field(description="a performance case (default: the first)",
@@ -145,8 +160,7 @@ def _profile_tool(server: MCPServer, run: Run, call: Callable, candidate: Callab
 
 def _attempt_tools(server: MCPServer, run: Run, call: Callable, candidate: Callable) -> None:
     # Destructive: an attempt cannot be taken back, and the last one ends the run.
-    @_tool(server, "Record an attempt (spends one)", ToolAnnotations(read_only_hint=False, destructive_hint=True,
-                                                                     idempotent_hint=False, open_world_hint=False))
+    @_tool(server, "Record an attempt (spends one)", SPENDS)
     async def record_attempt(ctx: Context, rationale: Rationale, candidate_id: CandidateId = None,
                              source: Source = None, launch: Launch = None, usage: UsageInput = None) -> AttemptAnswer:
         """Spend one attempt, irreversibly (the budget is fixed and cannot be reset; the last attempt ends the run):
@@ -160,8 +174,7 @@ def _attempt_tools(server: MCPServer, run: Run, call: Callable, candidate: Calla
                           lambda report: attempt.record_attempt(run, candidate(candidate_id, source, None, launch),
                                                                 rationale, usage_data, report))
 
-    @_tool(server, "Finish the run", ToolAnnotations(read_only_hint=False, destructive_hint=True,
-                                                     idempotent_hint=False, open_world_hint=False))
+    @_tool(server, "Finish the run", SPENDS)
     async def finish(ctx: Context, reason: Reason) -> FinishAnswer:
         """End the run now (remaining attempts are forfeited). The best is then checked on hidden holdout
         cases; the summary says what counted."""
@@ -186,18 +199,6 @@ def _resources(server: MCPServer, run: Run) -> None:
     def device_resource() -> str:
         return probes.device(run).model_dump_json(indent=2)
 
-    @server.resource("referee://history.json", mime_type="application/json", description="every attempt")
-    def history_resource() -> str:
-        return read("history.json")
-
-    @server.resource("referee://summary.json", mime_type="application/json", description="the run so far")
-    def summary_resource() -> str:
-        return read("summary.json")
-
-    @server.resource("referee://best.cu", mime_type="text/x-cuda", description="the best valid kernel")
-    def best_resource() -> str:
-        return read("best.cu")
-
     @server.resource(COMPILE_LOGS, mime_type="text/plain", description="a full compiler log")
     def compile_log(candidate: str) -> str:
         if not _CANDIDATE_ID.fullmatch(candidate):
@@ -210,6 +211,44 @@ def _resources(server: MCPServer, run: Run) -> None:
         if not profiling.PROFILE_ID.fullmatch(profile):
             raise ResourceNotFoundError("profile ids look like p001")
         return read(profiling.profile_path(profile))
+
+    _record_resources(server, run, read)
+
+
+def _record_resources(server: MCPServer, run: Run, read: Callable[[str], str]) -> None:
+    """The run's records: history (whole and compact), summary, best, the audit log in pages, the report."""
+    @server.resource("referee://history.json", mime_type="application/json",
+                     description="every attempt, with every raw timing sample (large: see history-compact.json)")
+    def history_resource() -> str:
+        return read("history.json")
+
+    @server.resource("referee://history-compact.json", mime_type="application/json",
+                     description="every attempt without raw timing samples or compiler logs; `full` names the rest")
+    def compact_history_resource() -> str:
+        read("history.json")  # not found until the baseline is recorded
+        return json.dumps(resource_views.compact_history(run.dir), indent=1)
+
+    @server.resource(resource_views.EVENTS_URI + "{?cursor}", mime_type="application/json",
+                     description="the audit log, 200 records a page from `cursor` (a record's line number); `next` "
+                                 "is the following page's URI")
+    def events_resource(cursor: str = "0") -> str:
+        try:
+            return json.dumps(resource_views.events_page(run.dir, cursor))
+        except resource_views.NoSuchPage as exc:
+            raise ResourceNotFoundError(str(exc)) from None
+
+    @server.resource("referee://report.html", mime_type="text/html",
+                     description="the run's report, written when the run finishes (or by `kernel-referee report`)")
+    def report_resource() -> str:
+        return read("report.html")
+
+    @server.resource("referee://summary.json", mime_type="application/json", description="the run so far")
+    def summary_resource() -> str:
+        return read("summary.json")
+
+    @server.resource("referee://best.cu", mime_type="text/x-cuda", description="the best valid kernel")
+    def best_resource() -> str:
+        return read("best.cu")
 
 
 def _completions(server: MCPServer, run: Run) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 from typing import Any, get_args
 
 from mcp.server.connection import allowed_log_levels
@@ -24,23 +25,30 @@ _LEVELS: tuple[str, ...] = get_args(LoggingLevel)  # least severe first
 
 
 class ClientLog:
-    """The level the client set with `logging/setLevel` (None: none set, nothing is sent on such a connection)."""
+    """The level each client session set with `logging/setLevel` (none set: nothing is sent on that session).
+
+    Per session: over HTTP several clients share one server, and one's level must not change what another gets.
+    Held weakly, so a session that ended takes its level with it."""
 
     def __init__(self) -> None:
-        self.level: str | None = None
+        self._levels: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+    def level(self, session: Any) -> str | None:
+        return self._levels.get(_connection(session))
 
     def install(self, server: MCPServer) -> None:
         # MCPServer exposes no setLevel hook; the low-level server's add_request_handler is the SDK's stated way
         # to serve it (mcp/server/extension.py, MethodBinding).
         server._lowlevel_server.add_request_handler("logging/setLevel", SetLevelRequestParams, self._set_level)
 
-    async def _set_level(self, _ctx: Any, params: SetLevelRequestParams) -> EmptyResult:
-        self.level = params.level
+    async def _set_level(self, ctx: Any, params: SetLevelRequestParams) -> EmptyResult:
+        self._levels[_connection(ctx.session)] = params.level
         return EmptyResult()
 
     def wants(self, ctx: Context, level: str) -> bool:
         if ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
-            return self.level is not None and _LEVELS.index(level) >= _LEVELS.index(self.level)
+            chosen = self.level(ctx.session)
+            return chosen is not None and _LEVELS.index(level) >= _LEVELS.index(chosen)
         # 2026-07-28 and later: the request's own level in _meta, read as the SDK reads it
         return level in allowed_log_levels(ctx.protocol_version, ctx.request_context.meta)
 
@@ -58,3 +66,9 @@ class ClientLog:
                                                related_request_id=ctx.request_id)
         except Exception:  # noqa: BLE001 - informative only
             log.debug("log message not delivered", exc_info=True)
+
+
+def _connection(session: Any) -> Any:
+    """The client's connection behind a request's session. The SDK makes a ServerSession per request (runner.py
+    `_make_context`) over one Connection per client, and exposes that Connection on no public name."""
+    return session._connection  # noqa: SLF001

@@ -57,6 +57,7 @@ class EventKind(StrEnum):
     DISQUALIFIED = "disqualified"
     FINISHED = "finished"
     LOG_REPAIRED = "log_repaired"
+    COMPILE_CHARGED = "compile_charged"  # a compile counted against the rate limit: a resumed run counts it again
 
 
 # Kept as the string when it is not one of today's values (see the module's docstring).

@@ -34,7 +34,7 @@ from server.call import CALL_DEADLINE_S, Progress
 from server.executor import Executor
 from server.locked_files import LockedFiles
 from server.models import Budget
-from server.rate_limit import RateLimited, SlidingWindow
+from server.rate_limit import RateLimited, SlidingWindow, ages_s
 from server.record_files import HISTORY, SUMMARY, iter_events, read_history, read_summary
 from server.records import AttemptRecord, EventKind, SummaryFile
 
@@ -236,6 +236,8 @@ class Run:
             path = record.data.get("path", "") if record.kind == EventKind.FILE_WRITTEN else ""
             if _ATTEMPT_FILE.fullmatch(path):
                 self.logged_attempts.add(int(path[9:12]))
+        # A restart must not hand out a fresh minute of compiles either.
+        self.compile_rate.restore(ages_s(e.time for e in iter_events(self.dir) if e.kind == "compile_charged"))
 
     # -- files ---------------------------------------------------------------------------------
     def write_json(self, name: str, value) -> None:
@@ -308,6 +310,7 @@ class Run:
         except RateLimited as limited:
             raise Refusal(f"compile rate limit: {self.settings.compiles_per_minute} compiles per minute; "
                           f"{limited} (reuse candidate ids instead of recompiling)") from None
+        self.audit.append(EventKind.COMPILE_CHARGED, {})
 
     # -- candidates ----------------------------------------------------------------------------
     def candidate(self, candidate_id: str | None, source: str | None, options: list[str] | None = None,

@@ -64,6 +64,19 @@ async def test_record_attempt_is_marked_destructive_and_says_what_spends_it(run)
 
 
 @pytest.mark.anyio
+async def test_every_tool_is_annotated_with_what_it_does(run):
+    # A tool charged on every call (the compile rate limit, the probe window) is not idempotent: a second call is
+    # not the same as one.
+    async with client(run) as c:
+        hints = {t.name: (t.annotations.read_only_hint, t.annotations.destructive_hint, t.annotations.idempotent_hint,
+                          t.annotations.open_world_hint) for t in (await c.list_tools()).tools}
+    charged, spends = (False, False, False, False), (False, True, False, False)
+    assert hints == {"describe_task": (True, None, None, False), "compile_kernel": charged, "run_cases": charged,
+                     "validate": charged, "time_kernel": charged, "profile_kernel": charged,
+                     "record_attempt": spends, "finish": spends}
+
+
+@pytest.mark.anyio
 async def test_server_info_carries_the_package_version(run):
     async with client(run) as c:
         assert c.server_info.name == "kernel-referee"
