@@ -16,6 +16,8 @@ Markers (in a comment anywhere in the source):
   fake: spin_s=N       every launch on a performance case takes N seconds (in real time), bounded as the
                        referee bounds it: past the case's launch limit, too_slow (the check stops there);
                        past the call's deadline, OutOfTime
+Not a marker: FakeExecutor(prepare_s=N) makes the first expected outputs take N seconds (a slow
+preparation of a new run), unless close() ends the wait.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from harness.worker_side.sass_mix import instruction_mix
 from harness.gpu_lease import GpuLease, held
 from harness.ncu_profile import NCU_MISSING, NO_PERMISSION, ProfilingUnavailable
 from harness.placement import GpuInfo
+from server.executor import ExecutorError
 from harness.nvrtc_features import nvrtc_features
 from harness.worker_side.nvrtc import compile_kernel
 from harness.settings import CompiledKernel, ReferenceFailed
@@ -104,8 +107,11 @@ class FakeExecutor:
     def __init__(self, task: Task, gpu: str = "Fake GPU", vendor_latency_us: float | None = 20.0,
                  environment: dict | None = None, default_latency_us: float = 100.0,
                  gpu_uuid: str | None = FAKE_GPU_UUID, lease_what: str = "serve", placed: GpuInfo | None = None,
-                 trees_from_bytes: int | None = None):
+                 trees_from_bytes: int | None = None, prepare_s: float = 0.0):
         self.task = task
+        # The first expected outputs take this long (a slow preparation), unless close() ends the wait: then they fail
+        self.prepare_s = prepare_s
+        self.closed = threading.Event()
         self.gpu = gpu
         self.gpu_uuid = placed.uuid if placed else gpu_uuid  # placed: on that fake GPU, as GpuExecutor(gpu=...)
         self.gpu_index = placed.index if placed else 0
@@ -182,6 +188,9 @@ class FakeExecutor:
         return result
 
     def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
+        delay, self.prepare_s = self.prepare_s, 0.0
+        if delay and self.closed.wait(delay):
+            raise ExecutorError("the executor was closed while the reference outputs were computed (fake)")
         key = (case.name, seed)
         if key in self.preloaded:
             return self.preloaded[key]
@@ -316,7 +325,7 @@ class FakeExecutor:
         self.aborted += 1
 
     def close(self) -> None:
-        pass
+        self.closed.set()
 
 
 def _killed(cases: list[Case]) -> TimingReport:
