@@ -312,4 +312,5 @@ def finish(run: Run, reason: str, progress: Progress | None) -> FinishAnswer:
     run.audit.append(EventKind.FINISHED, {"reason": reason, "best_attempt": final, "disqualified": disqualified})
     write_summary(run, status="finished", stop_reason=reason, holdout=holdout, disqualified=disqualified)
     _say(progress, 1, 1, f"run finished; the best is attempt {final}")
-    return FinishAnswer(stop_reason=reason, best_attempt=final, disqualified=disqualified, holdout=holdout)
+    return FinishAnswer(stop_reason=reason, best_attempt=final, disqualified=disqualified, holdout=holdout,
+                        signing_key_fingerprint=run.key.fingerprint if run.key is not None else None)

@@ -1,7 +1,9 @@
 """The audit store of one run folder: atomic file writes and a hash-chained event log.
 
 `events.jsonl` holds one canonical JSON record per line; each record carries the hash of the one
-before it, so editing, removing or reordering a record breaks the chain at that line. Files the
+before it, so editing, removing or reordering a record breaks the chain at that line. A run's log is
+also signed (server/keys.py): each record's `sig` is the run key's Ed25519 signature of its hash, so a
+chain recomputed after an edit no longer verifies without the private key. Files the
 run writes are recorded with their sha256; server/verify.py checks them, `lock.json` and
 `summary.json` against the log.
 """
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 GENESIS = "0" * 64
 LOG_NAME = "events.jsonl"
 RECORD_FIELDS = frozenset({"seq", "time", "kind", "data", "prev", "hash"})
+SIGNED_FIELDS = RECORD_FIELDS | {"sig"}  # a signed log's records; logs made before signing have none
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -120,7 +123,8 @@ def _now() -> str:
 
 
 def record_hash(record: dict) -> str:
-    return hashlib.sha256(canonical_json({k: v for k, v in record.items() if k != "hash"})).hexdigest()
+    """The sha256 of the record without its hash and signature (the signature is of this hash)."""
+    return hashlib.sha256(canonical_json({k: v for k, v in record.items() if k not in ("hash", "sig")})).hexdigest()
 
 
 def _split_tail(f, size: int) -> tuple[bytes | None, bytes]:
@@ -150,14 +154,17 @@ def inside_run(run_dir: Path, relative: str) -> Path | None:
 
 
 class AuditLog:
-    """events.jsonl: one JSON object per line, each holding the hash of the previous one."""
+    """events.jsonl: one JSON object per line, each holding the hash of the previous one and, where the log
+    has a `signer` (the run's key, server/keys.py), the signature of its own hash."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, signer: Any = None):
         self.path = Path(path)
+        self.signer = signer
         self.run_dir = self.path.parent
         self._lock = threading.Lock()
         self._broken: str | None = None
         self._seq, self._head = -1, GENESIS
+        self._signed = False  # whether the log's last record is signed: then every new one must be
         created = not self.path.exists()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -184,6 +191,7 @@ class AuditLog:
         if not isinstance(seq, int) or isinstance(seq, bool) or not is_sha256(head):
             raise AuditError(f"{self.path.name}: the last record has no valid seq and hash")
         self._seq, self._head = seq, head
+        self._signed = "sig" in last
         return torn
 
     def _repair(self, torn: bytes) -> None:
@@ -208,12 +216,18 @@ class AuditLog:
                 raise AuditError(f"{self.path.name} is closed")
             if self._broken:
                 raise AuditError(f"{self.path.name} is in an unknown state ({self._broken}); reopen it")
+            if self._signed and self.signer is None:
+                raise AuditError(f"{self.path.name} is signed: a record added without the run's key would not "
+                                 "verify")
             # A normalized copy: what is returned is exactly what reading the line back gives.
             record = {"seq": self._seq + 1, "time": _now(), "kind": str(kind),
                       "data": json.loads(canonical_json(json_safe(data))), "prev": self._head}
             record["hash"] = record_hash(record)
+            if self.signer is not None:
+                record["sig"] = self.signer.sign(record["hash"])
             self._write_line(canonical_json(record) + b"\n")
             self._seq, self._head = record["seq"], record["hash"]
+            self._signed = "sig" in record
             return record
 
     def _write_line(self, line: bytes) -> None:

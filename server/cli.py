@@ -28,6 +28,7 @@ from server.transport import loopback_refusal
 from server.task_commands import lint, lint_first, new_task
 from server.settings import RefereeSettings, sandbox_refusal
 from server.verify import verify_run
+from server.keys import SigningKeyError
 from server.cli_args import (ATTEMPT_NUMBER, ATTEMPTS, ITERATIONS, PORT, PROBES, REPEATS, WARMUPS, Parser,
                              UsageError, amount)
 from server.cli_errors import failed, one_line
@@ -71,8 +72,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
     demo.add_argument("--profile", action="store_true", help="serve with --profile and show one profile_kernel call")
 
-    verify = commands.add_parser("verify", help="check a run folder's hash chain and recorded files")
+    verify = commands.add_parser("verify", help="check a run folder's signed log, its files and its end (exit 0: "
+                                 "ok; 1: failed; 5: unsigned, made before signing)")
     verify.add_argument("run", type=Path)
+    verify.add_argument("--public-key", metavar="FINGERPRINT", help="the fingerprint `serve` and `finish` printed: "
+                        "refuse a log signed by any other key")
 
     replay = commands.add_parser("replay", help="re-run a run's best on this GPU (its cases, the holdout, fresh "
                                  "values, timing beside the baseline) and say GO or NO-GO")
@@ -118,6 +122,9 @@ def _serve_parser(commands) -> None:
     serve.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
     serve.add_argument("--profile", action="store_true",
                        help="let the agent profile candidates with Nsight Compute (profile_kernel); off by default")
+    serve.add_argument("--key-dir", type=lambda text: Path(text).resolve(), metavar="DIR",
+                       help="keep the run's private signing key in DIR (mode 700, readable only by this user), not in "
+                       "the run folder: an agent with a shell as another user cannot sign a rewritten log")
     serve.add_argument("--keep-expected", action="store_true",
                        help="write every case's expected outputs into the run folder, even those of cases judged on "
                        "the device (kept there as sha256-trees by default)")
@@ -158,7 +165,8 @@ def settings_of(args: argparse.Namespace) -> RefereeSettings:
     timing = TimingSettings(**{key: given[key] for key in ("warmups", "iterations") if given.get(key) is not None},
                             cold_l2=not given.get("no_cold_l2", False))
     run = RunSettings(timing=timing, profile=bool(given.get("profile")), keep_expected=bool(given.get("keep_expected")),
-                      **{key: given[key] for key in ("max_attempts", "probes_per_window") if given.get(key) is not None})
+                      **{key: given[key] for key in ("max_attempts", "probes_per_window", "key_dir")
+                         if given.get(key) is not None})
     return RefereeSettings(run=run, confine=not given.get("no_sandbox", False),
                            **{key: given[key] for key in ("transport", "host", "port", "results")
                               if given.get(key) is not None})
@@ -207,7 +215,7 @@ def _serve(args, settings: RefereeSettings) -> int:
 
 
 def _verify(args) -> int:
-    return verify(_run_folder(args.run), sys.stdout)
+    return verify(_run_folder(args.run), sys.stdout, args.public_key)
 
 
 def _cost(args) -> int:
@@ -231,11 +239,21 @@ def _report(args) -> int:
         print(f"kernel-referee: the cost sheet needs all six cost options; missing {missing}", file=sys.stderr)
         return 2
     inputs = CostInputs(**given) if all(v is not None for v in given.values()) else None
+    run_dir = _run_folder(args.run)
+    if run_dir.is_dir():  # the report files themselves are written again: the rest must verify
+        report = verify_run(run_dir, derived=False)
+        if not report.ok:
+            raise UsageError(f"refused: {run_dir} does not verify ({report.problems[0] if report.problems else '?'}; "
+                             f"`kernel-referee verify {run_dir}` lists every problem), so its report would show "
+                             "values nobody can trust")
     try:
-        written = write_report_held(_run_folder(args.run), inputs)
+        written = write_report_held(run_dir, inputs)
     except FolderHeld as held:
         print(f"kernel-referee: {held}", file=sys.stderr)
         return EXIT_HELD
+    except SigningKeyError as exc:
+        print(f"kernel-referee: the report was written but not recorded in the run's log: {exc}", file=sys.stderr)
+        return 1
     for path in written:
         print(path, file=sys.stdout)
     return 0

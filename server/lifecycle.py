@@ -12,7 +12,7 @@ from pathlib import Path
 
 from harness.footprint import machine_shortfalls, shortfalls
 from harness.task import load_task
-from server import lock as locking
+from server import keys, lock as locking
 from server.attempt import record_baseline, settle_interrupted
 from server.audit import LOG_NAME
 from server.executor import Executor
@@ -22,6 +22,7 @@ from server.records import EventKind
 from server.report_files import write_report_files
 from server.expected_files import load_expected, write_expected
 from server.run import Progress, Run, RunError, RunSettings, TaskDoesNotFit, now_iso
+from server.signed_log import run_key
 from server.verify import chain_break
 
 
@@ -33,6 +34,8 @@ def new_run(task_dir: Path, results: Path, settings: RunSettings, executor: Exec
                 or shortfalls(task, settings.timing, executor.start()))
     if problems:
         raise TaskDoesNotFit("the task does not fit on this machine: " + "; ".join(problems))
+    if settings.key_dir is not None:
+        _key_or_refuse(keys.check_key_dir, settings.key_dir)
     run_dir = _next_run_dir(results)
     folder = FolderLock.take(run_dir, "serve")  # a folder this process just made: nobody else holds it
     try:
@@ -40,7 +43,8 @@ def new_run(task_dir: Path, results: Path, settings: RunSettings, executor: Exec
         _make_read_only(run_dir / "task")
         task = load_task(run_dir / "task")
         environment = executor.start()
-        run = Run(run_dir, task, settings, executor, environment)
+        key = _key_or_refuse(keys.create_key, run_dir, settings.key_dir)
+        run = Run(run_dir, task, settings, executor, environment, key=key)
     except BaseException:
         folder.release()
         raise
@@ -57,10 +61,11 @@ def _begin(run: Run, environment: dict, progress: Progress | None) -> None:
     """What a new run records before its first call: its creation, the expected outputs, the lock, the baseline."""
     settings = run.settings.model_dump(mode="json")
     name_lease(run.executor, run.dir.name)
-    run.audit.append(EventKind.RUN_CREATED, {"task": run.task.name, "settings": settings, **_device(environment)})
+    run.audit.append(EventKind.RUN_CREATED, {"task": run.task.name, "settings": settings, **_device(environment),
+                                             "signing_key": run.key.anchor()})
     run.write_json("run.json", {"task": run.task.name, "created": now_iso(), "settings": settings})
     _write_expected(run, progress)
-    run.lock_record = locking.make_lock(run.dir, environment)
+    run.lock_record = locking.make_lock(run.dir, environment, run.key.anchor())
     run.write_json("lock.json", run.lock_record)
     record_baseline(run, progress)
 
@@ -69,6 +74,8 @@ def _discard(run: Run) -> None:
     """A new run that failed before its baseline was recorded (a reference that fails, a full disk, an interrupt) is
     no run: nothing was attempted, no resume would take it, so its folder goes rather than stay half made."""
     run.close()  # its audit log, and its hold on the folder
+    if run.key is not None and run.settings.key_dir is not None:  # the key of no run
+        keys.key_path(run.dir, run.settings.key_dir, run.key.fingerprint).unlink(missing_ok=True)
     for path in sorted(run.dir.rglob("*"), reverse=True):  # the task copy is read-only
         if path.is_dir() and not path.is_symlink():
             path.chmod(stat.S_IRWXU)
@@ -85,7 +92,8 @@ def resume_run(run_dir: Path, executor: Executor, folder: FolderLock | None = No
     folder = folder or FolderLock.take(run_dir, "serve")
     try:
         lock_record, environment = _checked_for_resume(run_dir, executor)
-        run = Run(run_dir, load_task(run_dir / "task"), RunSettings.of_run(run_dir), executor, environment)
+        key = _key_or_refuse(run_key, run_dir)  # None: a run made before signing goes on unsigned
+        run = Run(run_dir, load_task(run_dir / "task"), RunSettings.of_run(run_dir), executor, environment, key=key)
     except BaseException:
         folder.release()
         raise
@@ -104,7 +112,7 @@ def resume_run(run_dir: Path, executor: Executor, folder: FolderLock | None = No
     was_finished = run.finished
     settle_interrupted(run)
     if run.finished and not was_finished:
-        write_report_files(run.dir)
+        write_report_files(run.dir, run.audit)
     return run
 
 
@@ -129,6 +137,14 @@ def _checked_for_resume(run_dir: Path, executor: Executor) -> tuple[dict, dict]:
         raise RunError(f"the referee's code changed since {run_dir.name} began ({', '.join(changed[:5])}); "
                        "judge it with the version that started it")
     return lock_record, executor.start()
+
+
+def _key_or_refuse(step, *args):
+    """A step of the run's signing key (server/keys.py), its failure a RunError that serve prints on one line."""
+    try:
+        return step(*args)
+    except keys.SigningKeyError as e:
+        raise RunError(str(e)) from e
 
 
 def _write_expected(run: Run, progress: Progress | None) -> None:

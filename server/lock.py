@@ -45,11 +45,15 @@ def digest(hashes: dict[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def make_lock(run_dir: Path, environment: dict) -> dict:
+def make_lock(run_dir: Path, environment: dict, signing_key: dict | None = None) -> dict:
+    """lock.json's contents; `signing_key` is the run key's public half (server/keys.py RunKey.anchor)."""
     files = hash_files(run_dir, ("task", "expected"))
     source = referee_source()
-    return {"files": files, "files_sha256": digest(files), "referee_source": source,
+    lock = {"files": files, "files_sha256": digest(files), "referee_source": source,
             "referee_source_sha256": digest(source), "environment": environment}
+    if signing_key is not None:
+        lock["signing_key"] = signing_key
+    return lock
 
 
 def read_lock(run_dir: Path) -> dict:

@@ -129,6 +129,9 @@ class FinishAnswer(BaseModel):
     disqualified: list[int]
     holdout: dict[str, Any]
     summary_resource: str = "referee://summary.json"
+    # The fingerprint of the key that signs the run's log, for the person to keep outside the run folder
+    # (`kernel-referee verify RUN --public-key FINGERPRINT`); None for a run made before signing.
+    signing_key_fingerprint: str | None = None
 
 
 class TaskCase(BaseModel):

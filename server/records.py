@@ -58,6 +58,7 @@ class EventKind(StrEnum):
     FINISHED = "finished"
     LOG_REPAIRED = "log_repaired"
     COMPILE_CHARGED = "compile_charged"  # a compile counted against the rate limit: a resumed run counts it again
+    REPORT_WRITTEN = "report_written"  # the derived files (report, heatmaps, replays) and their sha256
 
 
 # Kept as the string when it is not one of today's values (see the module's docstring).
@@ -270,6 +271,7 @@ class SummaryFile(Record):
     probes: int | None = None
     environment: dict[str, Any] | None = None
     chain_head: str | None = None
+    chain_seq: int | None = None  # the seq of the record chain_head names
     holdout: dict[str, Any] | None = None
     disqualified: list[int] | None = None
 

@@ -1,4 +1,5 @@
-"""Writing report.html, heatmap.svg and heatmap.png into a run folder: derived files, not in the audit log.
+"""Writing report.html, heatmap.svg and heatmap.png into a run folder: derived files, listed with their
+sha256 in a `report_written` record of the audit log after each write (server/signed_log.py).
 
 A finished run's report is written after the call that finished it has answered (server/app.py), or by
 `kernel-referee report RUN` (`write_report_held`, which holds the run folder as a server does); rendering
@@ -10,12 +11,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from server.audit import write_bytes_atomic
+from server.audit import AuditLog, write_bytes_atomic
 from server.cost import CostInputs
 from server.folder_lock import FolderLock
 from server import heatmap
 from server.report import load_report
 from server.report_html import render_report
+from server.signed_log import record_derived, record_derived_outside
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +40,25 @@ def write_report(run_dir: Path, cost_inputs: CostInputs | None = None) -> list[P
 
 def write_report_held(run_dir: Path, cost_inputs: CostInputs | None = None) -> list[Path]:
     """`write_report` for `kernel-referee report`: the run folder held while it is read and written
-    (server/folder_lock.py; FolderHeld when a server or a replay holds it)."""
+    (server/folder_lock.py; FolderHeld when a server or a replay holds it), the files recorded in its log
+    (keys.SigningKeyError where the run's key cannot be read)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():  # nothing to hold: write_report says what is missing
         return write_report(run_dir, cost_inputs)
     with FolderLock.take(run_dir, "report"):
-        return write_report(run_dir, cost_inputs)
+        written = write_report(run_dir, cost_inputs)
+        record_derived_outside(run_dir)
+        return written
 
 
-def write_report_files(run_dir: Path) -> None:
-    """`write_report` for the end of a run: a failure is logged, never raised (the run's result stands)."""
+def write_report_files(run_dir: Path, audit: AuditLog | None = None) -> None:
+    """`write_report` for the end of a run or a replay, the files recorded in `audit` (the serving run's log;
+    None: the log is opened with the run's key). A failure is logged, never raised (the run's result stands)."""
     try:
         write_report(run_dir)
     except Exception:  # noqa: BLE001 - derived artefacts; `kernel-referee report RUN` can write them again
         log.warning("the report of %s could not be written", run_dir, exc_info=True)
+    try:
+        record_derived(audit, run_dir) if audit is not None else record_derived_outside(run_dir)
+    except Exception:  # noqa: BLE001 - verify names the unrecorded files; `kernel-referee report RUN` records them
+        log.warning("the report files of %s could not be recorded in its log", run_dir, exc_info=True)

@@ -73,6 +73,9 @@ class RunSettings(BaseModel):
     # sha256-tree (expected/CASE/SET/OUTPUT.sha256-tree), and a resumed run or a replay computes them again and
     # must find the same. True (serve --keep-expected): their .npy files are written as for every other case.
     keep_expected: bool = False
+    # Where the run's private signing key lives (serve --key-dir: a folder only the referee's user can read);
+    # None: in the run folder (server/keys.py, docs/security.md "The audit log").
+    key_dir: Path | None = None
 
     @classmethod
     def of_run(cls, run_dir: Path) -> "RunSettings":
@@ -112,13 +115,15 @@ def expected_tree_path(case: Case, set_index: int, output: str) -> str:
 class Run:
     """Budget, probes, lock and history of one run folder. Made and resumed by server/lifecycle.py."""
 
-    def __init__(self, run_dir: Path, task: Task, settings: RunSettings, executor: Executor, environment: dict):
+    def __init__(self, run_dir: Path, task: Task, settings: RunSettings, executor: Executor, environment: dict,
+                 key: Any = None):
         self.dir = run_dir
         self.task = task
         self.settings = settings
         self.executor = executor
         self.environment = environment
-        self.audit = AuditLog(run_dir / "events.jsonl")
+        self.key = key  # the run's signing key (server/keys.py): the log signs every record with it
+        self.audit = AuditLog(run_dir / "events.jsonl", signer=key)
         self.lock_record = json.loads((run_dir / "lock.json").read_text()) if (run_dir / "lock.json").exists() else None
         self.history: list[AttemptRecord] = []
         self.candidates: dict[str, Candidate] = {}

@@ -195,11 +195,15 @@ def latest_unfinished_run(results: Path, task_dir: Path) -> Path | None:
     return None
 
 
-def verify(run_dir: Path, out: TextIO) -> int:
+EXIT_UNSIGNED = 5  # verify: the folder holds together, but its log was made before signing: anyone could remake it
+
+
+def verify(run_dir: Path, out: TextIO, public_key: str | None = None) -> int:
     """The command's report goes to `out` (the terminal); it is not part of any MCP stream."""
-    report = verify_run(run_dir)
-    if report.ok:
-        print(f"{run_dir}: ok ({report.records} records, chain head {report.head})", file=out)
+    report = verify_run(run_dir, public_key=public_key)
+    if report.ok and report.signed:
+        print(f"{run_dir}: ok ({report.records} records, chain head {report.head}, signed by key "
+              f"{report.fingerprint})", file=out)
         return 0
     where = f" (first broken record: events.jsonl line {report.first_broken_line})" if report.first_broken_line else ""
     print(f"{run_dir}: FAILED{where}", file=out)
@@ -210,3 +214,7 @@ def verify(run_dir: Path, out: TextIO) -> int:
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+    if report.ok:
+        print(f"{run_dir}: unsigned (made before signing): the chain and files hold ({report.records} records, "
+              f"chain head {report.head}), but anyone could have recomputed the chain", file=out)
+        return EXIT_UNSIGNED

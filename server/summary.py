@@ -68,5 +68,6 @@ def write_summary(run: Run, status: str, stop_reason: str | None = None, holdout
     })
     if holdout is not None:
         run.update_summary({"holdout": holdout, "disqualified": disqualified or []})
-    run.update_summary({"chain_head": run.audit.head})
+    # The record this summary names: verify finds it at that seq, so a log cut before it is refused.
+    run.update_summary({"chain_head": run.audit.head, "chain_seq": run.audit.count - 1})
     run.write_json(SUMMARY, summary_json(run.summary))

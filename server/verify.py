@@ -1,5 +1,6 @@
-"""Checking a run folder against its audit log: the hash chain, every recorded file, lock.json's files and
-summary.json's chain head (`kernel-referee verify`)."""
+"""Checking a run folder against its audit log (`kernel-referee verify`): the hash chain, the records'
+signatures (server/verify_signed.py), every recorded file, lock.json's files, summary.json's chain head, the
+log's end, and every file of the folder accounted for."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from server.record_files import SUMMARY, read_summary
-from server.audit import (GENESIS, LOG_NAME, RECORD_FIELDS, canonical_json, inside_run, is_sha256, record_hash,
-                          sha256_file)
+from server.audit import (GENESIS, LOG_NAME, RECORD_FIELDS, SIGNED_FIELDS, canonical_json, inside_run, is_sha256,
+                          record_hash, sha256_file)
+from server.verify_signed import derived_problems, end_problems, signature_problems, unaccounted_files
 
 
 TORN = "torn (no trailing newline; reopening the log repairs it)"
@@ -23,6 +25,11 @@ class VerifyReport(BaseModel):
     head: str | None
     problems: list[str]
     first_broken_line: int | None
+    fingerprint: str | None = None  # of the key that signed the log; None: unsigned (made before signing)
+
+    @property
+    def signed(self) -> bool:
+        return self.fingerprint is not None
 
 
 def _reject_constant(name: str) -> None:
@@ -35,12 +42,12 @@ def _parse_line(raw: bytes) -> tuple[dict | None, str | None]:
         record = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except ValueError:
         return None, "not JSON"
-    if not isinstance(record, dict) or set(record) != RECORD_FIELDS:
+    if not isinstance(record, dict) or set(record) not in (RECORD_FIELDS, SIGNED_FIELDS):
         return None, "not an audit record (wrong fields)"
     types_ok = (isinstance(record["seq"], int) and not isinstance(record["seq"], bool)
                 and isinstance(record["time"], str) and isinstance(record["kind"], str)
                 and isinstance(record["data"], dict) and is_sha256(record["prev"])
-                and is_sha256(record["hash"]))
+                and is_sha256(record["hash"]) and isinstance(record.get("sig", ""), str))
     return (record, None) if types_ok else (None, "not an audit record (wrong field types)")
 
 
@@ -126,7 +133,8 @@ def _file_state(run_dir: Path, relative: str, sha256: str) -> str | None:
     return None if sha256_file(target) == sha256 else "differs"
 
 
-def _recorded_files(run_dir: Path, parsed: list[tuple[int, dict]]) -> list[str]:
+def _recorded_files(run_dir: Path, parsed: list[tuple[int, dict]]) -> tuple[list[str], set[str]]:
+    """Problems of the files the log records (each against its last recorded write), and their paths."""
     last: dict[str, tuple[int, str]] = {}
     for n, record in parsed:
         data = record["data"]
@@ -139,7 +147,7 @@ def _recorded_files(run_dir: Path, parsed: list[tuple[int, dict]]) -> list[str]:
         state = _file_state(run_dir, relative, sha256)
         if state:
             problems.append(f"{relative}: {says[state]} ({LOG_NAME} line {n})")
-    return problems
+    return problems, set(last)
 
 
 def _read_json(path: Path) -> tuple[Any, str | None]:
@@ -149,43 +157,52 @@ def _read_json(path: Path) -> tuple[Any, str | None]:
         return None, f"{path.name}: unreadable ({e})"
 
 
-def _lock_problems(run_dir: Path) -> list[str]:
+def _lock_problems(run_dir: Path) -> tuple[list[str], dict | None]:
+    """Problems of lock.json's files, and lock.json itself (None: none, or unreadable)."""
     path = run_dir / "lock.json"
     if not path.exists():
-        return []
+        return [], None
     lock, why = _read_json(path)
     if why:
-        return [why]
+        return [why], None
     files = lock.get("files") if isinstance(lock, dict) else None
     if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
-        return ["lock.json: no 'files' mapping of path to sha256"]
+        return ["lock.json: no 'files' mapping of path to sha256"], None
     says = {"outside": "path leaves the run folder (lock.json)", "missing": "missing (listed in lock.json)",
             "differs": "differs from lock.json"}
     states = ((relative, _file_state(run_dir, relative, sha256)) for relative, sha256 in files.items())
-    return [f"{relative}: {says[state]}" for relative, state in states if state]
+    return [f"{relative}: {says[state]}" for relative, state in states if state], lock
 
 
-def _summary_problems(run_dir: Path, hashes: set[str]) -> list[str]:
+def _summary_problems(run_dir: Path, hashes: set[str]) -> tuple[list[str], Any]:
+    """Problems of summary.json's chain_head, and summary.json (None: none, or unreadable)."""
     path = run_dir / SUMMARY
     if not path.exists():
-        return []
+        return [], None
     try:
         summary = read_summary(run_dir)
     except (OSError, ValueError) as e:
-        return [f"{path.name}: unreadable ({e})"]
-    if not summary.has("chain_head"):
-        return []
-    if summary.chain_head not in hashes:
-        return [f"summary.json: chain_head {summary.chain_head} is not a record of {LOG_NAME}"]
-    return []
+        return [f"{path.name}: unreadable ({e})"], None
+    if summary.has("chain_head") and summary.chain_head not in hashes:
+        return [f"summary.json: chain_head {summary.chain_head} is not a record of {LOG_NAME}"], summary
+    return [], summary
 
 
-def verify_run(run_dir: Path) -> VerifyReport:
-    """The chain, then every recorded file, lock.json's files and summary.json's chain_head."""
+def verify_run(run_dir: Path, *, public_key: str | None = None, derived: bool = True) -> VerifyReport:
+    """The chain and its signatures (against `public_key`, a fingerprint held outside, where given), every
+    recorded file, lock.json's files, summary.json's chain_head, the log's end, and no file unaccounted for.
+    `derived` False leaves the report files out (`kernel-referee report`, which writes them again, checks the rest).
+    A log made before signing is checked as it was then: ok, with no fingerprint."""
     run_dir = Path(run_dir)
     report, parsed = _read_chain(run_dir / LOG_NAME)
     problems = list(report.problems)
-    problems += _recorded_files(run_dir, parsed)
-    problems += _lock_problems(run_dir)
-    problems += _summary_problems(run_dir, {record["hash"] for _, record in parsed})
-    return report.model_copy(update={"ok": not problems, "problems": problems})
+    recorded_problems, recorded = _recorded_files(run_dir, parsed)
+    lock_problems, lock = _lock_problems(run_dir)
+    summary_problems, summary = _summary_problems(run_dir, {record["hash"] for _, record in parsed})
+    fingerprint, signing_problems = signature_problems(parsed, lock, public_key)
+    problems += signing_problems + recorded_problems + lock_problems + summary_problems
+    problems += end_problems(parsed, summary, fingerprint is not None)
+    if derived and fingerprint is not None:  # a log made before signing did not record its report files
+        problems += derived_problems(run_dir, parsed)
+    problems += unaccounted_files(run_dir, recorded | (set(lock["files"]) if lock is not None else set()))
+    return report.model_copy(update={"ok": not problems, "problems": problems, "fingerprint": fingerprint})

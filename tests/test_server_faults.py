@@ -102,7 +102,7 @@ def test_verify_names_the_first_broken_record(tmp_path, capsys):
     assert main(["verify", str(run.dir)]) == 0
     assert capsys.readouterr().out.startswith(f"{run.dir}: ok (")
 
-    saved = run.dir / "events.saved"
+    saved = tmp_path / "events.saved"  # outside the run folder: a file added there fails verify
     shutil.copy(run.dir / "events.jsonl", saved)
     lines = (run.dir / "events.jsonl").read_bytes().split(b"\n")
     at = lines[4].index(b'"kind":"') + 8
