@@ -205,6 +205,10 @@ def verify(run_dir: Path, out: TextIO, public_key: str | None = None) -> int:
         print(f"{run_dir}: ok ({report.records} records, chain head {report.head}, signed by key "
               f"{report.fingerprint})", file=out)
         return 0
+    if report.ok:
+        print(f"{run_dir}: unsigned (made before signing): the chain and files hold ({report.records} records, "
+              f"chain head {report.head}), but anyone could have recomputed the chain", file=out)
+        return EXIT_UNSIGNED
     where = f" (first broken record: events.jsonl line {report.first_broken_line})" if report.first_broken_line else ""
     print(f"{run_dir}: FAILED{where}", file=out)
     for problem in report.problems:
@@ -214,7 +218,3 @@ def verify(run_dir: Path, out: TextIO, public_key: str | None = None) -> int:
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-    if report.ok:
-        print(f"{run_dir}: unsigned (made before signing): the chain and files hold ({report.records} records, "
-              f"chain head {report.head}), but anyone could have recomputed the chain", file=out)
-        return EXIT_UNSIGNED
