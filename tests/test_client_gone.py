@@ -44,7 +44,8 @@ send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": json.loads(sy
 until(lambda m: m.get("id") == 1)
 send({"jsonrpc": "2.0", "method": "notifications/initialized"})
 send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": json.loads(sys.argv[2])})
-until(lambda m: m.get("method") == "notifications/progress")
+# the attempt's own progress, not the wait for the new run's preparation (server/preparation.py) before it
+until(lambda m: m.get("method") == "notifications/progress" and "preparation" not in m["params"].get("message", ""))
 print("attempt running", file=sys.stderr, flush=True)
 sys.stdin.read()
 """
