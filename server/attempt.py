@@ -18,6 +18,7 @@ from harness.side_by_side import SideBySide, TimingFailed, time_side_by_side
 from harness.stats import geomean_speedup, geometric_mean, speedup, summarize
 from harness.results import Reason, ReasonCode
 from server import probes, suspicion
+from server.audit import sha256_file
 from server.call import part
 from server.models import AttemptAnswer, CaseLatency, FinishAnswer
 from server.holdout import holdout_verdict
@@ -294,13 +295,21 @@ def settle_interrupted(run: Run, why: str = "the server stopped during this atte
                               reasons=[Reason(code=ReasonCode.WORKER_CRASHED, detail=(
                                   f"interrupted: {why}; the attempt stays counted")).model_dump(mode="json")])
         run.add_entry(entry)
-        run.audit.append(EventKind.ATTEMPT_INTERRUPTED, {"attempt": number})
+        run.audit.append(EventKind.ATTEMPT_INTERRUPTED, {"attempt": number, **_slot_file(run, number)})
     if len(run.history) != len(recorded):
         write_history(run)
         if run.attempts_used >= run.settings.max_attempts and not run.finished:
             finish(run, "budget exhausted", None)
         else:
             write_summary(run, status=run.summary.status or "running")
+
+
+def _slot_file(run: Run, number: int) -> dict:
+    """The slot file of an interrupted attempt, where the server stopped before logging its write: recorded
+    now with its hash, so `verify` accounts for it (a file no record names is refused as added)."""
+    relative = f"attempts/{number:03d}.cu"
+    path = run.dir / relative
+    return {"path": relative, "sha256": sha256_file(path)} if path.is_file() else {}
 
 
 def finish(run: Run, reason: str, progress: Progress | None) -> FinishAnswer:

@@ -61,7 +61,7 @@ class FinishedReports:
 
     def _write(self) -> None:
         with self.run.exclusive():  # the folder's files stay as they are while they are read
-            write_report_files(self.run.dir, self.run.audit)
+            write_report_files(self.run.dir)
 
 
 # Calls that change nothing: they answer what the last call that changed the run published, without the gate.

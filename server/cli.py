@@ -252,7 +252,7 @@ def _report(args) -> int:
         print(f"kernel-referee: {held}", file=sys.stderr)
         return EXIT_HELD
     except SigningKeyError as exc:
-        print(f"kernel-referee: the report was written but not recorded in the run's log: {exc}", file=sys.stderr)
+        print(f"kernel-referee: the report was written but derived.json could not be signed: {exc}", file=sys.stderr)
         return 1
     for path in written:
         print(path, file=sys.stdout)

@@ -112,7 +112,7 @@ def resume_run(run_dir: Path, executor: Executor, folder: FolderLock | None = No
     was_finished = run.finished
     settle_interrupted(run)
     if run.finished and not was_finished:
-        write_report_files(run.dir, run.audit)
+        write_report_files(run.dir)
     return run
 
 

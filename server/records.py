@@ -58,7 +58,6 @@ class EventKind(StrEnum):
     FINISHED = "finished"
     LOG_REPAIRED = "log_repaired"
     COMPILE_CHARGED = "compile_charged"  # a compile counted against the rate limit: a resumed run counts it again
-    REPORT_WRITTEN = "report_written"  # the derived files (report, heatmaps, replays) and their sha256
 
 
 # Kept as the string when it is not one of today's values (see the module's docstring).

@@ -40,7 +40,7 @@ from server.folder_lock import EXIT_HELD, FolderHeld, FolderLock
 from server.replay_record import RunFolderError, RunRecord, Subject, load_record
 from server.keys import SigningKeyError
 from server.report_files import REPORT_NAME, write_report_files
-from server.signed_log import record_derived_outside
+from server.signed_log import sign_derived
 from server.records import NO_INDEPENDENT_ORACLE
 from server.expected_files import load_expected
 from server.run import now_iso
@@ -325,20 +325,20 @@ def _replay_held(run_dir: Path, out: TextIO, repeats: int, attempt: int | None, 
     print_report(document, out)
     print(f"wrote {path}", file=out)
     if attempt is None and (run_dir / REPORT_NAME).exists():  # its "Replay decision" shows this replay
-        write_report_files(run_dir)  # and records it, this replay's document among the derived files
+        write_report_files(run_dir)  # and signs derived.json, this replay's document among the derived files
         print(f"wrote {run_dir / REPORT_NAME} again", file=out)
     else:
-        _record_replay(run_dir)
+        _sign_replay(run_dir)
     return EXIT_GO if document["decision"] == "GO" else EXIT_NO_GO
 
 
-def _record_replay(run_dir: Path) -> None:
-    """The replay's document in the run's log (server/signed_log.py); where the run's key cannot be read here,
-    `verify` names the document until `kernel-referee report RUN` is run by the key's user."""
+def _sign_replay(run_dir: Path) -> None:
+    """The replay's document in the run's signed derived.json (server/signed_log.py); where the run's key cannot
+    be read here, `verify` names the document until `kernel-referee report RUN` is run by the key's user."""
     try:
-        record_derived_outside(run_dir)
+        sign_derived(run_dir)
     except (SigningKeyError, OSError, ValueError) as exc:
-        print(f"kernel-referee replay: the replay is not recorded in the run's log: {exc}", file=sys.stderr)
+        print(f"kernel-referee replay: the replay is not listed in the run's derived.json: {exc}", file=sys.stderr)
 
 
 def print_report(document: dict, out: TextIO) -> None:

@@ -1,5 +1,5 @@
-"""Writing report.html, heatmap.svg and heatmap.png into a run folder: derived files, listed with their
-sha256 in a `report_written` record of the audit log after each write (server/signed_log.py).
+"""Writing report.html, heatmap.svg and heatmap.png into a run folder: derived files, not in the audit log,
+listed with their sha256 in derived.json, signed with the run's key (server/signed_log.py).
 
 A finished run's report is written after the call that finished it has answered (server/app.py), or by
 `kernel-referee report RUN` (`write_report_held`, which holds the run folder as a server does); rendering
@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from server.audit import AuditLog, write_bytes_atomic
+from server.audit import write_bytes_atomic
 from server.cost import CostInputs
 from server.folder_lock import FolderLock
 from server import heatmap
 from server.report import load_report
 from server.report_html import render_report
-from server.signed_log import record_derived, record_derived_outside
+from server.signed_log import sign_derived
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,8 @@ REPORT_NAME = "report.html"
 
 
 def write_report(run_dir: Path, cost_inputs: CostInputs | None = None) -> list[Path]:
-    """report.html, heatmap.svg and heatmap.png in the run folder; returns their paths."""
+    """report.html, heatmap.svg and heatmap.png in the run folder, listed in its signed derived.json; returns
+    their paths. Raises keys.SigningKeyError where the run's key cannot be read here (the files are written)."""
     run_dir = Path(run_dir)
     report = load_report(run_dir, cost_inputs)
     cells = heatmap.heatmap_of(report)
@@ -35,30 +36,23 @@ def write_report(run_dir: Path, cost_inputs: CostInputs | None = None) -> list[P
                        (REPORT_NAME, render_report(report, svg).encode())):
         write_bytes_atomic(run_dir / name, data)
         written.append(run_dir / name)
+    sign_derived(run_dir)
     return written
 
 
 def write_report_held(run_dir: Path, cost_inputs: CostInputs | None = None) -> list[Path]:
     """`write_report` for `kernel-referee report`: the run folder held while it is read and written
-    (server/folder_lock.py; FolderHeld when a server or a replay holds it), the files recorded in its log
-    (keys.SigningKeyError where the run's key cannot be read)."""
+    (server/folder_lock.py; FolderHeld when a server or a replay holds it)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():  # nothing to hold: write_report says what is missing
         return write_report(run_dir, cost_inputs)
     with FolderLock.take(run_dir, "report"):
-        written = write_report(run_dir, cost_inputs)
-        record_derived_outside(run_dir)
-        return written
+        return write_report(run_dir, cost_inputs)
 
 
-def write_report_files(run_dir: Path, audit: AuditLog | None = None) -> None:
-    """`write_report` for the end of a run or a replay, the files recorded in `audit` (the serving run's log;
-    None: the log is opened with the run's key). A failure is logged, never raised (the run's result stands)."""
+def write_report_files(run_dir: Path) -> None:
+    """`write_report` for the end of a run: a failure is logged, never raised (the run's result stands)."""
     try:
         write_report(run_dir)
     except Exception:  # noqa: BLE001 - derived artefacts; `kernel-referee report RUN` can write them again
         log.warning("the report of %s could not be written", run_dir, exc_info=True)
-    try:
-        record_derived(audit, run_dir) if audit is not None else record_derived_outside(run_dir)
-    except Exception:  # noqa: BLE001 - verify names the unrecorded files; `kernel-referee report RUN` records them
-        log.warning("the report files of %s could not be recorded in its log", run_dir, exc_info=True)

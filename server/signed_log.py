@@ -1,23 +1,26 @@
-"""A run's signed log from outside a serving process, and the record of its derived files.
+"""A run's key from outside a serving process, and the signed list of its derived files.
 
-report.html, heatmap.svg, heatmap.png and the replay documents are written after the run's records (at the
-end of the run, by `kernel-referee report`, by `kernel-referee replay`), so no file_written record covers
-them; after each such write a `report_written` record lists every derived file present with its sha256,
-and `verify` holds the folder to the last one (none added, none changed, none removed).
+report.html, heatmap.svg, heatmap.png and the replay documents are derived from the run's records and
+written after them (at the end of the run, by `kernel-referee report`, by `kernel-referee replay`), as
+often as a person likes; the audit log is left as it was. Each such write signs `derived.json`: every
+derived file present with its sha256, signed with the run's key, and `verify` holds the folder to it
+(none added, none changed, none removed).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 from server import keys
-from server.audit import LOG_NAME, AuditLog, sha256_file
+from server.audit import canonical_json, sha256_file, write_json_atomic
 from server.lock import read_lock
-from server.records import EventKind
 from server.run import RunSettings
 
 DERIVED_NAMES = ("report.html", "heatmap.svg", "heatmap.png")
 REPLAY_GLOB = "replay*.json"  # replay.json, replay-attempt-NNN.json (server/replay.py)
+MANIFEST = "derived.json"
 
 
 def derived_files(run_dir: Path) -> dict[str, str]:
@@ -29,7 +32,7 @@ def derived_files(run_dir: Path) -> dict[str, str]:
 
 
 def is_derived(relative: str) -> bool:
-    return relative in DERIVED_NAMES or (("/" not in relative) and Path(relative).match(REPLAY_GLOB))
+    return relative in DERIVED_NAMES or ("/" not in relative and Path(relative).match(REPLAY_GLOB))
 
 
 def locked_anchor(run_dir: Path) -> dict | None:
@@ -49,13 +52,30 @@ def run_key(run_dir: Path, key_dir: Path | None = None) -> keys.RunKey | None:
     return keys.load_key(run_dir, key_dir, anchor["fingerprint"])
 
 
-def record_derived(audit: AuditLog, run_dir: Path) -> dict:
-    """Append the record that lists the derived files now in the run folder."""
-    return audit.append(EventKind.REPORT_WRITTEN, {"files": derived_files(run_dir)})
+def manifest_digest(files: dict[str, str]) -> str:
+    """What derived.json's signature signs: the sha256 of its file list in canonical form."""
+    return hashlib.sha256(canonical_json({"files": files})).hexdigest()
 
 
-def record_derived_outside(run_dir: Path) -> None:
-    """`record_derived` for a command that holds the run folder but not its log (report, replay): the log is
-    opened with the run's key. Raises keys.SigningKeyError where that key cannot be read."""
-    with AuditLog(Path(run_dir) / LOG_NAME, signer=run_key(run_dir)) as audit:
-        record_derived(audit, run_dir)
+def sign_derived(run_dir: Path) -> None:
+    """Write derived.json for the derived files now in the run folder, signed with the run's key (nothing for a
+    run made before signing). Raises keys.SigningKeyError where that key cannot be read here."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "lock.json").is_file():
+        return  # no run yet: nothing to sign with
+    key = run_key(run_dir)
+    if key is None:
+        return
+    files = derived_files(run_dir)
+    write_json_atomic(run_dir / MANIFEST, {"files": files, "sig": key.sign(manifest_digest(files))})
+
+
+def read_manifest(run_dir: Path) -> dict | None:
+    """derived.json ({files, sig}), or None where there is none or it is not one."""
+    try:
+        manifest = json.loads((Path(run_dir) / MANIFEST).read_bytes())
+    except (OSError, ValueError):
+        return None
+    ok = (isinstance(manifest, dict) and isinstance(manifest.get("files"), dict)
+          and isinstance(manifest.get("sig"), str))
+    return manifest if ok else None

@@ -201,8 +201,9 @@ def verify_run(run_dir: Path, *, public_key: str | None = None, derived: bool = 
     summary_problems, summary = _summary_problems(run_dir, {record["hash"] for _, record in parsed})
     fingerprint, signing_problems = signature_problems(parsed, lock, public_key)
     problems += signing_problems + recorded_problems + lock_problems + summary_problems
-    problems += end_problems(parsed, summary, fingerprint is not None)
-    if derived and fingerprint is not None:  # a log made before signing did not record its report files
-        problems += derived_problems(run_dir, parsed)
+    problems += end_problems(parsed, summary)
+    if derived and fingerprint is not None:  # a run made before signing did not list its report files
+        anchor = lock.get("signing_key") if lock is not None else None
+        problems += derived_problems(run_dir, anchor["public_key"]) if isinstance(anchor, dict) else []
     problems += unaccounted_files(run_dir, recorded | (set(lock["files"]) if lock is not None else set()))
     return report.model_copy(update={"ok": not problems, "problems": problems, "fingerprint": fingerprint})

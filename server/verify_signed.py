@@ -3,8 +3,8 @@ against summary.json and the run's finish, and every file of the run folder agai
 
 A hash chain alone can be recomputed by anyone who edits a record; the signatures cannot without the run's
 private key (server/keys.py). A log cut at a line boundary is a valid shorter chain; summary.json names the
-record it was written after (chain_seq, chain_head), and a finished run's log holds its finish and, after it,
-the record of its report files, so a cut before either is refused.
+record it was written after (chain_seq, chain_head) and a finished run's log holds its finish, so a cut before
+either is refused. The derived files are held to derived.json (server/signed_log.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from server import keys
 from server.audit import LOG_NAME
 from server.folder_lock import LOCK_NAME
 from server.records import EventKind
-from server.signed_log import derived_files, is_derived
+from server.signed_log import MANIFEST, derived_files, is_derived, manifest_digest, read_manifest
 
 Parsed = list[tuple[int, dict]]
 # A write_bytes_atomic temporary left by a process killed mid-write: nothing reads it.
@@ -72,7 +72,7 @@ def signature_problems(parsed: Parsed, lock: dict | None, expected: str | None) 
     return anchor["fingerprint"], problems
 
 
-def end_problems(parsed: Parsed, summary, signed: bool) -> list[str]:
+def end_problems(parsed: Parsed, summary) -> list[str]:
     """The log's end against summary.json (the record it names) and against the run's finish."""
     by_seq = {record["seq"]: record for _, record in parsed}
     problems = []
@@ -88,30 +88,28 @@ def end_problems(parsed: Parsed, summary, signed: bool) -> list[str]:
                         "(records removed from the end)")
     if finishes and summary is not None and not says_finished:
         problems.append(f"summary.json: the log holds the run's finish, but summary.json says {summary.status!r}")
-    if signed and finishes and not any(n > finishes[-1] and record["kind"] == EventKind.REPORT_WRITTEN
-                                       for n, record in parsed):
-        problems.append(f"{LOG_NAME}: the finished run's report files are not recorded after its finish (records "
-                        "removed from the end, or the report never written: `kernel-referee report RUN`)")
     return problems
 
 
-def derived_problems(run_dir: Path, parsed: Parsed) -> list[str]:
-    """The derived files (report, heatmaps, replays) against the last record that lists them."""
-    listed = [(n, record["data"].get("files")) for n, record in parsed if record["kind"] == EventKind.REPORT_WRITTEN]
-    n, recorded = listed[-1] if listed else (None, {})
-    recorded = recorded if isinstance(recorded, dict) else {}
+def derived_problems(run_dir: Path, public_hex: str) -> list[str]:
+    """The derived files (report, heatmaps, replays) against derived.json, whose signature must be the run key's."""
+    manifest = read_manifest(run_dir)
     present = derived_files(run_dir)
-    where = f"{LOG_NAME} line {n}" if n else f"no {EventKind.REPORT_WRITTEN} record"
-    problems = [f"{name}: removed ({where})" for name in recorded if name not in present]
-    problems += [f"{name}: sha256 differs from the recorded report files ({where})"
-                 for name, digest in recorded.items() if name in present and present[name] != digest]
-    problems += [f"{name}: not in the recorded report files ({where})" for name in present if name not in recorded]
+    if manifest is None:
+        return [f"{name}: not listed in a signed {MANIFEST} (none there)" for name in present]
+    if not keys.public_checker(public_hex)(manifest_digest(manifest["files"]), manifest["sig"]):
+        return [f"{MANIFEST}: its signature does not verify (the list of report files was rewritten)"]
+    listed = manifest["files"]
+    problems = [f"{name}: removed (listed in {MANIFEST})" for name in listed if name not in present]
+    problems += [f"{name}: sha256 differs from {MANIFEST}" for name, digest in listed.items()
+                 if name in present and present[name] != digest]
+    problems += [f"{name}: not listed in {MANIFEST}" for name in present if name not in listed]
     return problems
 
 
 def unaccounted_files(run_dir: Path, accounted: set[str]) -> list[str]:
     """Files of the run folder that no record, no lock entry and no rule accounts for (an added file)."""
-    allowed = accounted | {LOG_NAME, LOCK_NAME, keys.KEY_FILE}
+    allowed = accounted | {LOG_NAME, LOCK_NAME, keys.KEY_FILE, MANIFEST}
     problems = []
     for path in sorted(Path(run_dir).rglob("*")):
         if path.is_dir() and not path.is_symlink():

@@ -78,7 +78,7 @@ def test_verify_tells_a_missing_folder_from_a_tampered_one(tmp_path, run_copy):
     assert missing.returncode == EXIT_USAGE
     assert one_line_error(missing) == f"kernel-referee verify: {tmp_path / 'nowhere'}: no such run folder"
     assert run_cli("verify", tmp_path).returncode == EXIT_USAGE  # a folder, not a run's
-    assert run_cli("verify", run_copy).returncode == 0
+    assert run_cli("verify", run_copy).returncode == 5  # intact, made before signing: a status of its own
     history = run_copy / "history.json"
     history.write_text(history.read_text().replace('"valid-not-faster"', '"valid-faster"', 1))
     tampered = run_cli("verify", run_copy)

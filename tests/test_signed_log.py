@@ -18,6 +18,7 @@ from server.audit import AuditError, AuditLog, canonical_json, record_hash, sha2
 from server.cli import main
 from server.lifecycle import resume_run
 from server.run import RunError
+from server.signed_log import manifest_digest
 from server.verify import verify_run
 from tests.report_support import FIXTURE_RUNS
 from tests.server_support import client, executor, kernel, new_run, ok
@@ -100,7 +101,8 @@ def test_a_log_cut_at_a_line_boundary_is_refused(run_dir, cut):
     _write_lines(run_dir, _lines(run_dir)[:-cut])  # head -n -CUT events.jsonl
     report = verify_run(run_dir)
     assert not report.ok
-    assert any("removed from the end" in p for p in report.problems), report.problems
+    # summary.json names a record the log no longer holds, or (one line cut) its own write is gone
+    assert any("removed from the end" in p or p.startswith("summary.json: sha256 differs") for p in report.problems)
 
 
 def test_a_verdict_raised_and_the_chain_recomputed_is_refused(run_dir):
@@ -139,6 +141,9 @@ def test_a_log_signed_again_with_another_key_fails_against_the_fingerprint_held_
     last_write = [r for r in records if r["data"].get("path") == "summary.json"][-1]  # after the record it names
     last_write["data"]["sha256"] = sha256_file(run_dir / "summary.json")
     _write_lines(run_dir, _rechain(records, sign=lambda h: forger.sign(bytes.fromhex(h)).hex()))
+    manifest = json.loads((run_dir / "derived.json").read_text())
+    manifest["sig"] = forger.sign(bytes.fromhex(manifest_digest(manifest["files"]))).hex()
+    (run_dir / "derived.json").write_text(json.dumps(manifest))
 
     forged = verify_run(run_dir)
     assert forged.ok, forged.problems  # a whole forgery holds together: only the anchor held outside tells
@@ -165,11 +170,22 @@ def test_a_report_file_removed_or_changed_is_refused(run_dir, name):
     (run_dir / name).unlink()
     report = verify_run(run_dir)
     assert not report.ok
-    assert any(p.startswith(f"{name}: removed") for p in report.problems), report.problems
+    assert f"{name}: removed (listed in derived.json)" in report.problems
     (run_dir / name).write_bytes(saved + b" ")
-    assert any(p.startswith(f"{name}: sha256 differs") for p in verify_run(run_dir).problems)
+    assert f"{name}: sha256 differs from derived.json" in verify_run(run_dir).problems
     (run_dir / name).write_bytes(saved)
     assert verify_run(run_dir).ok
+
+
+def test_the_list_of_report_files_rewritten_without_the_key_is_refused(run_dir):
+    (run_dir / "report.html").write_text("<p>valid-faster, 9.9x</p>")
+    manifest = json.loads((run_dir / "derived.json").read_text())
+    manifest["files"]["report.html"] = sha256_file(run_dir / "report.html")
+    (run_dir / "derived.json").write_text(json.dumps(manifest))
+    assert "derived.json: its signature does not verify (the list of report files was rewritten)" in \
+        verify_run(run_dir).problems
+    (run_dir / "derived.json").unlink()
+    assert "report.html: not listed in a signed derived.json (none there)" in verify_run(run_dir).problems
 
 
 def test_a_record_appended_without_the_key_is_refused(run_dir):
@@ -186,10 +202,12 @@ def test_report_refuses_a_folder_that_fails_verify(run_dir, capsys):
     assert (run_dir / "report.html").read_bytes() == page
 
 
-def test_report_written_again_is_recorded_and_verifies(run_dir):
+def test_report_written_again_is_listed_again_and_verifies(run_dir):
     (run_dir / "report.html").unlink()
+    log = (run_dir / "events.jsonl").read_bytes()
     assert main(["report", str(run_dir)]) == 0
     assert verify_run(run_dir, public_key=_fingerprint(run_dir)).ok
+    assert (run_dir / "events.jsonl").read_bytes() == log  # derived files leave the log as it was
 
 
 def test_a_run_made_with_a_key_dir_verifies_and_its_folder_holds_no_private_key(tmp_path):
