@@ -73,9 +73,14 @@ def inspect(server_folder: Path, *options: str) -> tuple[int, dict | None, str]:
 
 @pytest.fixture(scope="module")
 def run_folder(tmp_path_factory) -> Path:
-    """A run the first call creates (results folder -> run-001); later calls resume it."""
+    """A run the first call creates (results folder -> run-001); later calls resume it. The first call is one that
+    waits for the new run's preparation: a client that leaves while a run is still being prepared leaves no run."""
     results = tmp_path_factory.mktemp("inspector")
-    code, listed, err = inspect(results, "--method", "tools/list")
+    arguments = {"source": INITIAL, "launch": {"grid": ["ceil_div(n, 16)", "ceil_div(m, 16)"], "block": [16, 16]}}
+    code, _, err = inspect(results, "--method", "tools/call", "--tool-name", "compile_kernel",
+                           "--tool-args-json", json.dumps(arguments))
+    assert code == 0, err[-3000:]
+    code, listed, err = inspect(results / "run-001", "--method", "tools/list")
     assert code == 0, err[-3000:]
     names = {tool["name"] for tool in listed["tools"]}
     assert names == TOOLS
