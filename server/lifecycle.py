@@ -23,7 +23,7 @@ from server.report_files import write_report_files
 from server.expected_files import load_expected, write_expected
 from server.run import Progress, Run, RunError, RunSettings, TaskDoesNotFit, now_iso
 from server.signed_log import run_key
-from server.verify import chain_break
+from server.verify import chain_break, signature_break
 
 
 def new_run(task_dir: Path, results: Path, settings: RunSettings, executor: Executor,
@@ -124,7 +124,7 @@ def _device(environment: dict) -> dict:
 def _checked_for_resume(run_dir: Path, executor: Executor) -> tuple[dict, dict]:
     """(lock.json, the environment now) of a run that may be resumed: its chain holds, its files are those
     it locked, the referee's code is the one that began it. Nothing is written before these hold."""
-    broken = chain_break(run_dir / LOG_NAME)
+    broken = chain_break(run_dir / LOG_NAME) or signature_break(run_dir)
     if broken:
         raise RunError(f"{run_dir.name} cannot be resumed: its audit log does not verify (first broken record: "
                        f"{broken}); `kernel-referee verify {run_dir}` lists every problem")

@@ -123,6 +123,15 @@ def chain_break(path: Path) -> str | None:
     return next((p for p in report.problems if not p.endswith(TORN)), None)
 
 
+def signature_break(run_dir: Path) -> str | None:
+    """The first problem of the log's signatures against its key ("events.jsonl line 5: signature does not
+    verify ..."), or None where they hold or the log was made before signing."""
+    _, parsed = _read_chain(Path(run_dir) / LOG_NAME)
+    lock, _ = _read_json(Path(run_dir) / "lock.json")
+    _, problems = signature_problems(parsed, lock if isinstance(lock, dict) else None, None)
+    return problems[0] if problems else None
+
+
 def _file_state(run_dir: Path, relative: str, sha256: str) -> str | None:
     """None when run_dir/relative holds exactly `sha256`, else "outside", "missing" or "differs"."""
     target = inside_run(run_dir, relative)

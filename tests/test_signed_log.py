@@ -118,6 +118,12 @@ def test_a_verdict_raised_and_the_chain_recomputed_is_refused(run_dir):
     assert any("signatures removed" in p for p in report.problems), report.problems
 
 
+def test_a_run_whose_log_was_re_chained_is_not_resumed(run_dir):
+    _write_lines(run_dir, _rechain(_with_verdict_raised(run_dir)))
+    with pytest.raises(RunError, match="signature does not verify"):
+        resume_run(run_dir, executor())
+
+
 def test_a_log_signed_again_with_another_key_fails_against_the_fingerprint_held_outside(run_dir, capsys):
     held = _fingerprint(run_dir)
     records = _with_verdict_raised(run_dir)
