@@ -15,7 +15,7 @@ from mcp.types import Completion, CompletionArgument, ResourceTemplateReference,
 from pydantic import Field
 
 from harness.worker_side.compile_policy import MAX_SOURCE_BYTES
-from server import attempt, probes, profiling, resource_views
+from server import attempt, preparation, probes, profiling, resource_views
 from server.call_gate import FinishedReports, gate, strict_arguments
 from server.client_log import ClientLog
 from server.models import (AttemptAnswer, CheckAnswer, CompileAnswer, FinishAnswer, LaunchInput, ProfileAnswer,
@@ -104,7 +104,7 @@ def _probe_tools(server: MCPServer, run: Run, call: Callable, candidate: Callabl
     async def describe_task() -> TaskDescription:
         """The task: signature, parameters, visible cases, tolerances, default launch, the device, the baseline's
         latency per case, the best so far, and the budget. Start here."""
-        return await call(None, "describe_task", {}, lambda _: probes.describe(run), needs_budget=False)
+        return await call(None, "describe_task", {}, lambda _: preparation.described(run), needs_budget=False)
 
     @_tool(server, "Compile a kernel", CHARGED)
     async def compile_kernel(source: Annotated[str, Field(description=SOURCE_TEXT, max_length=MAX_SOURCE_BYTES)],
@@ -192,11 +192,13 @@ def _resources(server: MCPServer, run: Run) -> None:
     @server.resource("referee://task", mime_type="application/json",
                      description="the task as describe_task gives it (the holdout cases are never shown)")
     def task_resource() -> str:
-        return probes.describe(run).model_dump_json(indent=2)
+        return preparation.described(run).model_dump_json(indent=2)
 
     @server.resource("referee://device", mime_type="application/json",
                      description="the GPU's facts: limits per SM and block, measured peaks, launch floor, NVRTC")
     def device_resource() -> str:
+        if preparation.of(run) is not None:
+            raise ResourceNotFoundError("the run is being prepared; describe_task says how long it has left")
         return probes.device(run).model_dump_json(indent=2)
 
     @server.resource(COMPILE_LOGS, mime_type="text/plain", description="a full compiler log")

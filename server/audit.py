@@ -266,6 +266,12 @@ class AuditLog:
     def count(self) -> int:
         return self._seq + 1
 
+    def moved_to(self, run_dir: Path) -> None:
+        """Its folder was renamed (a new run moved into place, server/lifecycle.py): the open file moved with it."""
+        with self._lock:
+            self.run_dir = Path(run_dir)
+            self.path = self.run_dir / self.path.name
+
     def close(self) -> None:
         with self._lock:
             if self._fd >= 0:

@@ -22,7 +22,7 @@ from harness.oracle import OracleError
 from harness.settings import ReferenceFailed
 from harness.worker_side.compile_policy import CompileRefused
 from sandbox.deadline import Deadline
-from server import probes
+from server import preparation, probes
 from server.call import CallProgress
 from server.client_log import ClientLog
 from server.lease_waits import resume_waits
@@ -75,12 +75,15 @@ def gate(run: Run, reports: FinishedReports, logs: ClientLog) -> Callable:
     errors. Calls that change the run go one at a time (the run, its workers and its budget are not shared); a
     read-only call waits for none of them. A cancelled call's thread is waited for before the gate opens again."""
     gate = anyio.Lock()
-    probes.publish(run)  # no call is in flight yet
+    if preparation.of(run) is None:
+        probes.publish(run)  # no call is in flight yet (a run still prepared is published when ready)
 
     async def call(ctx: Context | None, tool: str, arguments: dict, work: Callable, *, needs_budget=True):
         if tool in _READ_ONLY:
             return await _answered(tool, lambda: _read_only(run, tool, arguments, work))
         deadline = Deadline(run.call_deadline_s)  # the whole call's, waiting for the gate included
+        # A run still being prepared: a short wait, else refused with nothing logged, charged or spent
+        await _answered(tool, lambda: preparation.until_prepared(run, deadline, _told(ctx, logs)))
         async with gate:
             report = CallProgress(_progress_bridge(ctx, logs))
             was_finished = run.finished
@@ -110,7 +113,8 @@ def gate(run: Run, reports: FinishedReports, logs: ClientLog) -> Callable:
 
 async def _read_only(run: Run, tool: str, arguments: dict, work: Callable):
     def in_thread():
-        run.guard(tool, arguments, needs_budget=False)  # logged and tamper-checked; no mutex needed
+        if preparation.of(run) is None:  # a run still prepared has no lock to check yet, nor a log to add to
+            run.guard(tool, arguments, needs_budget=False)  # logged and tamper-checked; no mutex needed
         return work(None)
 
     return await anyio.to_thread.run_sync(in_thread)
@@ -162,6 +166,21 @@ async def _answered(tool: str, answer: Callable):
                         "this call did not complete. An attempt whose slot was claimed stays counted "
                         "(describe_task shows the budget, referee://history.json the verdict); the operator "
                         "must free space before the run can go on.") from None
+
+
+def _told(ctx: Context | None, logs: ClientLog):
+    """Progress sent from the call's own task (not a worker thread), best effort, as `_progress_bridge`'s."""
+    if ctx is None:
+        return None
+
+    async def tell(done: float, total: float, message: str) -> None:
+        try:
+            await ctx.report_progress(done, total, message)
+            await logs.send(ctx, message)
+        except Exception:  # noqa: BLE001 - progress is informative; a closed stream must not fail the call
+            log.debug("progress not delivered", exc_info=True)
+
+    return tell
 
 
 def _progress_bridge(ctx: Context | None, logs: ClientLog):

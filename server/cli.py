@@ -177,6 +177,8 @@ def _check(args, settings: RefereeSettings) -> int:
         raise UsageError("--launch needs --kernel: the task's own reference and baseline use the task's launches")
     launch = _launch(args.launch)
     task = load_task(args.task)
+    if launch is not None and (unknown := unknown_per_case(launch, [case.name for case in task.cases])) is not None:
+        raise UsageError(f"--launch per_case.{unknown[0]}: {unknown[1]}")
     lint_first(task, settings.run.timing, sys.stdout)
     targets = targets_for(task, args.kernel, launch)
     refusal = sandbox_refusal(settings.confine)
@@ -185,8 +187,6 @@ def _check(args, settings: RefereeSettings) -> int:
         return 2
     if args.gpu is not None:
         parse_choice(args.gpu)  # a malformed --gpu is refused before anything runs
-    if launch is not None and (unknown := unknown_per_case(launch, [case.name for case in task.cases])) is not None:
-        raise UsageError(f"--launch per_case.{unknown[0]}: {unknown[1]}")
     return run_check(task, targets, settings.run.timing, sys.stdout, args.json, confine=settings.confine, gpu=args.gpu)
 
 

@@ -6,6 +6,8 @@ Run's constructor only holds state: what is recorded when a run begins or comes 
 
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
 import stat
 from pathlib import Path
@@ -15,8 +17,9 @@ from harness.task import load_task
 from server import keys, lock as locking
 from server.attempt import record_baseline, settle_interrupted
 from server.audit import LOG_NAME
+from server.call import part
 from server.executor import Executor
-from server.folder_lock import FolderLock
+from server.folder_lock import FolderHeld, FolderLock
 from server.lease_waits import name_lease
 from server.records import EventKind
 from server.report_files import write_report_files
@@ -25,62 +28,128 @@ from server.run import Progress, Run, RunError, RunSettings, TaskDoesNotFit, now
 from server.signed_log import run_key
 from server.verify import chain_break, signature_break
 
+PREPARING = ".preparing-"  # a new run's folder until it is prepared and renamed to run-NNN
+# The share of a new run's preparation done once its GPU workers started, and once its expected outputs are written.
+START_SHARE, EXPECTED_END = 0.1, 0.5
+
 
 def new_run(task_dir: Path, results: Path, settings: RunSettings, executor: Executor,
             progress: Progress | None = None) -> Run:
-    """A new run folder under `results`: the task's copy, its expected outputs, the lock, the baseline."""
+    """A new run under `results`, prepared in this thread: `begin_new_run`, then `prepare_new_run`."""
+    run = begin_new_run(task_dir, results, settings, executor)
+    prepare_new_run(run, results, progress)
+    return run
+
+
+def begin_new_run(task_dir: Path, results: Path, settings: RunSettings, executor: Executor) -> Run:
+    """A new run, not yet prepared, in a folder of its own under `results` that is no run folder yet
+    (`.preparing-*`): the task's copy, held by this process. Quick: what takes long is `prepare_new_run`'s."""
     task = load_task(task_dir)  # refuse a broken task, or one too large for this machine, before making a folder
-    problems = (machine_shortfalls(task, settings.timing, results, settings.keep_expected)
-                or shortfalls(task, settings.timing, executor.start()))
+    problems = machine_shortfalls(task, settings.timing, results, settings.keep_expected)
     if problems:
         raise TaskDoesNotFit("the task does not fit on this machine: " + "; ".join(problems))
     if settings.key_dir is not None:
         _key_or_refuse(keys.check_key_dir, settings.key_dir)
-    run_dir = _next_run_dir(results)
-    folder = FolderLock.take(run_dir, "serve")  # a folder this process just made: nobody else holds it
+    results.mkdir(parents=True, exist_ok=True)
+    _sweep_preparations(results)
+    run_dir, folder = _preparing_folder(results)
     try:
         shutil.copytree(task_dir, run_dir / "task", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         _make_read_only(run_dir / "task")
-        task = load_task(run_dir / "task")
-        environment = executor.start()
         key = _key_or_refuse(keys.create_key, run_dir, settings.key_dir)
-        run = Run(run_dir, task, settings, executor, environment, key=key)
+        run = Run(run_dir, load_task(run_dir / "task"), settings, executor, {}, key=key)
     except BaseException:
         folder.release()
+        _remove(run_dir)
         raise
     run.folder_lock = folder
+    return run
+
+
+def prepare_new_run(run: Run, results: Path, progress: Progress | None = None) -> None:
+    """Start the GPU side, check the task fits the device, record the run's creation, its expected outputs, its
+    lock and its baseline, then move its folder into place as results/run-NNN (one rename: a run folder is
+    never half made). On failure, or when the process is killed meanwhile, no run folder is left."""
     try:
+        environment = run.executor.start()
+        problems = shortfalls(run.task, run.settings.timing, environment)
+        if problems:
+            raise TaskDoesNotFit("the task does not fit on this machine: " + "; ".join(problems))
+        run.environment = environment
+        if progress:
+            progress(START_SHARE, 1.0, "GPU workers started")
         _begin(run, environment, progress)
+        _move_into_place(run, results)
     except BaseException:
         _discard(run)
         raise
-    return run
 
 
 def _begin(run: Run, environment: dict, progress: Progress | None) -> None:
     """What a new run records before its first call: its creation, the expected outputs, the lock, the baseline."""
     settings = run.settings.model_dump(mode="json")
-    name_lease(run.executor, run.dir.name)
     run.audit.append(EventKind.RUN_CREATED, {"task": run.task.name, "settings": settings, **_device(environment),
                                              "signing_key": run.key.anchor()})
     run.write_json("run.json", {"task": run.task.name, "created": now_iso(), "settings": settings})
-    _write_expected(run, progress)
+    _write_expected(run, part(progress, START_SHARE, EXPECTED_END, 1.0))
     run.lock_record = locking.make_lock(run.dir, environment, run.key.anchor())
     run.write_json("lock.json", run.lock_record)
-    record_baseline(run, progress)
+    record_baseline(run, part(progress, EXPECTED_END, 1.0, 1.0))
 
 
 def _discard(run: Run) -> None:
-    """A new run that failed before its baseline was recorded (a reference that fails, a full disk, an interrupt) is
-    no run: nothing was attempted, no resume would take it, so its folder goes rather than stay half made."""
+    """A new run that failed before it was moved into place (a reference that fails, a full disk, an interrupt)
+    is no run: nothing was attempted, no resume would take it, so its folder goes rather than stay half made."""
     run.close()  # its audit log, and its hold on the folder
     if run.key is not None and run.settings.key_dir is not None:  # the key of no run
         keys.key_path(run.dir, run.settings.key_dir, run.key.fingerprint).unlink(missing_ok=True)
-    for path in sorted(run.dir.rglob("*"), reverse=True):  # the task copy is read-only
+    _remove(run.dir)
+
+
+def _remove(folder: Path) -> None:
+    for path in sorted(folder.rglob("*"), reverse=True):  # the task copy is read-only
         if path.is_dir() and not path.is_symlink():
             path.chmod(stat.S_IRWXU)
-    run.dir.chmod(stat.S_IRWXU)
-    shutil.rmtree(run.dir, ignore_errors=True)
+    folder.chmod(stat.S_IRWXU)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _preparing_folder(results: Path) -> tuple[Path, FolderLock]:
+    """A new `.preparing-*` folder under `results`, held by this process. Another server's sweep may take and
+    remove it between its mkdir and its lock: then another name is tried."""
+    for _ in range(3):
+        run_dir = results / f"{PREPARING}{os.getpid()}-{secrets.token_hex(4)}"
+        run_dir.mkdir()
+        try:
+            return run_dir, FolderLock.take(run_dir, "serve")
+        except (FolderHeld, FileNotFoundError):
+            continue
+    raise RunError(f"no folder for a new run could be made and held under {results}")
+
+
+def _sweep_preparations(results: Path) -> None:
+    """Remove what a start killed during its preparation left (a `.preparing-*` folder no process holds): no
+    run, and nothing any command reads."""
+    for folder in results.glob(f"{PREPARING}*"):
+        try:
+            held = FolderLock.take(folder, "sweep")
+        except (RunError, OSError):
+            continue  # another server is preparing it, or it is already gone
+        held.release()
+        _remove(folder)
+
+
+def _move_into_place(run: Run, results: Path) -> None:
+    """Rename the prepared folder to the next free results/run-NNN. The number is claimed by an empty folder
+    (mkdir), which the rename then replaces: a run folder appears whole, its log, lock and history in it."""
+    final = _next_run_dir(results)
+    os.rename(run.dir, final)
+    run.dir = final
+    run.task = load_task(final / "task")  # a task reads its sources from its folder
+    run.audit.moved_to(final)  # its open file moved with the folder
+    run.lock_record = run.lock_record  # the locked files, checked under the new folder
+    run.folder_lock.run_dir = final  # its lock file, held, moved with the folder too
+    name_lease(run.executor, final.name)
 
 
 def resume_run(run_dir: Path, executor: Executor, folder: FolderLock | None = None) -> Run:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
@@ -186,6 +186,16 @@ class DeviceFacts(BaseModel):
     nvrtc: NvrtcFeatures | None = None
 
 
+class PreparationStatus(BaseModel):
+    """A new run's preparation, done behind a server that answers at once (server/preparation.py)."""
+    state: Literal["preparing", "ready", "failed"]
+    step: str                       # what is being prepared now, or why it failed
+    done_fraction: float
+    elapsed_s: float
+    expected_left_s: float | None   # about how long until the run is ready; None once it is, or has failed
+    error: str | None = None
+
+
 class TaskDescription(BaseModel):
     name: str
     description: str
@@ -203,6 +213,8 @@ class TaskDescription(BaseModel):
     vendor: dict | None = None  # {"name": "cuBLAS", "cases": {case: median_ms}}: the vendor library beside the baseline
     device_facts: DeviceFacts | None = None  # what referee://device answers
     profiling: bool = False  # profile_kernel answers (the run was served with --profile)
+    # A new run's preparation: until it is ready, the tools that need it answer "preparing" and spend nothing
+    preparation: PreparationStatus | None = None
 
 
 class ProfileAnswer(BaseModel):

@@ -142,6 +142,7 @@ class Run:
         self.call_deadline_s = CALL_DEADLINE_S  # every tool call's, from its arrival (tests shorten it)
         self._mutex = threading.Lock()
         self.folder_lock = None  # server/folder_lock.py's FolderLock: this process alone writes the folder
+        self.preparation = None  # server/preparation.py's, while a new run is prepared behind its server
 
     @property
     def lock_record(self) -> dict | None:

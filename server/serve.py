@@ -20,7 +20,8 @@ from server.audit import sha256_file
 from server.verify import verify_run
 from server.executor import Executor, GpuExecutor
 from server.folder_lock import EXIT_HELD, FolderHeld, FolderLock
-from server.lifecycle import new_run, resume_run
+from server.lifecycle import begin_new_run, resume_run
+from server.preparation import prepare_behind
 from server.lock import locked_gpu_uuid
 from server.record_files import HISTORY, SUMMARY, read_summary
 from server.run import Run, RunError, RunSettings, TaskDoesNotFit
@@ -28,6 +29,9 @@ from server.settings import RefereeSettings, sandbox_refusal
 
 log = logging.getLogger(__name__)
 EXIT_NO_GPU = 3
+# How long a server whose client left waits for a preparation it stopped to remove its folder (a folder left
+# behind is removed by the next start: server/lifecycle.py `_sweep_preparations`).
+STOP_WAIT_S = 30.0
 MakeExecutor = Callable[[Task, TimingSettings, GpuInfo | None], Executor]
 
 
@@ -114,14 +118,37 @@ def serve_run(results: Path, run_settings: RunSettings, task_dir: Path | None, r
         print(f"kernel-referee: {exc}{hint}", file=sys.stderr)
         return 2
     try:
-        _say(f"run folder: {run.dir} (attempts used {run.attempts_used} of {run.settings.max_attempts})")
+        if run.preparation is None:
+            _say_run(run)
         served(run)
     finally:
-        run.close()
-        run.executor.close()
+        failed = run.preparation is not None and run.preparation.failed  # before the client left
+        _stop(run)
         if placement is not None:
             placement.release()
-    return 0
+    return 2 if failed else 0
+
+
+def _say_run(run: Run) -> None:
+    _say(f"run folder: {run.dir} (attempts used {run.attempts_used} of {run.settings.max_attempts})")
+    if run.key is not None:  # the anchor a person keeps outside the folder
+        _say(f"signing key fingerprint: {run.key.fingerprint} "
+             f"(keep it: `kernel-referee verify {run.dir} --public-key {run.key.fingerprint}`)")
+
+
+def _stop(run: Run) -> None:
+    """The server's end: a preparation still running is stopped (its workers closed under it) and its folder
+    removed, as a new run that failed; then the run's folder is let go."""
+    preparation = run.preparation
+    stopped = preparation is not None and not preparation.wait(0)
+    if stopped:
+        run.executor.abort()
+    run.executor.close()
+    if stopped:
+        preparation.wait(STOP_WAIT_S)
+        _say("the client left before the run was prepared: " + (
+            f"it was ready meanwhile ({run.dir})" if preparation.ready else "stopped; no run was made"))
+    run.close()
 
 
 def _placement(gpus: list[GpuInfo], wanted: int | str | None, run_dir: Path | None) -> Placement | None:
@@ -165,8 +192,11 @@ def open_run(results: Path, run_settings: RunSettings, task_dir: Path | None, ru
         raise
     try:
         if run_dir is None:
-            _say(f"starting a run of {task.name}: reference outputs and the baseline (attempt 0)...")
-            return new_run(task_dir, results, settings, executor, lambda done, total, message: _say(f"  {message}"))
+            run = begin_new_run(task_dir, results, settings, executor)
+            _say(f"preparing a run of {task.name} behind the server: reference outputs and the baseline "
+                 "(attempt 0); its tools answer once it is ready")
+            prepare_behind(run, results, _say, _say_run)
+            return run
         return resume_run(run_dir, executor, folder)
     except BaseException:
         executor.close()
