@@ -172,7 +172,9 @@ class DeviceChecks:
                                                    timed.sent_hashes[0], resident)
             return {**header, "keep_as": prefix}, blobs
 
-        answer, _, failure = call_worker(self.pool.reference, build, self.run_deadline_s(case),
+        # One reference launch per audited launch in this one job: each gets a check job's allowance.
+        deadline_s = self.run_deadline_s(case) * max(1, len(launches))
+        answer, _, failure = call_worker(self.pool.reference, build, deadline_s,
                                          guard_bytes_of(layout, 1), case.name, self._deadline())
         if failure is not None:
             raise ReferenceFailed(case.name, f"{failure.code.value} on the inputs of audited launches: {failure.detail}")

@@ -130,7 +130,9 @@ class TimingProtocol:
                                      timed.input_sets[0], fresh, launches, guard_seed, timed.sent_hashes[0], resident)
 
         out_bytes = sum(a.nbytes for a in layout.outputs) * len(launches)
-        answer, blobs, failure = call_worker(self.pool.reference, build, self.run_deadline_s(case),
+        # One reference launch per audited launch in this one job: each gets a check job's allowance.
+        deadline_s = self.run_deadline_s(case) * max(1, len(launches))
+        answer, blobs, failure = call_worker(self.pool.reference, build, deadline_s,
                                             out_bytes + guard_bytes_of(layout, 1), case.name, self._deadline())
         if failure is not None:
             raise ReferenceFailed(case.name, f"{failure.code.value} on the inputs of audited launches: {failure.detail}")
