@@ -33,7 +33,7 @@ MAX_MESSAGE_CHARS = 20_000
 # What the run may hold: anything else (a traversal, a stray temporary or claim file) is a finding.
 RUN_FILES = re.compile(r"(run|lock|history|summary)\.json|events\.jsonl|best\.cu|best-case-\d+\.json"
                        r"|attempts/\d{3}\.cu|candidates/c[0-9a-f]{15}\.json|compile-logs/c[0-9a-f]{15}\.log"
-                       r"|expected/[^/]+/\d+/[a-z_]+\.npy|task/.+|\.serving\.lock")
+                       r"|expected/[^/]+/\d+/[a-z_]+\.npy|task/.+|\.serving\.lock|signing\.key")
 
 
 # -- strategies --------------------------------------------------------------------------------
