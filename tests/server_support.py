@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
+import anyio
 from mcp import Client
 
 from harness.task import load_task
@@ -43,6 +45,19 @@ async def ok(c: Client, tool: str, **arguments) -> dict:
     result = await c.call_tool(tool, arguments)
     assert not result.is_error, result.content[0].text
     return result.structured_content
+
+
+async def prepared(c: Client, within_s: float = 60.0) -> dict:
+    """describe_task once the new run's preparation (reference outputs, baseline) has ended: a server answers at
+    once and prepares its run behind."""
+    deadline = time.monotonic() + within_s
+    while True:
+        described = await ok(c, "describe_task")
+        state = (described.get("preparation") or {}).get("state", "ready")
+        if state != "preparing" or time.monotonic() > deadline:
+            assert state == "ready", described.get("preparation")
+            return described
+        await anyio.sleep(0.05)
 
 
 async def refused(c: Client, tool: str, **arguments) -> str:

@@ -29,7 +29,7 @@ from sandbox.pool import Worker
 from server.replay import replay
 from tests.fake_executor import FAKE_GPU_UUID, FakeExecutor
 from tests.lease_holder import LeaseHolder
-from tests.server_support import MATMUL, REPO, events, kernel, new_run, ok
+from tests.server_support import MATMUL, REPO, events, kernel, new_run, ok, prepared
 from tests.test_replay import make_run
 
 GPU = "GPU-0a1b2c3d-0000-4000-8000-00000000beef"
@@ -198,7 +198,7 @@ async def test_a_server_waits_for_another_process_timing_on_its_gpu_and_records_
         waiting = anyio.Event()
 
     async with Client(_server(results), cache=None, read_timeout_seconds=60) as c:
-        await ok(c, "describe_task")  # the run and its baseline exist
+        await prepared(c)  # the run and its baseline exist
         holder, second = LeaseHolder(FAKE_GPU_UUID, "bench"), None
         try:
             started = time.monotonic()
