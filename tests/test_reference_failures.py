@@ -83,11 +83,15 @@ async def test_in_a_tool_call_it_is_a_tool_error_naming_the_case_and_the_attempt
 def test_serve_says_it_in_one_line_and_exits_2(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(serve_module, "gpu_absent_reason", lambda: None)
     monkeypatch.setattr(serve_module, "GpuExecutor", lambda task, timing, **options: ReferenceFailsAtOnce(task))
+    # A client that stays while the run is prepared behind the server: serving ends once the preparation has.
+    monkeypatch.setattr(serve_module, "build_server", lambda run, **options: run)
+    monkeypatch.setattr(serve_module.transport, "run", lambda run, *args, **options: run.preparation.wait(60))
     code = main(["serve", "--task", str(MATMUL), "--results", str(tmp_path / "results"), "--no-sandbox"])
     err = capsys.readouterr().err
     assert code == EXIT_USAGE and "Traceback" not in err
-    assert err.splitlines()[-1] == ("kernel-referee serve: the task's reference kernel failed on case "
-                                    f"odd-31x37x29: {TIMEOUT}")
+    assert err.splitlines()[-1] == ("kernel-referee: the run could not be prepared: the task's reference kernel "
+                                    f"failed on case odd-31x37x29: {TIMEOUT}")
+    assert not list((tmp_path / "results").glob("run-*"))
 
 
 def test_replay_is_no_go_naming_the_case_without_a_traceback(tmp_path, caplog):
