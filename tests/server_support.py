@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -75,3 +76,10 @@ def events(run_dir: Path) -> list[dict]:
 
 def read_json(path: Path):
     return json.loads(path.read_text())
+
+
+def free_port() -> int:
+    """A loopback TCP port free at the time of asking."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

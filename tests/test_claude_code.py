@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.server_support import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_SERVER = REPO / "tests" / "fake_server.py"
@@ -91,17 +92,11 @@ def home(tmp_path) -> ClaudeHome:
     return ClaudeHome(folder)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def http_server(tmp_path_factory):
     """The fake server over streamable HTTP on a free loopback port with TOKEN, preparing a new run: its URL."""
     folder = tmp_path_factory.mktemp("claude-http")
-    port, stderr = _free_port(), folder / "server.stderr"
+    port, stderr = free_port(), folder / "server.stderr"
     with stderr.open("wb") as err:
         server = subprocess.Popen([sys.executable, str(FAKE_SERVER), str(folder / "results"), str(port)],
                                   cwd=folder, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,

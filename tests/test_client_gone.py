@@ -19,7 +19,7 @@ import pytest
 from server.cli import main
 from server.lifecycle import resume_run
 from server.record_files import read_history
-from tests.server_support import REPO, client, events, executor, kernel, new_run, ok
+from tests.server_support import REPO, client, events, executor, kernel, new_run, ok, free_port
 
 FAKE_SERVER = REPO / "tests" / "fake_server.py"
 TOKEN = "test-token-0123456789-abcdefghij"
@@ -100,12 +100,6 @@ def test_a_client_killed_mid_attempt_over_stdio_leaves_the_attempt_recorded_and_
     _assert_settled(tmp_path / "results" / "run-001", stderr)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _post(url: str, headers: dict, message: dict) -> httpx2.Response:
     return httpx2.post(url, headers=headers, json={"jsonrpc": "2.0", **message}, timeout=30)
 
@@ -132,7 +126,7 @@ def _wait_until_accepting(port: int, server: subprocess.Popen, stderr: Path) -> 
 
 
 def test_a_connection_dropped_mid_attempt_over_http_leaves_the_attempt_recorded(tmp_path):
-    port, server_err = _free_port(), tmp_path / "server.stderr"
+    port, server_err = free_port(), tmp_path / "server.stderr"
     with server_err.open("wb") as err:
         server = subprocess.Popen([sys.executable, str(FAKE_SERVER), str(tmp_path / "results"), str(port)],
                                   cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,

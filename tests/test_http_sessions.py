@@ -17,7 +17,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from server.transport import TOKEN_ENV
-from tests.server_support import kernel
+from tests.server_support import kernel, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "sessions-token-0123456789-abcdef"
@@ -26,16 +26,10 @@ STARTUP_TIMEOUT_S = 60.0
 DEPRECATED_LOGGING = "ignore:The logging capability is deprecated:mcp.shared.exceptions.MCPDeprecationWarning"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
     folder = tmp_path_factory.mktemp("http-sessions")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, TOKEN_ENV: TOKEN, "PYTHONPATH": str(REPO)}
     with (folder / "stderr.txt").open("wb") as err:
         proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "fake_server.py"), str(folder / "results"),

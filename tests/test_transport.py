@@ -28,6 +28,7 @@ from server.transport import (
     run,
     transport_security,
 )
+from tests.server_support import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "test-token-0123456789-abcdefghij"
@@ -74,12 +75,6 @@ def _ping_server(**kwargs) -> MCPServer:
     return server
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _child_env() -> dict[str, str]:
     # Unbuffered, so anything written to stdout would already be in the file when it is read.
     return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
@@ -111,7 +106,7 @@ def live(tmp_path_factory):
     folder = tmp_path_factory.mktemp("http-server")
     script = folder / "serve.py"
     script.write_text(SERVER_SCRIPT)
-    port = _free_port()
+    port = free_port()
     stdout, stderr = folder / "stdout.txt", folder / "stderr.txt"
     with stdout.open("wb") as out, stderr.open("wb") as err:
         proc = subprocess.Popen(
