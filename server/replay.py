@@ -13,7 +13,6 @@ events.jsonl could break the chain of a server still holding the run (docs/decis
 from __future__ import annotations
 
 import logging
-import secrets
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,13 +20,11 @@ from typing import Callable, TextIO
 
 from harness.device import gpu_absent_reason
 from harness.gpus import list_gpus, placement_for
-from harness.drawn_inputs import oracle_cases, oracle_split
 from harness.oracle import OracleError
 from harness.settings import CompiledKernel, ReferenceFailed, TimingSettings
 from harness.side_by_side import TimingFailed, time_side_by_side
 from harness.stats import geomean_speedup, significance, speedup
-from harness.task_model import Case, LaunchSpec, Task
-from harness.results import CheckReport
+from harness.task_model import Task
 from harness.worker_side.sass_mix import InstructionMix
 from server import lock as locking
 from server import suspicion
@@ -37,11 +34,11 @@ from server.decision import (CheckResult, Decision, RepeatResult, decide, enviro
                              other_environment_differences)
 from server.executor import Executor, GpuExecutor
 from server.folder_lock import EXIT_HELD, FolderHeld, FolderLock
-from server.replay_record import RunFolderError, RunRecord, Subject, load_record
+from server.replay_checks import compile_subject, correctness_checks
+from server.replay_record import RunFolderError, RunRecord, load_record
 from server.keys import SigningKeyError
 from server.report_files import REPORT_NAME, write_report_files
 from server.signed_log import sign_derived
-from server.records import NO_INDEPENDENT_ORACLE
 from server.expected_files import load_expected
 from server.run import now_iso
 
@@ -108,99 +105,18 @@ def _preload(executor: Executor, record: RunRecord) -> None:
 
 def _replay(executor: Executor, record: RunRecord, repeats: int, say: Say, checks: list[CheckResult],
             timings: list[tuple[RepeatResult, dict]], environment: dict | None = None) -> None:
-    kernel, failed = _compile(executor, record.kernel)
-    baseline, baseline_failed = _compile(executor, record.baseline)
+    kernel, failed = compile_subject(executor, record.kernel)
+    baseline, baseline_failed = compile_subject(executor, record.baseline)
     checks += [c for c in (failed, baseline_failed) if c is not None]
     if kernel is None or baseline is None:
         return
     mix = executor.compile(record.kernel.source, record.kernel.options).mix  # a cache hit: the units it computes on
     say(f"attempt {record.kernel.attempt} on its visible cases")
-    checks += _replay_checks(executor, record, kernel)
-    has_oracle = record.task.oracle_file is not None
-    say("the holdout cases, against the reference outputs " + (
-        "and the float64 oracle" if has_oracle else f"only ({NO_INDEPENDENT_ORACLE})"))
-    by_oracle, skipped = oracle_split(record.task, list(record.task.holdout_cases), record.settings.timing)
-    if has_oracle and skipped:
-        say(f"the float64 oracle skips {', '.join(skipped)}: too large for the host (checked against the "
-            "reference's outputs only)")
-    checks += _holdout_checks(executor, record.task, kernel, by_oracle)
-    say("fresh random values against the float64 oracle" if has_oracle else
-        f"no fresh random values ({NO_INDEPENDENT_ORACLE} to check them against)")
-    checks += _fresh_checks(executor, record.task, kernel, record.settings.timing)
+    checks += correctness_checks(executor, record.task, kernel, record.requests, record.settings.timing, say)
     for number in range(1, repeats + 1):
         say(f"timing beside the baseline, repeat {number} of {repeats}")
         timings.append(_repeat(executor, record, kernel, baseline, number))
         checks += _physical_limit(record, environment or {}, timings[-1], mix)
-
-
-def _compile(executor: Executor, subject: Subject) -> tuple[CompiledKernel | None, CheckResult | None]:
-    compiled = executor.compile(subject.source, subject.options)
-    if compiled.ok:
-        return CompiledKernel(f"attempt-{subject.attempt}", compiled.cubin, compiled.lowered_name, subject.launch), None
-    return None, CheckResult(name=f"compile attempt {subject.attempt} ({subject.source_file})", kind="compile",
-                             passed=False, reasons=[f"it does not compile here: {compiled.log}"[:1000]])
-
-
-def _results(kind: str, against: str, cases: list[Case], report: CheckReport, seeds: dict[str, int] | None = None,
-             label: Callable[[Case], str] | None = None) -> list[CheckResult]:
-    """One CheckResult per case asked for; a case the check never reached (after a fault) fails."""
-    label = label or (lambda case: f"{kind} {case.name}")
-    by_case = {c.case: c for c in report.cases}
-    results = []
-    for case in cases:
-        got = by_case.get(case.name)
-        common = dict(name=label(case), kind=kind, case=case.name, against=against,
-                      seed=(seeds or {}).get(case.name, case.seed))
-        if got is None:
-            results.append(CheckResult(**common, passed=False, reasons=[
-                "not run: an earlier case ended the check (a fault, a timeout or a crash)"]))
-        else:
-            results.append(CheckResult(**common, passed=got.passed, detail=got.model_dump(mode="json"),
-                                       reasons=[f"{r.code.value}: {r.detail}" for r in got.reasons]))
-    return results
-
-
-def _replay_checks(executor: Executor, record: RunRecord, kernel: CompiledKernel) -> list[CheckResult]:
-    """The best on each best-case-N.json request as written (its resolved launch); another attempt on every
-    visible case with its recorded launch."""
-    if not record.requests:
-        cases = list(record.task.visible_cases)
-        return _results("replay", "reference", cases, executor.check(kernel, cases))
-    results = []
-    for name, request in record.requests:
-        case = record.task.case(request["case"])
-        exact = CompiledKernel(kernel.label, kernel.cubin, kernel.symbol, LaunchSpec.model_validate(request["launch"]))
-        results += _results("replay", "reference", [case], executor.check(exact, [case]),
-                            label=lambda c, name=name: f"replay {name} ({c.name})")
-    return results
-
-
-def _no_oracle(kind: str) -> CheckResult:
-    return CheckResult(name=kind, kind=kind, against="oracle", passed=False,
-                       reasons=[f"{NO_INDEPENDENT_ORACLE}: the task declares no float64 oracle (task.toml "
-                                "`oracle`), so nothing independent checks the kernel"])
-
-
-def _holdout_checks(executor: Executor, task: Task, kernel: CompiledKernel, by_oracle: list[Case]) -> list[CheckResult]:
-    """Every holdout case against the reference's outputs; those the host's oracle takes against it too."""
-    cases = list(task.holdout_cases)
-    if not cases:
-        return []  # the decision names the missing holdout checks
-    results = _results("holdout", "reference", cases, executor.check(kernel, cases))
-    if task.oracle_file is None:
-        return results + [_no_oracle("holdout-oracle")]
-    if not by_oracle:
-        return results  # the decision names the missing holdout-oracle check
-    return results + _results("holdout-oracle", "oracle", by_oracle, executor.check(kernel, by_oracle, None, True))
-
-
-def _fresh_checks(executor: Executor, task: Task, kernel: CompiledKernel, settings: TimingSettings) -> list[CheckResult]:
-    """New seeds, drawn now, on every case's shape (visible and holdout) the host's oracle takes."""
-    if task.oracle_file is None:
-        return [_no_oracle("fresh-oracle")]
-    cases = oracle_cases(task, list(task.visible_cases) + list(task.holdout_cases), settings)
-    seeds = {case.name: secrets.randbits(31) for case in cases}
-    return _results("fresh-oracle", "oracle", cases, executor.check(kernel, cases, seeds, True), seeds)
 
 
 def _repeat(executor: Executor, record: RunRecord, kernel: CompiledKernel, baseline: CompiledKernel,
