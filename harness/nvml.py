@@ -47,6 +47,21 @@ class GpuState(BaseModel):
     processes: list[int] = []  # pids with a compute context on the device (as NVML sees them)
 
 
+class BoardFacts(BaseModel):
+    """What a board is set to, read once: an environment fingerprint's NVML half (guard/fingerprint.py)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str | None = None
+    uuid: str | None = None
+    max_sm_clock_mhz: int | None = None
+    max_memory_clock_mhz: int | None = None
+    application_sm_clock_mhz: int | None = None  # a pinned clock (nvidia-smi -ac) changes every latency
+    power_limit_w: float | None = None
+    ecc_enabled: bool | None = None  # ECC on takes memory bandwidth
+    driver_cuda_version: str | None = None
+
+
 class GpuWatch(BaseModel):
     """Readings before and after one timing job, and what they imply."""
 
@@ -130,6 +145,24 @@ class Nvml:
                 throttle=decode_reasons(_try(_reasons_call(n), h) or 0),
                 processes=[int(p.pid) for p in (_try(n.nvmlDeviceGetComputeRunningProcesses, h) or [])],
             )
+
+
+    def board(self) -> BoardFacts:
+        """The board's name, UUID, clock ceilings, power limit and ECC mode; every field None without NVML."""
+        if not self.available:
+            return BoardFacts()
+        n, h = self._nvml, self._handle
+        name = _try(n.nvmlDeviceGetName, h)
+        cuda = _try(n.nvmlSystemGetCudaDriverVersion)
+        ecc = _try(n.nvmlDeviceGetEccMode, h)  # (current, pending)
+        return BoardFacts(
+            name=name.decode() if isinstance(name, bytes) else name, uuid=self.uuid(),
+            max_sm_clock_mhz=_try(n.nvmlDeviceGetMaxClockInfo, h, n.NVML_CLOCK_SM),
+            max_memory_clock_mhz=_try(n.nvmlDeviceGetMaxClockInfo, h, n.NVML_CLOCK_MEM),
+            application_sm_clock_mhz=_try(n.nvmlDeviceGetApplicationsClock, h, n.NVML_CLOCK_SM),
+            power_limit_w=_scaled(_try(n.nvmlDeviceGetPowerManagementLimit, h), 1e-3),
+            ecc_enabled=bool(ecc[0]) if ecc else None,
+            driver_cuda_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None)
 
 
 def driver_build() -> str | None:

@@ -1,4 +1,4 @@
-"""The rooms' import rules, read from the source: bench -> server -> harness -> sandbox, one way.
+"""The rooms' import rules, read from the source: bench -> guard -> server -> harness -> sandbox, one way.
 
 harness/worker_side/ is the code that runs inside the confined workers: it imports nothing else of
 the project's parent side (no task models, no settings), only sandbox/ and itself. An import inside
@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-ROOMS = ("bench", "server", "harness", "sandbox")  # each may import only the rooms after it
+ROOMS = ("bench", "guard", "server", "harness", "sandbox")  # each may import only the rooms after it
 WORKER_SIDE = "harness.worker_side"
 WORKER_ENTRY_POINTS = ("harness/worker_side/gpu_worker_main.py", "harness/worker_side/compile_worker_main.py")
 # The script's entry point imports the command line inside a function, so that Ctrl-C during that import is caught.
+# It is the house's door: it may import a room before its own there (the guard's commands: server/entry.py), the
+# one place an import runs against the rooms' order; the reason stands on the import's line.
 SCRIPT_ENTRY_POINTS = ("server/entry.py",)
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
@@ -73,9 +75,11 @@ def _all_imports():
 
 def test_imports_run_one_way():
     wrong = []
-    for path, module, node, name, _ in _all_imports():
+    for path, module, node, name, in_function in _all_imports():
         mine, theirs = _room(module), _room(name)
         if theirs is not None and ROOMS.index(theirs) < ROOMS.index(mine):
+            if in_function and str(path.relative_to(REPO)) in SCRIPT_ENTRY_POINTS:
+                continue  # the door dispatches to a product's commands (the reason is checked below)
             wrong.append(f"{path.relative_to(REPO)}:{node.lineno} ({mine}) imports {name}")
     assert not wrong, "\n".join(wrong)
 
