@@ -57,7 +57,6 @@ class CaseLatency(_Frozen):
     baseline: LatencyStats | None = None
     speedup: Speedup | None = None  # baseline median / kernel median, with its interval
     samples_ms: list[float] = []  # the kernel's accepted samples, as the run recorded them
-    baseline_samples_ms: list[float] = []
     clock: str | None = None  # which clock timed them (harness/settings.py TimingSettings.clock)
 
 

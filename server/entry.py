@@ -1,5 +1,8 @@
 """The `kernel-referee` script's entry point: the command line's modules (numpy, cuda-python, mcp) take a
-moment to import, and Ctrl-C in that moment ends the command with one line, like Ctrl-C anywhere else."""
+moment to import, and Ctrl-C in that moment ends the command with one line, like Ctrl-C anywhere else.
+
+It is the house's door: the regression guard's commands (`approve`, `keygen`, `guard`) belong to guard/,
+a room above server/, and are handed to guard/cli.py here; every other command to server/cli.py."""
 
 from __future__ import annotations
 
@@ -7,10 +10,15 @@ import sys
 
 from server.cli_args import EXIT_INTERRUPTED
 
+GUARD_COMMANDS = ("approve", "keygen", "guard")  # guard/cli.py COMMANDS
+
 
 def main() -> int:
     try:
-        from server.cli import main as command_line  # here, where Ctrl-C during the import is caught
+        if len(sys.argv) > 1 and sys.argv[1] in GUARD_COMMANDS:
+            from guard.cli import main as command_line  # the door: guard/ sits above server/; Ctrl-C here is caught
+        else:
+            from server.cli import main as command_line  # here, where Ctrl-C during the import is caught
     except KeyboardInterrupt:
         print("kernel-referee: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
