@@ -1,0 +1,145 @@
+"""`kernel-referee guard STORE`: every approval of the store replayed on this GPU (or a Ray fleet's), decided,
+recorded in the store's history, and written out for CI.
+
+The store is verified first (guard/store.py): one that does not verify raises StoreRefused, which the command
+line turns into exit 2 naming what changed, and nothing is measured. Without a GPU (and without `--ray`) the
+guard says why and exits 3. Then each approval's guard step (guard/step.py): correctness, interleaved rounds
+beside its baseline, a verdict per case. Each run is appended to the approval's history, the outputs asked for
+are written, and `--accept` makes a passing run on a new environment the approval's accepted baseline, signed
+again (guard/accept.py). The exit status: 0 every case passed (or improved), 1 any regressed or incorrect,
+4 any left inconclusive after the bound of repeats.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from guard import accept as accepting
+from guard.measure import MakeExecutor
+from guard.step import ApprovalResult, guard_approval
+from guard.store import LoadedApproval, load_store
+from guard.verdict import VerdictSettings, exit_status
+from harness.device import gpu_absent_reason
+from harness.gpus import list_gpus, placement_for
+from server.executor import GpuExecutor
+from server.settings import sandbox_refusal
+
+EXIT_PASS, EXIT_FAILED, EXIT_STORE_REFUSED, EXIT_NO_GPU, EXIT_INCONCLUSIVE = 0, 1, 2, 3, 4
+KEY_VARIABLE = "KERNEL_REFEREE_APPROVAL_KEY"  # --accept's key when none is given (as approve's)
+# The default of `--ray` without an address: the cluster this host belongs to, else a local one.
+RAY_AUTO = "auto"
+
+
+@dataclass
+class GuardOptions:
+    store: Path
+    only: list[str] | None = None
+    junit: Path | None = None
+    json: Path | None = None
+    html: Path | None = None
+    accept: bool = False
+    key: Path | None = None
+    ray: str | None = None  # None: this host; RAY_AUTO or an address: a Ray cluster (guard/fleet.py)
+    confine: bool = True
+    gpu: str | None = None
+    settings: VerdictSettings = field(default_factory=VerdictSettings)
+    # None: a GpuExecutor on this host's GPU; tests pass the fake executor's maker
+    make_executor: Callable[[LoadedApproval], MakeExecutor] | None = None
+    # What each Ray task asks of its node: one GPU; tests ask for a custom resource standing in for one
+    fleet_resources: dict = field(default_factory=lambda: {"num_gpus": 1})
+
+    @classmethod
+    def of(cls, args) -> GuardOptions:
+        """The options from `kernel-referee guard`'s parsed arguments (guard/cli.py)."""
+        return cls(store=args.store, only=args.only, junit=args.junit, json=args.json, html=args.html,
+                   accept=args.accept, key=args.key, ray=args.ray, confine=not args.no_sandbox, gpu=args.gpu)
+
+
+def main(args) -> int:
+    return run_guard(GuardOptions.of(args), sys.stdout)
+
+
+def run_guard(options: GuardOptions, out: TextIO) -> int:
+    """Verify, measure, decide, record, write; the exit status."""
+    loaded = load_store(options.store, options.only)  # StoreRefused: the command line's exit 2
+    print(f"{options.store}: {len(loaded)} approval(s) verified: {', '.join(a.name for a in loaded)}", file=out)
+    if options.ray is not None:
+        from guard import fleet  # noqa: E402 - Ray is an optional extra (kernel-referee[fleet]), loaded for --ray only
+        try:
+            results = fleet.guard_fleet(options, loaded, _say)
+        except fleet.NoFleetGpu as absent:
+            print(f"kernel-referee guard --ray: {absent}", file=sys.stderr)
+            return EXIT_NO_GPU
+    else:
+        if options.make_executor is None:
+            refusal = _local_refusal(options)
+            if refusal is not None:
+                print(refusal, file=sys.stderr)
+                return EXIT_NO_GPU if refusal.startswith("kernel-referee guard needs") else EXIT_STORE_REFUSED
+        make = options.make_executor or (lambda approval: local_executor(options, approval))
+        results = [guard_approval(approval, make(approval), options.settings, _say) for approval in loaded]
+    return finish(options, loaded, results, out)
+
+
+def finish(options: GuardOptions, loaded: list[LoadedApproval], results: list[ApprovalResult], out: TextIO) -> int:
+    """The results of every approval, however measured: history, outputs, --accept, the printed diff, the status."""
+    record_history(options.store, results)
+    write_outputs(options, results)
+    print_results(results, out)
+    status = exit_status([v for result in results for v in result.verdicts])
+    if options.accept:
+        by_name = {approval.name: approval for approval in loaded}
+        for result in results:
+            print(accepting.accept(options.store, by_name[result.approval], result, _accept_key(options)), file=out)
+    return status
+
+
+def _local_refusal(options: GuardOptions) -> str | None:
+    """Why this host cannot guard (no GPU: exit 3; a sandbox that cannot confine: exit 2), or None."""
+    absent = gpu_absent_reason()
+    if absent is not None:
+        return (f"kernel-referee guard needs an NVIDIA GPU: {absent}. The store verifies; nothing was measured "
+                "and no history was written.")
+    refusal = sandbox_refusal() if options.confine else None
+    return f"kernel-referee: {refusal}" if refusal else None
+
+
+def local_executor(options: GuardOptions, approval: LoadedApproval) -> MakeExecutor:
+    """A GpuExecutor on this host's GPU (`--gpu`, else one no serving run holds), its lease named for the approval."""
+    placement = placement_for(list_gpus(), options.gpu, f"guard {approval.name}", None)
+    return lambda task, timing: GpuExecutor(task, timing, confine=options.confine, lease_what=f"guard {approval.name}",
+                                            gpu=placement.gpu if placement else None)
+
+
+def _accept_key(options: GuardOptions) -> Path | None:
+    return options.key or (Path(os.environ[KEY_VARIABLE]) if os.environ.get(KEY_VARIABLE) else None)
+
+
+def record_history(store: Path, results: list[ApprovalResult]) -> None:
+    """Every approval's run appended to its history in the store (guard/history.py)."""
+
+
+def write_outputs(options: GuardOptions, results: list[ApprovalResult]) -> None:
+    """JUnit, JSON and HTML where asked; GitHub Actions annotations where GITHUB_ACTIONS is set (guard/outputs*.py)."""
+
+
+def print_results(results: list[ApprovalResult], out: TextIO) -> None:
+    """One line per approval and case: its verdict and the change against the accepted run; then the environment."""
+    for result in results:
+        print(f"{result.approval} on {result.node} ({result.fingerprint.gpu or 'no GPU'}):", file=out)
+        for verdict in result.verdicts:
+            print(f"  {verdict.case}: {verdict.message}", file=out)
+        for check in result.checks:
+            if not check.passed:
+                print(f"  FAIL {check.name}: {'; '.join(check.reasons)[:300]}", file=out)
+        if result.environment_changes:
+            print(f"  environment differs from the approval's: {'; '.join(result.environment_changes)}", file=out)
+
+
+def _say(message: str) -> None:
+    print(f"  {message}", file=sys.stderr, flush=True)
