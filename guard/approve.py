@@ -20,7 +20,7 @@ from typing import TextIO
 
 from guard.approval import (BASELINE_FILE, KERNEL_FILE, TASK_FOLDER, Approval, ApprovedKernel, CaseLatency,
                             Provenance, ReplayDecision, Statement, TaskCopy)
-from guard.fingerprint import from_environment, referee_fingerprint
+from guard.fingerprint import referee_fingerprint, run_fingerprint
 from guard.run_evidence import RecordedReplay, RunEvidence, read_run, replay_gpu
 from guard.signing import ApprovalKeyError, key_id, load_private, sign, trusted_keys
 from guard.store import approval_dir, keys_dir, write_approval
@@ -160,7 +160,7 @@ def build_approval(evidence: RunEvidence, options: ApproveOptions, decision: Rep
         speedup=Speedup.model_validate(evidence.entry.speedup_vs_baseline.to_json())
         if _complete(evidence.entry.speedup_vs_baseline) else None,
         timing=record.settings.timing.model_dump(mode="json"), timing_rounds=record.settings.timing_rounds,
-        fingerprint=from_environment(lock.get("environment") or {}, referee=referee),
+        fingerprint=run_fingerprint(lock.get("environment") or {}, referee=referee),
         provenance=Provenance(
             run=record.dir.name, task=record.task.name, chain_head=evidence.report.head or "",
             chain_records=evidence.report.records, run_key_fingerprint=evidence.report.fingerprint,

@@ -107,6 +107,18 @@ def from_environment(environment: dict[str, Any], *, referee: dict[str, Any] | N
         **(referee if referee is not None else referee_fingerprint()))
 
 
+def run_fingerprint(environment: dict[str, Any], *, referee: dict[str, Any] | None = None) -> Fingerprint:
+    """The fingerprint of a run's environment (lock.json `environment`). A run's facts do not hold the board's
+    settings (clock ceilings, power limit, ECC): they are read now where that same board (its UUID) is on this
+    machine, and left None elsewhere."""
+    uuid = environment.get("gpu_uuid")
+    if uuid and "board" not in environment:
+        board = Nvml(uuid=uuid).board()
+        if board.uuid == uuid:
+            environment = {**environment, "board": board.model_dump()}
+    return from_environment(environment, referee=referee)
+
+
 def capture(facts: dict[str, Any] | None = None, *, gpu_uuid: str | None = None) -> Fingerprint:
     """This machine's fingerprint: NVML's readings of the GPU `gpu_uuid` (or the first), over `facts` (an
     executor's start(), which adds the SM count, NVRTC and the driver's CUDA from the GPU worker). Without a GPU
