@@ -24,9 +24,9 @@ FAST_TIMING = TimingSettings(warmups=1, iterations=10)
 
 
 def kernel_with(task_name: str, marker: str | None) -> str:
-    """The task's shipped initial kernel, with a fake marker in a comment (None: as shipped)."""
+    """The task's shipped initial kernel, with fake markers (space-separated), each in a comment (None: as shipped)."""
     source = (CASES / task_name / "initial.cu").read_text()
-    return source if marker is None else f"// fake: {marker}\n{source}"
+    return "".join(f"// fake: {m}\n" for m in (marker or "").split()) + source
 
 
 def fake_fingerprint(task_name: str, **changes) -> Fingerprint:
