@@ -57,6 +57,8 @@ class Refused(Exception):
 
 def approve(options: ApproveOptions, out: TextIO) -> int:
     """Verify, replay where needed, build, sign, write; the exit status (0 approved, 1 refused, 3 no GPU)."""
+    if not Path(options.run).is_dir():
+        raise FileNotFoundError(f"{options.run}: no such run folder")
     private = load_private(options.key)
     if key_id(private.public_key()) not in trusted_keys(keys_dir(options.store)):
         raise ApprovalKeyError(f"the key {options.key} ({key_id(private.public_key())[:16]}...) is not trusted by "
