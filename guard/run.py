@@ -64,26 +64,47 @@ def main(args) -> int:
     return run_guard(GuardOptions.of(args), sys.stdout)
 
 
+class NoGpu(Exception):
+    """Nothing here can measure: no GPU on this host, or none in the Ray cluster (exit 3)."""
+
+
+class SandboxRefused(Exception):
+    """The workers cannot be confined here, and --no-sandbox was not given (exit 2)."""
+
+
 def run_guard(options: GuardOptions, out: TextIO) -> int:
     """Verify, measure, decide, record, write; the exit status."""
     loaded = load_store(options.store, options.only)  # StoreRefused: the command line's exit 2
     print(f"{options.store}: {len(loaded)} approval(s) verified: {', '.join(a.name for a in loaded)}", file=out)
+    try:
+        results = guard_results(options, loaded)
+    except NoGpu as absent:
+        print(f"kernel-referee guard needs an NVIDIA GPU: {absent}. The store verifies; nothing was measured and no "
+              "history was written.", file=sys.stderr)
+        return EXIT_NO_GPU
+    except SandboxRefused as refused:
+        print(f"kernel-referee: {refused}", file=sys.stderr)
+        return EXIT_STORE_REFUSED
+    return finish(options, loaded, results, out)
+
+
+def guard_results(options: GuardOptions, loaded: list[LoadedApproval]) -> list[ApprovalResult]:
+    """Every approval's guard step, on this host's GPU or fanned out over Ray, in the approvals' order."""
     if options.ray is not None:
         from guard import fleet  # noqa: E402 - Ray is an optional extra (kernel-referee[fleet]), loaded for --ray only
         try:
-            results = fleet.guard_fleet(options, loaded, _say)
+            return fleet.guard_fleet(options, loaded, _say)
         except fleet.NoFleetGpu as absent:
-            print(f"kernel-referee guard --ray: {absent}", file=sys.stderr)
-            return EXIT_NO_GPU
-    else:
-        if options.make_executor is None:
-            refusal = _local_refusal(options)
-            if refusal is not None:
-                print(refusal, file=sys.stderr)
-                return EXIT_NO_GPU if refusal.startswith("kernel-referee guard needs") else EXIT_STORE_REFUSED
-        make = options.make_executor or (lambda approval: local_executor(options, approval))
-        results = [guard_approval(approval, make(approval), options.settings, _say) for approval in loaded]
-    return finish(options, loaded, results, out)
+            raise NoGpu(str(absent)) from None
+    if options.make_executor is None:
+        absent = gpu_absent_reason()
+        if absent is not None:
+            raise NoGpu(absent)
+        refusal = sandbox_refusal() if options.confine else None
+        if refusal:
+            raise SandboxRefused(refusal)
+    make = options.make_executor or (lambda approval: local_executor(options, approval))
+    return [guard_approval(approval, make(approval), options.settings, _say) for approval in loaded]
 
 
 def finish(options: GuardOptions, loaded: list[LoadedApproval], results: list[ApprovalResult], out: TextIO) -> int:
@@ -97,16 +118,6 @@ def finish(options: GuardOptions, loaded: list[LoadedApproval], results: list[Ap
         for result in results:
             print(accepting.accept(options.store, by_name[result.approval], result, _accept_key(options)), file=out)
     return status
-
-
-def _local_refusal(options: GuardOptions) -> str | None:
-    """Why this host cannot guard (no GPU: exit 3; a sandbox that cannot confine: exit 2), or None."""
-    absent = gpu_absent_reason()
-    if absent is not None:
-        return (f"kernel-referee guard needs an NVIDIA GPU: {absent}. The store verifies; nothing was measured "
-                "and no history was written.")
-    refusal = sandbox_refusal() if options.confine else None
-    return f"kernel-referee: {refusal}" if refusal else None
 
 
 def local_executor(options: GuardOptions, approval: LoadedApproval) -> MakeExecutor:
