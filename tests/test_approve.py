@@ -14,6 +14,7 @@ import pytest
 from guard.approve import ApproveOptions, approve
 from guard.cli import main
 from guard.store import ENVELOPE, READABLE, approval_dir, load_store
+from server import entry
 from server.replay import replay
 from server.verify import verify_run
 from tests.approval_support import NAME, approved, fake, good_run, new_store, no_gpu
@@ -145,3 +146,10 @@ def test_a_key_the_store_does_not_trust_signs_nothing(run_dir, tmp_path):
     with pytest.raises(Exception, match="is not trusted by the store"):
         approve(ApproveOptions(run=run_dir, store=store, name=NAME, key=other_key, make_executor=fake), io.StringIO())
     assert not (store / "approvals").exists()
+
+
+def test_the_scripts_door_hands_the_guards_commands_to_guard_cli(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["kernel-referee", "keygen", str(tmp_path / "keys")])
+    assert entry.main() == 0 and (tmp_path / "keys/approver.pub").is_file()
+    monkeypatch.setattr("sys.argv", ["kernel-referee", "verify", str(tmp_path / "nothing")])
+    assert entry.main() == 2 and "no such run folder" in capsys.readouterr().err  # the referee's own commands
