@@ -94,14 +94,18 @@ class _NoGpu(Exception):
 
 
 def _hold_verified(evidence: RunEvidence, options: ApproveOptions, overrides: list[str]) -> None:
-    if evidence.report.ok and evidence.report.signed:
-        return
-    why = (f"{evidence.dir} does not verify ({evidence.report.problems[0]}; `kernel-referee verify "
-           f"{evidence.dir}` lists every problem)" if not evidence.report.ok
-           else f"{evidence.dir} was made before signing: its log is not signed")
-    if not options.force:
-        raise Refused(why)
-    overrides.append(why)
+    """A run that verifies, is signed and is finished (its best can no longer change); else refused or forced."""
+    status = evidence.record.summary.status
+    whys = [why for bad, why in (
+        (not evidence.report.ok, f"{evidence.dir} does not verify ({(evidence.report.problems or ['?'])[0]}; "
+                                 f"`kernel-referee verify {evidence.dir}` lists every problem)"),
+        (evidence.report.ok and not evidence.report.signed, f"{evidence.dir} was made before signing: its log is "
+                                                            "not signed"),
+        (not evidence.record.summary.finished, f"the run is not finished (status {status}): its best may change"),
+    ) if bad]
+    if whys and not options.force:
+        raise Refused(whys[0])
+    overrides += whys
 
 
 def _replay_decision(evidence: RunEvidence, options: ApproveOptions, out: TextIO,

@@ -18,7 +18,8 @@ from server import entry
 from server.replay import replay
 from server.verify import verify_run
 from tests.approval_support import NAME, approved, fake, good_run, new_store, no_gpu
-from tests.server_support import HOLDOUT, kernel, read_json
+from server.attempt import record_attempt
+from tests.server_support import HOLDOUT, kernel, new_run, read_json
 from tests.test_replay import HoldoutFailsHere, make_run
 
 
@@ -153,3 +154,17 @@ def test_the_scripts_door_hands_the_guards_commands_to_guard_cli(tmp_path, monke
     assert entry.main() == 0 and (tmp_path / "keys/approver.pub").is_file()
     monkeypatch.setattr("sys.argv", ["kernel-referee", "verify", str(tmp_path / "nothing")])
     assert entry.main() == 2 and "no such run folder" in capsys.readouterr().err  # the referee's own commands
+
+
+def test_a_run_still_going_is_refused_unless_forced(tmp_path, capsys):
+    run = new_run(tmp_path)
+    try:
+        record_attempt(run, run.candidate(None, kernel("latency_us=50")), "try 1", None, None)
+    finally:
+        run.close()
+    code, _, _, _ = approved(tmp_path / "a", run.dir)
+    assert code == 1 and "the run is not finished (status running)" in capsys.readouterr().err
+    code, store, _, _ = approved(tmp_path / "b", run.dir, force=True)
+    assert code == 0
+    assert load_store(store)[0].approval.provenance.forced_over == [
+        "the run is not finished (status running): its best may change"]
