@@ -16,14 +16,16 @@ from pathlib import Path
 
 from guard.approval import Approval, CaseLatency, Statement
 from guard.signing import ApprovalKeyError, key_id, load_private, sign, trusted_keys
-from guard.step import ApprovalResult
+from guard.step import StepResult
 from guard.store import ENVELOPE, READABLE, LoadedApproval, keys_dir
 from harness.stats import speedup
 from server.audit import write_json_atomic
 from server.run import now_iso
 
+ACCEPTED = "accepted this run"
 
-def accept(store: Path, loaded: LoadedApproval, result: ApprovalResult, key: Path | None) -> str:
+
+def accept(store: Path, loaded: LoadedApproval, result: StepResult, key: Path | None) -> str:
     """Accept the run if it may be; one line saying what was done, or why not."""
     name = loaded.name
     if not result.passed:
@@ -39,10 +41,10 @@ def accept(store: Path, loaded: LoadedApproval, result: ApprovalResult, key: Pat
     statement = Statement.of(approval)
     write_json_atomic(loaded.folder / READABLE, statement.to_json()["predicate"])
     write_json_atomic(loaded.folder / ENVELOPE, sign(statement.to_json(), private).model_dump(mode="json"))
-    return f"{name}: accepted this run as the new baseline ({'; '.join(result.environment_changes)}), signed again"
+    return f"{name}: {ACCEPTED} as the new baseline ({'; '.join(result.environment_changes)}), signed again"
 
 
-def accepted_approval(before: Approval, result: ApprovalResult) -> Approval:
+def accepted_approval(before: Approval, result: StepResult) -> Approval:
     """The approval with this run's latencies and fingerprint, its provenance saying what was accepted."""
     kernel, baseline = result.latencies.get("candidate", {}), result.latencies.get("baseline", {})
     cases = [CaseLatency(case=case, kernel=stats, baseline=baseline.get(case),

@@ -20,7 +20,7 @@ from pathlib import Path
 import ray
 
 from guard.measure import MakeExecutor
-from guard.step import ApprovalResult, guard_approval
+from guard.step import StepResult, guard_approval
 from guard.store import APPROVALS, LoadedApproval, approval_dir, keys_dir, load_approval
 from guard.verdict import VerdictSettings
 
@@ -31,7 +31,7 @@ class NoFleetGpu(Exception):
     """The Ray cluster offers no resource the approvals' tasks ask for: they would wait for ever."""
 
 
-def guard_fleet(options, loaded: list[LoadedApproval], say: Say) -> list[ApprovalResult]:
+def guard_fleet(options, loaded: list[LoadedApproval], say: Say) -> list[StepResult]:
     """Every approval as a Ray task on the cluster at `options.ray` (guard/run.py GuardOptions), results in the
     approvals' order. Connects (or starts a local cluster for "auto" where none runs) and leaves it as found."""
     started = not ray.is_initialized()
@@ -71,7 +71,7 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 
 def _guard_on_node(name: str, files: dict[str, bytes], keys: dict[str, bytes], make: MakeExecutor | None,
-                   settings: VerdictSettings, confine: bool, gpu: str | None) -> ApprovalResult:
+                   settings: VerdictSettings, confine: bool, gpu: str | None) -> StepResult:
     """On the node: the approval written into a store of its own, verified there, guarded on the node's GPU."""
     from guard.run import GuardOptions, local_executor  # noqa: E402 - run.py imports this module for --ray
 

@@ -20,9 +20,13 @@ from pathlib import Path
 from typing import TextIO
 
 from guard import accept as accepting
+from guard import history, outputs
 from guard.measure import MakeExecutor
-from guard.step import ApprovalResult, guard_approval
+from guard.step import StepResult, guard_approval
 from guard.store import LoadedApproval, load_store
+from guard.outputs_html import write_html
+from guard.outputs_junit import write_junit
+from guard.trend import trend_of, trend_png, trend_svg
 from guard.verdict import VerdictSettings, exit_status
 from harness.device import gpu_absent_reason
 from harness.gpus import list_gpus, placement_for
@@ -88,7 +92,7 @@ def run_guard(options: GuardOptions, out: TextIO) -> int:
     return finish(options, loaded, results, out)
 
 
-def guard_results(options: GuardOptions, loaded: list[LoadedApproval]) -> list[ApprovalResult]:
+def guard_results(options: GuardOptions, loaded: list[LoadedApproval]) -> list[StepResult]:
     """Every approval's guard step, on this host's GPU or fanned out over Ray, in the approvals' order."""
     if options.ray is not None:
         from guard import fleet  # noqa: E402 - Ray is an optional extra (kernel-referee[fleet]), loaded for --ray only
@@ -107,17 +111,46 @@ def guard_results(options: GuardOptions, loaded: list[LoadedApproval]) -> list[A
     return [guard_approval(approval, make(approval), options.settings, _say) for approval in loaded]
 
 
-def finish(options: GuardOptions, loaded: list[LoadedApproval], results: list[ApprovalResult], out: TextIO) -> int:
-    """The results of every approval, however measured: history, outputs, --accept, the printed diff, the status."""
-    record_history(options.store, results)
-    write_outputs(options, results)
-    print_results(results, out)
-    status = exit_status([v for result in results for v in result.verdicts])
+def finish(options: GuardOptions, loaded: list[LoadedApproval], results: list[StepResult], out: TextIO) -> int:
+    """The results of every approval, however measured: --accept, history and its compact diff, the outputs, the
+    printed diff; the exit status."""
+    time = history.now_iso()
+    accepted: set[str] = set()
     if options.accept:
         by_name = {approval.name: approval for approval in loaded}
         for result in results:
-            print(accepting.accept(options.store, by_name[result.approval], result, _accept_key(options)), file=out)
-    return status
+            said = accepting.accept(options.store, by_name[result.approval], result, _accept_key(options))
+            accepted |= {result.approval} if accepting.ACCEPTED in said else set()
+            print(said, file=out)
+    folder = next((p.parent for p in (options.html, options.json, options.junit) if p is not None), None)
+    report = outputs.GuardReport(time=time, store=str(options.store), results=[
+        _recorded(options.store, result, result.approval in accepted, time, folder) for result in results])
+    for path, write in ((options.json, outputs.write_json), (options.junit, write_junit), (options.html, write_html)):
+        if path is not None:
+            print(f"wrote {write(report, path)}", file=out)
+    print_results(report, results, out)
+    outputs.print_annotations(report, out)
+    return report.exit_status
+
+
+def _recorded(store: Path, result: StepResult, accepted: bool, time: str, folder: Path | None) -> outputs.ApprovalResult:
+    """The run appended to the approval's history, its compact diff against the earlier runs, and its trend
+    pictures (beside the outputs, where any is written)."""
+    earlier = history.read(store, result.approval)
+    diff = history.compact_diff(result.approval, result.verdicts, earlier)
+    record = history.record_of(result.approval, result.verdicts, result.fingerprint, accepted=accepted,
+                               exit_status=exit_status(result.verdicts), time=time)
+    history.append(store, record)
+    pictures: dict[str, str] = {}
+    if folder is not None:
+        trend = trend_of(result.approval, earlier + [record])
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"trend-{result.approval}.svg").write_text(trend_svg(trend), encoding="utf-8")
+        (folder / f"trend-{result.approval}.png").write_bytes(trend_png(trend))
+        pictures = {"trend_svg": f"trend-{result.approval}.svg", "trend_png": f"trend-{result.approval}.png"}
+    return outputs.ApprovalResult(approval=result.approval, verdicts=result.verdicts, diff=diff,
+                                  environment_changes=result.environment_changes, fingerprint=result.fingerprint,
+                                  node=result.node, seconds=result.cost.total_s, **pictures)
 
 
 def local_executor(options: GuardOptions, approval: LoadedApproval) -> MakeExecutor:
@@ -131,20 +164,12 @@ def _accept_key(options: GuardOptions) -> Path | None:
     return options.key or (Path(os.environ[KEY_VARIABLE]) if os.environ.get(KEY_VARIABLE) else None)
 
 
-def record_history(store: Path, results: list[ApprovalResult]) -> None:
-    """Every approval's run appended to its history in the store (guard/history.py)."""
-
-
-def write_outputs(options: GuardOptions, results: list[ApprovalResult]) -> None:
-    """JUnit, JSON and HTML where asked; GitHub Actions annotations where GITHUB_ACTIONS is set (guard/outputs*.py)."""
-
-
-def print_results(results: list[ApprovalResult], out: TextIO) -> None:
-    """One line per approval and case: its verdict and the change against the accepted run; then the environment."""
-    for result in results:
+def print_results(report: outputs.GuardReport, results: list[StepResult], out: TextIO) -> None:
+    """Per approval and case: its compact diff line; the checks that failed; the environment's differences."""
+    for shown, result in zip(report.results, results):
         print(f"{result.approval} on {result.node} ({result.fingerprint.gpu or 'no GPU'}):", file=out)
-        for verdict in result.verdicts:
-            print(f"  {verdict.case}: {verdict.message}", file=out)
+        for verdict in shown.verdicts:
+            print(f"  {outputs.diff_text(shown, verdict)}", file=out)
         for check in result.checks:
             if not check.passed:
                 print(f"  FAIL {check.name}: {'; '.join(check.reasons)[:300]}", file=out)

@@ -31,7 +31,7 @@ Say = Callable[[str], None]
 _SOFTWARE_OF_THE_REFEREE = frozenset({"referee_version", "referee_source_sha256"})
 
 
-class ApprovalResult(BaseModel):
+class StepResult(BaseModel):
     """One approval guarded on one node: every case's verdict, the checks, the environment and the step's cost."""
 
     approval: str
@@ -51,7 +51,7 @@ class ApprovalResult(BaseModel):
 
 
 def guard_approval(loaded: LoadedApproval, make_executor: MakeExecutor, settings: VerdictSettings | None = None,
-                   say: Say | None = None) -> ApprovalResult:
+                   say: Say | None = None) -> StepResult:
     """Measure and decide one verified approval on this host's GPU."""
     settings = settings or VerdictSettings()
     say = say or (lambda message: None)
@@ -74,7 +74,7 @@ def guard_approval(loaded: LoadedApproval, make_executor: MakeExecutor, settings
         if limits:
             checks += limits
             verdicts = [decide(case, [], _correctness(checks), settings) for case in inputs]
-    return ApprovalResult(approval=loaded.name, node=socket.gethostname(), fingerprint=now,
+    return StepResult(approval=loaded.name, node=socket.gethostname(), fingerprint=now,
                           environment_changes=[str(d) for d in changes], checks=checks, verdicts=verdicts,
                           cost=step.cost, lease_waits=step.lease_waits,
                           latencies={label: {case: summarize(samples) for case, samples in per_case.items() if samples}
@@ -107,8 +107,8 @@ def _correctness(checks: list[CheckResult]) -> Correctness:
     """Every check must pass; the failing ones' reason codes (harness/results.py) and names say why not."""
     failed = [c for c in checks if not c.passed]
     codes = list(dict.fromkeys(r.split(":", 1)[0].split(" ", 1)[0] for c in failed for r in c.reasons))
-    return Correctness(correct=not failed, reasons=codes,
-                       detail="; ".join(f"{c.name}: {'; '.join(c.reasons)}"[:300] for c in failed[:5]))
+    names = ", ".join(c.name for c in failed[:3]) + (f" and {len(failed) - 3} more" if len(failed) > 3 else "")
+    return Correctness(correct=not failed, reasons=codes, detail=f"failed: {names}" if failed else "")
 
 
 def _decide_cases(step: GuardStep, inputs: list[CaseInput], correctness: Correctness, settings: VerdictSettings,

@@ -4,6 +4,7 @@ standing in for the GPUs and the fake executor for the GPU side; the results mer
 from __future__ import annotations
 
 import io
+import json
 import os
 
 import pytest
@@ -50,6 +51,7 @@ def test_four_approvals_over_two_workers_merge_into_one_result(tmp_path, cluster
     add_approval(store, key, "softmax-wrong", "softmax_f32", 40, marker="wrong-fresh")
     out = io.StringIO()
     options = GuardOptions(store=store, ray="auto", make_executor=recorded, settings=QUICK,
+                           json=tmp_path / "out" / "guard.json", junit=tmp_path / "out" / "guard.xml",
                            fleet_resources={"num_cpus": 1, "resources": {"fake_gpu": 1}})
     results = guard_results(options, load_store(store))
     assert finish(options, load_store(store), results, out) == 1, out.getvalue()
@@ -61,7 +63,12 @@ def test_four_approvals_over_two_workers_merge_into_one_result(tmp_path, cluster
     assert len(workers) >= 2 and all(w.startswith("Fake GPU in pid ") for w in workers)
     assert f"Fake GPU in pid {os.getpid()}" not in workers  # measured on the workers, not here
     text = out.getvalue()
-    assert text.count(": pass: ") == 4 and text.count(": regressed: ") == 2 and text.count(": incorrect: ") == 2
+    assert text.count(": pass, ") == 4 and text.count(": regressed, ") == 2 and text.count(": incorrect: ") == 2
+    merged = json.loads((tmp_path / "out" / "guard.json").read_text())
+    assert [r["approval"] for r in merged["results"]] == [r.approval for r in results]
+    assert merged["counts"] == {"pass": 4, "regressed": 2, "improved": 0, "incorrect": 2, "inconclusive": 0}
+    suite = (tmp_path / "out" / "guard.xml").read_text()
+    assert suite.count("<testcase ") == 8 and suite.count("<failure ") == 4
     load_store(store)  # the store the nodes got copies of is as it was: it still verifies
 
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from guard import cli
+from guard import cli, history
 from guard.fingerprint import Fingerprint
 from guard.measure import GuardStep, merged_watch, subject_of
 from guard.run import GuardOptions, run_guard
@@ -42,11 +42,19 @@ def store(tmp_path):
 
 
 def test_unchanged_approvals_pass_on_every_case(store):
-    code, out = guard(store[0])
+    code, out = guard(store[0], json=store[0].parent / "out" / "guard.json")
     assert code == 0, out
     assert "2 approval(s) verified: matmul, softmax" in out
-    assert out.count(": pass: ") == 4  # two performance cases each
+    assert out.count(": pass, ") == 4 and "since approval" in out  # two performance cases each
     assert "FAIL" not in out
+    document = json.loads((store[0].parent / "out" / "guard.json").read_text())
+    assert document["exit_status"] == 0 and [r["approval"] for r in document["results"]] == ["matmul", "softmax"]
+    assert all(r["node"] and r["fingerprint"]["gpu"] == "Fake GPU" for r in document["results"])
+    assert (store[0].parent / "out" / "trend-matmul.svg").is_file()
+    assert [r.approval for r in history.read(store[0], "matmul")] == ["matmul"]
+    code, out = guard(store[0])
+    assert code == 0 and out.count("previous run +0.0%") + out.count("previous run -0.0%") == 4, out
+    assert len(history.read(store[0], "softmax")) == 2
 
 
 def test_a_kernel_3_percent_slower_is_regressed_naming_the_change(tmp_path):
@@ -64,7 +72,8 @@ def test_a_kernel_wrong_on_fresh_values_is_incorrect_and_not_timed(tmp_path):
     store, key = new_store(tmp_path)
     add_approval(store, key, "matmul", "matmul_f32", 50, marker="wrong-fresh")
     code, out = guard(store)
-    assert code == 1 and "incorrect: mismatch" in out and "FAIL fresh-oracle square-2048: mismatch" in out
+    assert code == 1 and "incorrect: mismatch (failed: fresh-oracle odd-31x37x29" in out
+    assert "FAIL fresh-oracle square-2048: mismatch" in out
     result = guard_approval(load_approval(store, "matmul"), fake(None), QUICK)
     assert {v.verdict for v in result.verdicts} == {Verdict.INCORRECT}
     assert result.cost.rounds == 0 and result.cost.timing_s == 0
