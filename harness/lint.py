@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from harness.lint_compile import with_compiles
+from harness.lint_cases import one_valued_inputs, repeated_holdouts
 from harness.lint_findings import Finding, errors, warning
 from harness.lint_outputs import output_findings
 from harness.lint_sizes import RECORDED_H200, DeviceFigures, host_memory_bytes, too_large, too_small
@@ -25,6 +27,7 @@ from harness.task import load_task
 from harness.task_model import Case, Task
 
 CHEAP_ORACLE_ELEMENTS = 1 << 22   # array elements of a correctness case the pre-run lint gives the oracle
+LARGE_ORACLE_ELEMENTS = 1 << 26   # array elements of a performance or holdout case lint gives the oracle
 OUTPUT_CHECKS = "zero, constant, equal to an input, seed-insensitive outputs and the TF32/float16 tolerance"
 _SAME_HOST = object()
 
@@ -33,21 +36,31 @@ def _case_elements(task: Task, case: Case) -> int:
     return sum(math.prod(shape) for shape in task.shapes(case.dims).values())
 
 
+def _affordable(task: Task, cases: list[Case], element_limit: int | None) -> tuple[list[Case], list[str]]:
+    kept = [c for c in cases if element_limit is None or _case_elements(task, c) <= element_limit]
+    return kept, [c.name for c in cases if c not in kept]
+
+
 def _oracle_cases(task: Task, element_limit: int | None) -> tuple[list[Case], list[Finding]]:
-    """The correctness cases the oracle runs on, and a warning for what could not be checked."""
+    """The cases the oracle runs on (correctness ones, then performance and holdout ones up to
+    LARGE_ORACLE_ELEMENTS), and a warning for what could not be checked."""
     if task.oracle_file is None:
         return [], [warning("no-oracle", f"the task has no oracle (task.toml `oracle`): {OUTPUT_CHECKS} could "
                                          "not be checked (lint computes outputs with the oracle only); the holdout "
                                          "and replay will have no independent oracle")]
-    cases = list(task.correctness_cases)
-    if not cases:
-        return [], [warning("no-correctness-case", f"the task has no correctness case: {OUTPUT_CHECKS} ran on none")]
-    kept = [c for c in cases if element_limit is None or _case_elements(task, c) <= element_limit]
-    skipped = [c.name for c in cases if c not in kept]
-    found = [warning("oracle-skipped", f"correctness case(s) {', '.join(skipped)} over {element_limit} elements: "
-                                       f"not given to the oracle here (`kernel-referee lint` checks them)")
-             ] if skipped else []
-    return kept, found
+    cases, skipped = _affordable(task, list(task.correctness_cases), element_limit)
+    found = [] if task.correctness_cases else [
+        warning("no-correctness-case", f"the task has no correctness case: {OUTPUT_CHECKS} ran on none")]
+    if skipped:
+        found.append(warning("oracle-skipped", f"correctness case(s) {', '.join(skipped)} over {element_limit} "
+                                               "elements: not given to the oracle here (`kernel-referee lint` "
+                                               "checks them)"))
+    limit = min(element_limit or LARGE_ORACLE_ELEMENTS, LARGE_ORACLE_ELEMENTS)
+    others, too_large_here = _affordable(task, [*task.performance_cases, *task.holdout_cases], limit)
+    if too_large_here and element_limit is None:  # before a run, only the cheap ones are meant to be checked
+        found.append(warning("oracle-skipped", f"case(s) {', '.join(too_large_here)} over {limit} elements: not "
+                                               "given to the oracle, no stand-in was judged on them"))
+    return cases + others, found
 
 
 def lint_task(task: Task, *, settings: TimingSettings | None = None, host_memory=_SAME_HOST,
@@ -57,6 +70,8 @@ def lint_task(task: Task, *, settings: TimingSettings | None = None, host_memory
     settings = settings or TimingSettings()
     memory = host_memory_bytes() if host_memory is _SAME_HOST else host_memory
     cases, found = _oracle_cases(task, oracle_element_limit)
+    found += repeated_holdouts(task)
+    found += one_valued_inputs(task, _affordable(task, list(task.correctness_cases), oracle_element_limit)[0])
     found += output_findings(task, cases)
     if not task.holdout_cases:
         found.append(warning("no-holdout", "the task has no holdout case: the final check sees nothing the agent "
@@ -69,15 +84,15 @@ def lint_task(task: Task, *, settings: TimingSettings | None = None, host_memory
 def lint_folder(path: str | Path, **options) -> tuple[Task, list[Finding]]:
     """Load the task (a TaskError for a manifest that does not load) and lint it."""
     task = load_task(path)
-    return task, lint_task(task, **options)
+    return task, with_compiles(task, lint_task(task, **options))
 
 
 def lint_before_run(task: Task, settings: TimingSettings) -> list[Finding]:
     """The part `serve` and `check` run first: no memory checks (they measure the device and this machine's
     available memory themselves, harness/footprint.py), the oracle on correctness cases up to
     CHEAP_ORACLE_ELEMENTS."""
-    return lint_task(task, settings=settings, host_memory=None, figures=None,
-                     oracle_element_limit=CHEAP_ORACLE_ELEMENTS)
+    return with_compiles(task, lint_task(task, settings=settings, host_memory=None, figures=None,
+                                         oracle_element_limit=CHEAP_ORACLE_ELEMENTS))
 
 
 class LintRefused(ValueError):

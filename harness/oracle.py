@@ -3,10 +3,17 @@
 The task folder is written by the user, like the reference: its code is trusted, unlike candidates.
 Its interface (docs/task-format.md, "The oracle"): `oracle(inputs, dims) -> {output name: array}`,
 with the case's input arrays (copies) and its dims (constants included); scalars are not passed.
+
+Trusted is not sound: an oracle that calls sys.exit() or never returns would end lint, check or serve without a
+word, or block them forever. So it is loaded and called in a thread with a deadline: an exit is an OracleError
+like any failure, and an oracle past its deadline is one too. Such a thread cannot be killed; it is a daemon,
+ended with the process (lint and check stop there; serve refuses the task at its start), and the same oracle is
+not started again in this process.
 """
 
 from __future__ import annotations
 
+import threading
 import traceback
 import types
 from dataclasses import dataclass
@@ -15,6 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from harness.task_model import Task
+
+# A call's deadline: a minute, and a microsecond for each element of its inputs (numpy's float64 work runs at
+# hundreds of elements per microsecond: the allowance is for an oracle in plain Python loops, or a GEMM's cube).
+ORACLE_BASE_DEADLINE_S = 60.0
+ORACLE_DEADLINE_S_PER_ELEMENT = 1e-6
+_hung: set[str] = set()   # the oracle files of this process that passed their deadline
 
 
 class OracleError(RuntimeError):
@@ -68,13 +81,15 @@ def summarize(task: Task, dims: dict[str, int], inputs: dict[str, np.ndarray], c
     return summaries
 
 
+def oracle_deadline_s(inputs: dict[str, np.ndarray]) -> float:
+    """How long one call of the oracle may take on these inputs."""
+    return ORACLE_BASE_DEADLINE_S + ORACLE_DEADLINE_S_PER_ELEMENT * sum(int(v.size) for v in inputs.values())
+
+
 def _returned(task: Task, dims: dict[str, int], inputs: dict[str, np.ndarray], case: str | None) -> dict:
-    oracle = _load(task)
     path = _file(task)
-    try:
-        result = oracle({k: v.copy() for k, v in inputs.items()}, dict(dims))
-    except Exception as exc:  # noqa: BLE001 - the task's own code failed: said on one line, with where
-        raise OracleError(f"{path} failed{_on(case)}: {type(exc).__name__}: {exc}{_where(exc, path)}") from None
+    copies = {k: v.copy() for k, v in inputs.items()}
+    result = _within_deadline(path, case, oracle_deadline_s(inputs), lambda: _load(task)(copies, dict(dims)))
     if not isinstance(result, dict):
         raise OracleError(f"{path}: oracle returned {type(result).__name__}{_on(case)}, not a dict of output arrays")
     shapes = task.shapes(dims)
@@ -88,6 +103,38 @@ def _returned(task: Task, dims: dict[str, int], inputs: dict[str, np.ndarray], c
                               f"{tuple(shapes[param.name])}")
         outputs[param.name] = result[param.name]
     return outputs
+
+
+def _within_deadline(path: Path, case: str | None, deadline_s: float, call):
+    """`call()`'s value, run in a daemon thread; an OracleError for whatever it raised (an exit included) or for
+    not returning within `deadline_s`."""
+    if str(path) in _hung:
+        raise OracleError(f"{path} did not return within its deadline earlier in this process: not called again")
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - SystemExit too: the task's code must not end the process
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"oracle {path.parent.name}", daemon=True)
+    thread.start()
+    thread.join(deadline_s)
+    if thread.is_alive():
+        _hung.add(str(path))
+        raise OracleError(f"{path} did not return within {deadline_s:g} s{_on(case)} (the oracle's deadline): "
+                          "a loop that never ends, or work far beyond the case's size")
+    exc = box.get("error")
+    if exc is None:
+        return box["value"]
+    if isinstance(exc, OracleError):
+        raise exc
+    if isinstance(exc, SystemExit):
+        raise OracleError(f"{path} called sys.exit({exc.code!r}){_on(case)}{_where(exc, path)}: an oracle "
+                          "returns its outputs, it never ends the process")
+    # the task's own code failed: said on one line, with where
+    raise OracleError(f"{path} failed{_on(case)}: {type(exc).__name__}: {exc}{_where(exc, path)}")
 
 
 def _load(task: Task):

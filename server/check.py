@@ -116,6 +116,10 @@ def _without_gpu(task: Task, targets: list[Target], out: TextIO, confine: bool, 
     with CompileService(confine=confine) as compiler:  # a --kernel file is untrusted: a confined compile
         _compiled(targets, lambda source: compiler.compile(source, task.kernel_name, arch=DEFAULT_ARCH), out)
     yardsticks["oracle"] = _oracle_on_cpu(task, cases, out)
+    failed = [t.label for t in targets if not t.compiled.ok]
+    if failed:  # known without a GPU: the kernel fails, with the exit a GPU would give it
+        print(f"\nNo GPU: {absent}.\n{', '.join(failed)} does not compile for {DEFAULT_ARCH}: FAIL", file=out)
+        return EXIT_FAILED
     print(f"\nNo GPU: {absent}.\nCompiled {len(targets)} kernel(s) for {DEFAULT_ARCH} above; "
           "running, checking and timing need an NVIDIA GPU.", file=out)
     return EXIT_NO_GPU

@@ -12,9 +12,9 @@ from pydantic import ValidationError
 
 from harness.worker_side.compile_policy import CompileRefused
 from harness.settings import TimingSettings
-from harness.task_model import LaunchSpec, TaskError
+from harness.task_model import LaunchError, LaunchSpec, TaskError
 from harness.task import load_task
-from harness.launch_checks import unknown_per_case
+from harness.launch_checks import check_candidate_launch
 from harness.placement import parse_choice
 from server.check import run_check, targets_for
 from server.cost import CostInputs, cost_sheet, render, run_hours
@@ -177,8 +177,11 @@ def _check(args, settings: RefereeSettings) -> int:
         raise UsageError("--launch needs --kernel: the task's own reference and baseline use the task's launches")
     launch = _launch(args.launch)
     task = load_task(args.task)
-    if launch is not None and (unknown := unknown_per_case(launch, [case.name for case in task.cases])) is not None:
-        raise UsageError(f"--launch per_case.{unknown[0]}: {unknown[1]}")
+    if launch is not None:  # resolved on every case here, so a bad geometry is refused on a machine without a GPU
+        try:
+            check_candidate_launch(launch, list(task.cases))
+        except LaunchError as err:
+            raise UsageError(f"--launch {err}") from None
     lint_first(task, settings.run.timing, sys.stdout)
     targets = targets_for(task, args.kernel, launch)
     refusal = sandbox_refusal(settings.confine)
