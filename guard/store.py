@@ -162,7 +162,11 @@ def _content_problems(folder: Path, name: str, statement: Statement, payload: di
         problems.append(("statement", "its subjects are not the approval's files"))
     for relative, digest in sorted(approval.files().items()):
         path = folder / relative
-        if not path.is_file() or path.is_symlink():
+        if Path(relative).is_absolute() or ".." in Path(relative).parts:
+            problems.append((relative, "names a file outside the approval's folder"))
+        elif path.is_symlink():
+            problems.append((relative, "replaced by a symbolic link"))
+        elif not path.is_file():
             problems.append((relative, "missing"))
         elif sha256_file(path) != digest:
             problems.append((relative, f"changed (sha256 {sha256_file(path)[:16]}..., approved {digest[:16]}...)"))

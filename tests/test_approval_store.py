@@ -107,6 +107,14 @@ def test_a_removed_or_added_file_is_refused_naming_it(store):
         "baseline.cu: missing", "task/extra.cu: added (not part of the signed approval)"]
 
 
+def test_a_file_replaced_by_a_link_is_refused(store, tmp_path):
+    outside = tmp_path / "kernel.cu"
+    outside.write_bytes((folder(store) / "kernel.cu").read_bytes())
+    (folder(store) / "kernel.cu").unlink()
+    (folder(store) / "kernel.cu").symlink_to(outside)
+    assert [(w, d) for _, w, d in refusal(store)] == [("kernel.cu", "replaced by a symbolic link")]
+
+
 def test_an_edited_approval_field_is_refused_naming_the_field(store):
     readable = json.loads((folder(store) / READABLE).read_text())
     readable["cases"][0]["kernel"]["median_ms"] *= 1.5
