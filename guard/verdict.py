@@ -26,6 +26,7 @@ import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
 from enum import Enum
+from statistics import NormalDist
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -95,6 +96,11 @@ class CaseInput(BaseModel):
     approval: str
     case: str
     accepted_ratio: float = Field(gt=0.0)  # the kernel's latency over its baseline's, when approved
+    # The accepted ratio's own interval and its confidence, where the approval has one: an approval measured
+    # low by chance would otherwise make every later run look slower (bench/guard.py measures how often).
+    accepted_low: float | None = Field(None, gt=0.0)
+    accepted_high: float | None = Field(None, gt=0.0)
+    accepted_confidence: float | None = Field(None, gt=0.0, lt=1.0)
     accepted_latency_ms: float | None = Field(None, gt=0.0)  # given only where the environment matches
     approval_sm_clock_mhz: int | None = None
     threshold: float = Field(DEFAULT_THRESHOLD, gt=0.0, lt=1.0)
@@ -167,6 +173,20 @@ def _interval(log_values: Sequence[float], offset: float, confidence: float) -> 
                     confidence=shift.confidence)
 
 
+def _with_accepted_error(change: Interval, case: CaseInput, confidence: float) -> Interval:
+    """Widen the change's interval by the accepted ratio's, half-widths added in quadrature in log space (two
+    independent estimates), the accepted one rescaled to this confidence."""
+    if case.accepted_low is None or case.accepted_high is None:
+        return change
+    scale = 1.0
+    if case.accepted_confidence is not None:
+        scale = NormalDist().inv_cdf(0.5 + confidence / 2) / NormalDist().inv_cdf(0.5 + case.accepted_confidence / 2)
+    centre = math.log(change.estimate)
+    below = math.hypot(centre - math.log(change.low), scale * max(0.0, math.log(case.accepted_high / case.accepted_ratio)))
+    above = math.hypot(math.log(change.high) - centre, scale * max(0.0, math.log(case.accepted_ratio / case.accepted_low)))
+    return change.model_copy(update={"low": math.exp(centre - below), "high": math.exp(centre + above)})
+
+
 def _percent(ratio: float) -> str:
     return f"{(ratio - 1.0) * 100.0:+.1f}%"
 
@@ -222,6 +242,7 @@ def decide(case: CaseInput, rounds: Sequence[TimingRound], correctness: Correctn
     kernel = [_log_median(r.candidate_ms) for r in kept]
     ratios = [k - _log_median(r.baseline_ms) for k, r in zip(kernel, kept)]
     change = _interval(ratios, math.log(case.accepted_ratio), settings.confidence) if len(kept) >= settings.min_rounds else None
+    change = change and _with_accepted_error(change, case, settings.confidence)
     if change is None:
         reason = set_aside.most_common(1)[0][0] if set_aside else Inconclusive.NOISE
         return CaseVerdict(verdict=Verdict.INCONCLUSIVE, reason=reason, **common,
