@@ -8,7 +8,8 @@ outside Ray, or a second Ray worker on a node that lies about its GPUs, never ti
 its node and that node's fingerprint; the caller merges them into one history, JUnit, JSON and HTML
 (guard/run.py `finish`).
 
-Ray is an optional extra (`kernel-referee[fleet]`), imported here only.
+Ray is an optional extra (`kernel-referee[fleet]`), imported here only, and only when a fleet is asked for:
+`kernel-referee guard` without `--ray` runs without it.
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import ray
-
-from guard.measure import MakeExecutor
+from guard.measure import MakeExecutor, local_executor
 from guard.step import StepResult, guard_approval
 from guard.store import APPROVALS, LoadedApproval, approval_dir, keys_dir, load_approval
 from guard.verdict import VerdictSettings
@@ -34,6 +33,7 @@ class NoFleetGpu(Exception):
 def guard_fleet(options, loaded: list[LoadedApproval], say: Say) -> list[StepResult]:
     """Every approval as a Ray task on the cluster at `options.ray` (guard/run.py GuardOptions), results in the
     approvals' order. Connects (or starts a local cluster for "auto" where none runs) and leaves it as found."""
+    import ray  # the optional extra kernel-referee[fleet]: loaded only when a fleet is asked for
     started = not ray.is_initialized()
     if started:
         ray.init(address=None if options.ray == "auto" else options.ray, include_dashboard=False,
@@ -56,6 +56,8 @@ def guard_fleet(options, loaded: list[LoadedApproval], say: Say) -> list[StepRes
 
 def _check_resources(asked: dict) -> None:
     """Refuse a cluster without what each task asks for (its GPUs, or the custom resource standing in for them)."""
+    import ray  # the optional extra kernel-referee[fleet], loaded by guard_fleet before this
+
     have = ray.cluster_resources()
     wanted = {"GPU": asked["num_gpus"]} if "num_gpus" in asked else {}
     wanted.update(asked.get("resources") or {})
@@ -73,8 +75,6 @@ def _files(folder: Path) -> dict[str, bytes]:
 def _guard_on_node(name: str, files: dict[str, bytes], keys: dict[str, bytes], make: MakeExecutor | None,
                    settings: VerdictSettings, confine: bool, gpu: str | None) -> StepResult:
     """On the node: the approval written into a store of its own, verified there, guarded on the node's GPU."""
-    from guard.run import GuardOptions, local_executor  # noqa: E402 - run.py imports this module for --ray
-
     with tempfile.TemporaryDirectory(prefix="kernel-referee-guard-") as scratch:
         store = Path(scratch) / "store"
         for folder, contents in ((keys_dir(store), keys), (approval_dir(store, name), files)):
@@ -84,12 +84,14 @@ def _guard_on_node(name: str, files: dict[str, bytes], keys: dict[str, bytes], m
         (store / APPROVALS).mkdir(parents=True, exist_ok=True)
         loaded = load_approval(store, name)  # verified again, on the node, from the bytes it got
         if make is None:
-            make = local_executor(GuardOptions(store=store, confine=confine, gpu=_node_gpu(gpu)), loaded)
+            make = local_executor(name, confine, _node_gpu(gpu))
         return guard_approval(loaded, make, settings)
 
 
 def _node_gpu(asked: str | None) -> str | None:
     """The GPU Ray gave this task (its first visible one), unless `--gpu` named one."""
+    import ray  # the optional extra kernel-referee[fleet]: this runs in a Ray worker
+
     if asked is not None:
         return asked
     ids = ray.get_gpu_ids()

@@ -34,13 +34,21 @@ from harness.task import load_task
 from harness.task_model import LaunchSpec, Task
 from server import suspicion
 from server.decision import CheckResult
-from server.executor import Executor
+from harness.gpus import list_gpus, placement_for
+from server.executor import Executor, GpuExecutor
 from server.replay_checks import compile_subject, correctness_checks
 from server.replay_record import Subject
 
 MakeExecutor = Callable[[Task, TimingSettings], Executor]
 Say = Callable[[str], None]
 LABELS = ("candidate", "baseline")
+
+
+def local_executor(name: str, confine: bool = True, gpu: str | None = None) -> MakeExecutor:
+    """A GpuExecutor on this host's GPU (`gpu`, else one no serving run holds), its lease named for the approval."""
+    placement = placement_for(list_gpus(), gpu, f"guard {name}", None)
+    return lambda task, timing: GpuExecutor(task, timing, confine=confine, lease_what=f"guard {name}",
+                                            gpu=placement.gpu if placement else None)
 
 
 class TimingRefused(Exception):

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TextIO
 
 from guard import accept as accepting
-from guard import history, outputs
-from guard.measure import MakeExecutor
+from guard import fleet, history, outputs
+from guard.measure import MakeExecutor, local_executor
 from guard.step import StepResult, guard_approval
 from guard.store import LoadedApproval, load_store
 from guard.outputs_html import write_html
@@ -29,8 +29,6 @@ from guard.outputs_junit import write_junit
 from guard.trend import trend_of, trend_png, trend_svg
 from guard.verdict import VerdictSettings, exit_status
 from harness.device import gpu_absent_reason
-from harness.gpus import list_gpus, placement_for
-from server.executor import GpuExecutor
 from server.settings import sandbox_refusal
 
 EXIT_PASS, EXIT_FAILED, EXIT_STORE_REFUSED, EXIT_NO_GPU, EXIT_INCONCLUSIVE = 0, 1, 2, 3, 4
@@ -95,7 +93,6 @@ def run_guard(options: GuardOptions, out: TextIO) -> int:
 def guard_results(options: GuardOptions, loaded: list[LoadedApproval]) -> list[StepResult]:
     """Every approval's guard step, on this host's GPU or fanned out over Ray, in the approvals' order."""
     if options.ray is not None:
-        from guard import fleet  # noqa: E402 - Ray is an optional extra (kernel-referee[fleet]), loaded for --ray only
         try:
             return fleet.guard_fleet(options, loaded, _say)
         except fleet.NoFleetGpu as absent:
@@ -107,7 +104,7 @@ def guard_results(options: GuardOptions, loaded: list[LoadedApproval]) -> list[S
         refusal = sandbox_refusal() if options.confine else None
         if refusal:
             raise SandboxRefused(refusal)
-    make = options.make_executor or (lambda approval: local_executor(options, approval))
+    make = options.make_executor or (lambda approval: local_executor(approval.name, options.confine, options.gpu))
     return [guard_approval(approval, make(approval), options.settings, _say) for approval in loaded]
 
 
@@ -151,13 +148,6 @@ def _recorded(store: Path, result: StepResult, accepted: bool, time: str, folder
     return outputs.ApprovalResult(approval=result.approval, verdicts=result.verdicts, diff=diff,
                                   environment_changes=result.environment_changes, fingerprint=result.fingerprint,
                                   node=result.node, seconds=result.cost.total_s, **pictures)
-
-
-def local_executor(options: GuardOptions, approval: LoadedApproval) -> MakeExecutor:
-    """A GpuExecutor on this host's GPU (`--gpu`, else one no serving run holds), its lease named for the approval."""
-    placement = placement_for(list_gpus(), options.gpu, f"guard {approval.name}", None)
-    return lambda task, timing: GpuExecutor(task, timing, confine=options.confine, lease_what=f"guard {approval.name}",
-                                            gpu=placement.gpu if placement else None)
 
 
 def _accept_key(options: GuardOptions) -> Path | None:
