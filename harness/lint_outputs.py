@@ -1,10 +1,10 @@
 """Lint's checks of what a task's outputs are, computed on the CPU with its float64 oracle.
 
-A task is degenerate when a kernel that computes nothing passes it: outputs that are zero (a kernel that
-writes nothing into a zeroed buffer passes), one value everywhere, a copy of an input, or the same whatever
-the inputs (a kernel that remembers one answer passes). Each is judged as the referee judges a kernel: the
-would-be output against the expected one (the oracle's, rounded to the output's dtype as the reference
-writes it) under the task's own tolerance, on each correctness case.
+A task is degenerate when a kernel that computes nothing passes it: the stand-ins of harness/lint_standins.py
+(zeros, one value, a copy of an input, a one-hot or a saturated activation of an input, another seed's
+outputs), each judged as the referee judges a kernel on every case lint can afford, then on the task as a
+whole by harness/lint_roles.py. harness/lint_shares.py finds tolerances under which an all-zero or copying
+output is right on most elements.
 
 A tolerance is too loose when the same computation at lower precision passes it: the float32 inputs rounded
 to TF32 or to float16 (10 bits of mantissa, against float32's 23), then the oracle in float64. Rounding the
@@ -18,8 +18,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from harness.compare import compare_output
+from harness.lint_cases import unwritten_outputs
 from harness.lint_findings import Finding, error, warning
+from harness.lint_roles import CaseOutcome, refusal, role_findings
+from harness.lint_shares import share_findings, shares
+from harness.lint_standins import passes, passing_stand_ins, refusing_atol
 from harness.oracle import OracleError, run_oracle
 from harness.settings import input_seed
 from harness.task import make_inputs
@@ -56,60 +59,9 @@ def _as_written(param: Param, values: np.ndarray) -> np.ndarray:
         return np.asarray(values).astype(dtype).astype(np.float64)
 
 
-def _passes(task: Task, param: Param, expected: np.ndarray, got: np.ndarray) -> bool:
-    tol = task.tolerances[param.name]
-    got = np.broadcast_to(np.asarray(got, dtype=np.float64), expected.shape)
-    return compare_output(param.name, expected, np.ascontiguousarray(got), tol.rtol, tol.atol, max_report=0).passed
-
-
 def _oracle(task: Task, case: Case, inputs: dict[str, np.ndarray]) -> Outputs:
     truth = run_oracle(task, case.dims, inputs)
     return {p.name: _as_written(p, truth[p.name]) for p in task.output_params}
-
-
-def _constant_candidates(expected: np.ndarray) -> list[float]:
-    finite = expected[np.isfinite(expected)]
-    if finite.size < 2:
-        return []
-    return [float(np.mean(finite)), float(np.median(finite)), float((finite.min() + finite.max()) / 2)]
-
-
-def _degenerate(task: Task, param: Param, expected: np.ndarray, inputs: dict[str, np.ndarray],
-                other: np.ndarray | None) -> tuple[str, str] | None:
-    """(check, what passes) for the first degenerate kind of output that holds, or None."""
-    if _passes(task, param, expected, 0.0):
-        return "zero-output", f"an all-zero {param.name} passes"
-    constant = next((c for c in _constant_candidates(expected) if _passes(task, param, expected, c)), None)
-    if constant is not None:
-        return "constant-output", f"{param.name} written as {constant:.6g} everywhere passes"
-    for source in task.input_params:
-        if inputs[source.name].shape == expected.shape and _passes(task, param, expected,
-                                                                   inputs[source.name].astype(np.float64)):
-            return "equals-input", f"a copy of input {source.name} passes as {param.name}"
-    if other is not None and _passes(task, param, expected, other):
-        return "seed-insensitive", f"{param.name} for inputs drawn from another seed passes"
-    return None
-
-
-_WHY = {"zero-output": "a kernel that writes nothing passes; choose inputs whose outputs are not (near) zero",
-        "constant-output": "the output is (near) constant",
-        "equals-input": "the output equals an input",
-        "seed-insensitive": "the output does not depend on the inputs' values"}
-
-
-def degenerate_outputs(task: Task, case: Case, inputs: dict[str, np.ndarray], truth: Outputs,
-                       other: Outputs | None) -> dict[str, Finding]:
-    """Zero, constant, equal to an input, the same for another seed's inputs: the first that holds for each
-    output of one case, by output."""
-    found = {}
-    for param in task.output_params:
-        held = _degenerate(task, param, truth[param.name], inputs, None if other is None else other[param.name])
-        if held is not None:
-            check, what = held
-            tol = task.tolerances[param.name]
-            found[param.name] = error(check, f"case {case.name}: {what} (tolerance rtol {tol.rtol:g}, atol "
-                                             f"{tol.atol:g}): {_WHY[check]}")
-    return found
 
 
 def _seeded(task: Task) -> bool:
@@ -126,13 +78,17 @@ def loose_tolerances(task: Task, cases: list[Case], truths: dict[str, Outputs],
     if not rounded_inputs or not outputs or not cases:
         return []
     passing: dict[tuple[str, str], int] = {}
+    refusing: dict[tuple[str, str], list[float | None]] = {}
     for case in cases:
         inputs = make_inputs(task, case.dims, case.seed)
         for label, rounding in LOWER_PRECISIONS.items():
             lowered = _oracle(task, case, {k: rounding(v) if k in rounded_inputs else v for k, v in inputs.items()})
             for param in outputs:
-                if _passes(task, param, truths[case.name][param.name], lowered[param.name]):
+                expected, got = truths[case.name][param.name], lowered[param.name]
+                if passes(task, param, expected, got):
                     passing[(param.name, label)] = passing.get((param.name, label), 0) + 1
+                    refusing.setdefault((param.name, label), []).append(
+                        refusing_atol(expected, got, task.tolerances[param.name].rtol))
     found = []
     for param in outputs:
         labels = [label for label in LOWER_PRECISIONS if passing.get((param.name, label)) == len(cases)]
@@ -141,7 +97,8 @@ def loose_tolerances(task: Task, cases: list[Case], truths: dict[str, Outputs],
             found.append(error("loose-tolerance", f"tolerance.{param.name} (rtol {tol.rtol:g}, atol {tol.atol:g}) "
                                f"passes a {' or '.join(labels)} version: with the float32 inputs "
                                f"({', '.join(rounded_inputs)}) rounded to {labels[0]}, the oracle's {param.name} "
-                               "is within it on every correctness case; tighten it"))
+                               "is within it on every correctness case; tighten it: "
+                               f"{refusal(refusing[(param.name, labels[0])])}"))
     return found
 
 
@@ -152,24 +109,41 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {said[:300]}" if said else type(exc).__name__
 
 
+def _case_outcome(task: Task, case: Case, inputs: dict[str, np.ndarray], truth: Outputs,
+                  other: Outputs | None) -> CaseOutcome:
+    sampled = case.role != "correctness"
+    return CaseOutcome(case, {p.name: passing_stand_ins(task, p, truth[p.name], inputs,
+                                                        None if other is None else other[p.name], sampled)
+                              for p in task.output_params})
+
+
 def output_findings(task: Task, cases: list[Case]) -> list[Finding]:
-    """Every check above, on `cases` (the correctness cases lint can afford), with the task's oracle."""
+    """Every check above, on `cases` (those of every role lint can afford), with the task's oracle: the
+    stand-ins on each, judged by role (harness/lint_roles.py); the shares, NaN outputs, another seed's
+    outputs and the lower precisions on the correctness cases."""
     found: list[Finding] = []
     truths: dict[str, Outputs] = {}
-    degenerate: set[str] = set()
+    outcomes: list[CaseOutcome] = []
+    per_case_shares: dict[str, dict] = {}
     seeded = _seeded(task)
     for case in cases:
         inputs = make_inputs(task, case.dims, case.seed)
+        correctness = case.role == "correctness"
         try:
-            truths[case.name] = _oracle(task, case, inputs)
-            other = _oracle(task, case, make_inputs(task, case.dims, input_seed(case, 1))) if seeded else None
+            truth = _oracle(task, case, inputs)
+            other = (_oracle(task, case, make_inputs(task, case.dims, input_seed(case, 1)))
+                     if seeded and correctness else None)
         except Exception as exc:  # noqa: BLE001 - the task's own code: whatever it raises is the finding
             found.append(error("oracle", f"case {case.name}: the oracle failed: {_one_line(exc)}"))
             continue
-        flagged = degenerate_outputs(task, case, inputs, truths[case.name], other)
-        degenerate |= set(flagged)
-        found += flagged.values()
-    if not seeded and cases:
+        outcomes.append(_case_outcome(task, case, inputs, truth, other))
+        if correctness:
+            truths[case.name] = truth
+            found += unwritten_outputs(task, case, truth)
+            per_case_shares[case.name] = {p.name: shares(task, p, truth[p.name], inputs) for p in task.output_params}
+    by_role, degenerate = role_findings(task, outcomes)
+    found += by_role + share_findings(task, per_case_shares)
+    if not seeded and truths:
         found.append(warning("seed-insensitive", "no input is drawn from the seed (none, or only npy files): "
                                                  "whether the outputs depend on the inputs was not checked"))
     checked = [c for c in cases if c.name in truths]

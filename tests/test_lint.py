@@ -104,21 +104,24 @@ def test_an_output_that_ignores_the_inputs_is_refused_as_seed_insensitive(tmp_pa
                                                "    return {'out': np.arange(dims['n'], dtype=np.float64)}\n")
     found = findings(folder)
     assert checks_of(found) == {("error", "seed-insensitive")}
-    assert found[0].message.startswith("case odd: out for inputs drawn from another seed passes")
+    assert found[0].message.startswith("stand-in 'out for inputs drawn from another seed' passes the correctness "
+                                       "case odd (tolerance.out rtol 1e-06, atol 1e-06; no atol would refuse it)")
     assert found[0].message.endswith("the output does not depend on the inputs' values")
 
 
 def test_the_zero_check_comes_first_and_names_the_case_and_tolerance(tmp_path):
     found = findings(make_task(tmp_path, "zero", **DEGENERATE["zero-output"]))
     zero = next(f for f in found if f.check == "zero-output")
-    assert zero.message.startswith("case odd: an all-zero out passes (tolerance rtol 1e-06, atol 1e-06)")
-    assert "constant-output" not in {f.check for f in found if f.message.startswith("case odd")}
+    assert zero.message.startswith("stand-in 'an all-zero out' passes the correctness case odd (tolerance.out rtol "
+                                   "1e-06, atol 1e-06; an atol under ")
+    assert "constant-output" not in {f.check for f in found}
 
 
 def test_a_loose_tolerance_names_the_lower_precision_that_passes(tmp_path):
     found = findings(make_task(tmp_path, "loose", **DEGENERATE["loose-tolerance"]))
     loose = next(f for f in found if f.check == "loose-tolerance")
     assert "tolerance.out (rtol 0.01, atol 0.01) passes a TF32 or float16 version" in loose.message
+    assert "an atol under " in loose.message and "(the rtol kept) would refuse it" in loose.message
 
 
 def test_the_shipped_matmul_tolerance_made_a_hundred_times_looser_is_refused(tmp_path):
@@ -210,7 +213,7 @@ def test_serve_and_check_refuse_a_degenerate_task_first_in_one_line(tmp_path, ca
     err = captured.err.splitlines()
     assert len(err) == 1 and "Traceback" not in captured.err
     assert err[0].startswith(f"kernel-referee {command[0]}: refused: task saxpy fails lint: error: zero-output: "
-                             "case odd: an all-zero out passes")
+                             "stand-in 'an all-zero out' passes the correctness case odd")
     assert f"`kernel-referee lint {folder}` lists every finding" in err[0]
     assert "No GPU" not in captured.out and "compiled" not in captured.out  # refused before anything ran
 
