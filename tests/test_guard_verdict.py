@@ -128,7 +128,9 @@ def test_repeats_are_added_only_while_inconclusive_up_to_the_bound():
     settings = VerdictSettings(min_rounds=8, step_rounds=4, max_rounds=20)
     calm = iter(rounds(100, seed=2))
     assert decide_with_repeats(case(), CORRECT, lambda: next(calm), settings).rounds == 8
-    stuck = iter(rounds(100, slower=1.015, spread=0.02, seed=3))
+    # A change at the threshold, rounds 3% either side of it by turns: the interval straddles 1.015 for good.
+    stuck = iter(TimingRound(candidate_ms=[0.05 * 1.015 * (1.03 if i % 2 else 0.97)], baseline_ms=[0.1])
+                 for i in range(100))
     verdict = decide_with_repeats(case(), CORRECT, lambda: next(stuck), settings)
     assert verdict.verdict is Verdict.INCONCLUSIVE and verdict.rounds == 20
 

@@ -1,0 +1,148 @@
+"""How often the guard's verdict rule raises a false alarm, and how often it catches a slowdown, on the CPU:
+the guard's own decision code (guard/verdict.py `decide_with_repeats`) fed rounds drawn from the timing
+noise of the recorded H100 and H200 runs (bench/guard_noise.py says which files and how).
+
+    python bench/guard.py [--unchanged 1000] [--slower-trials 300] [--thresholds 0.01,0.015,0.02] [--json OUT]
+
+For every recorded kernel and threshold: `--unchanged` guard runs of an unchanged kernel (each against a
+fresh approval, itself measured with the same noise over --approval-rounds rounds, 32 unless told) and `--slower-trials` runs of a copy 2%,
+3% and 5% slower. Prints false alarms per 1000 unchanged runs, the share of each slowdown flagged regressed,
+the share left inconclusive, and the rounds used (mean and 95th percentile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.guard_noise import NoiseProfile, RoundMaker, load_profiles, model_round_ratio_sd, recorded_aa_sd  # noqa: E402
+from guard.verdict import (CaseInput, Correctness, Verdict, VerdictSettings, decide,  # noqa: E402
+                           decide_with_repeats, round_trouble)
+
+SLOWDOWNS = (0.02, 0.03, 0.05)
+# An approval's ratio measured as the guard measures, over 32 rounds: an approval is made once, and its
+# error would shift every later run (with 8 rounds, see the README's sensitivity rows).
+APPROVAL_ROUNDS = 32
+CORRECT = Correctness(correct=True)
+
+
+def approved_ratio(maker: RoundMaker, settings: VerdictSettings, approval_rounds: int) -> dict:
+    """The ratio an approval records, with its interval: the guard's own estimate over its first rounds kept."""
+    rounds = []
+    while sum(round_trouble(r, None, settings.clock_floor) is None for r in rounds) < approval_rounds:
+        rounds.append(maker())
+    probe = CaseInput(approval="bench", case="approval", accepted_ratio=1.0)
+    ratio = decide(probe, rounds, CORRECT, settings.model_copy(update={"min_rounds": approval_rounds})).ratio
+    return {"accepted_ratio": ratio.estimate, "accepted_low": ratio.low, "accepted_high": ratio.high,
+            "accepted_confidence": ratio.confidence}
+
+
+def guard_runs(profile: NoiseProfile, slower: float, trials: int, threshold: float, settings: VerdictSettings,
+               rng: np.random.Generator, approval_rounds: int = APPROVAL_ROUNDS) -> dict:
+    """`trials` guard runs of a kernel `slower` times its approved self: verdict counts and rounds used."""
+    verdicts: Counter = Counter()
+    reasons: Counter = Counter()
+    rounds = []
+    for _ in range(trials):
+        accepted = approved_ratio(RoundMaker(profile, 1.0, rng), settings, approval_rounds)
+        case = CaseInput(approval="bench", case=profile.label, threshold=threshold, **accepted)
+        verdict = decide_with_repeats(case, CORRECT, RoundMaker(profile, slower, rng), settings)
+        verdicts[verdict.verdict.value] += 1
+        if verdict.reason is not None:
+            reasons[verdict.reason.value] += 1
+        rounds.append(verdict.rounds)
+    return {"trials": trials, "verdicts": dict(verdicts), "inconclusive_reasons": dict(reasons),
+            "rounds_mean": float(np.mean(rounds)), "rounds_p95": float(np.percentile(rounds, 95))}
+
+
+def kernel_rows(profile: NoiseProfile, threshold: float, args: argparse.Namespace, settings: VerdictSettings,
+                rng: np.random.Generator) -> dict:
+    row = {"kernel": profile.label, "median_us": profile.median_ms * 1000.0, "launch_sd": profile.launch_sd,
+           "job_sd": profile.job_sd, "sources": profile.sources,
+           "model_round_ratio_sd": model_round_ratio_sd(profile, rng),
+           "unchanged": guard_runs(profile, 1.0, args.unchanged, threshold, settings, rng, args.approval_rounds)}
+    for slowdown in SLOWDOWNS:
+        row[f"slower_{round(slowdown * 100)}pct"] = guard_runs(profile, 1.0 + slowdown, args.slower_trials,
+                                                              threshold, settings, rng, args.approval_rounds)
+    return row
+
+
+def share(runs: dict, verdict: Verdict) -> float:
+    return runs["verdicts"].get(verdict.value, 0) / runs["trials"]
+
+
+def totals(rows: list[dict], min_us: float = 0.0) -> dict:
+    """Pooled over the kernels of at least `min_us`: false alarms per 1000, detection per slowdown."""
+    kept = [r for r in rows if r["median_us"] >= min_us]
+    out = {"kernels": len(kept), "min_us": min_us}
+
+    def pooled(key: str, verdict: Verdict) -> float:
+        hits = sum(r[key]["verdicts"].get(verdict.value, 0) for r in kept)
+        return hits / max(1, sum(r[key]["trials"] for r in kept))
+
+    out["false_alarms_per_1000"] = 1000.0 * pooled("unchanged", Verdict.REGRESSED)
+    out["unchanged_pass"] = pooled("unchanged", Verdict.PASS)
+    out["unchanged_inconclusive"] = pooled("unchanged", Verdict.INCONCLUSIVE)
+    for slowdown in SLOWDOWNS:
+        key = f"slower_{round(slowdown * 100)}pct"
+        out[f"detected_{round(slowdown * 100)}pct"] = pooled(key, Verdict.REGRESSED)
+        out[f"inconclusive_{round(slowdown * 100)}pct"] = pooled(key, Verdict.INCONCLUSIVE)
+    out["rounds_mean_unchanged"] = float(np.mean([r["unchanged"]["rounds_mean"] for r in kept])) if kept else math.nan
+    return out
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = ["| kernel | us | launch sd | job sd | false alarms /1000 | unchanged pass | 2% | 3% | 5% | "
+             "rounds unchanged (mean/p95) | rounds 3% (mean/p95) |", "|" + "---|" * 11]
+    for r in rows:
+        u, s3 = r["unchanged"], r["slower_3pct"]
+        lines.append(
+            f"| {r['kernel']} | {r['median_us']:.1f} | {r['launch_sd']:.1%} | {r['job_sd']:.2%} | "
+            f"{1000 * share(u, Verdict.REGRESSED):.1f} | {share(u, Verdict.PASS):.1%} | "
+            + " | ".join(f"{share(r[f'slower_{p}pct'], Verdict.REGRESSED):.1%}" for p in (2, 3, 5))
+            + f" | {u['rounds_mean']:.1f}/{u['rounds_p95']:.0f} | {s3['rounds_mean']:.1f}/{s3['rounds_p95']:.0f} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--unchanged", type=int, default=1000)
+    parser.add_argument("--slower-trials", type=int, default=300)
+    parser.add_argument("--thresholds", default="0.01,0.015,0.02")
+    parser.add_argument("--max-rounds", type=int, default=VerdictSettings().max_rounds)
+    parser.add_argument("--confidence", type=float, default=VerdictSettings().confidence)
+    parser.add_argument("--approval-rounds", type=int, default=APPROVAL_ROUNDS)
+    parser.add_argument("--seed", type=int, default=20261206)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    settings = VerdictSettings(max_rounds=args.max_rounds, confidence=args.confidence)
+    profiles = sorted(load_profiles(), key=lambda p: p.median_ms)
+    report = {"settings": settings.model_dump(), "launches_per_round": 100, "approval_rounds": args.approval_rounds,
+              "recorded_aa_ratio_sd": recorded_aa_sd(), "by_threshold": {}}
+    start = time.perf_counter()
+    for threshold in (float(t) for t in args.thresholds.split(",")):
+        rng = np.random.default_rng(args.seed)
+        rows = [kernel_rows(p, threshold, args, settings, rng) for p in profiles]
+        report["by_threshold"][str(threshold)] = {"rows": rows, "all": totals(rows), "from_10us": totals(rows, 10.0)}
+        print(f"\nthreshold {threshold:.1%}")
+        print("\n".join(table(rows)))
+        for key in ("all", "from_10us"):
+            print(key, json.dumps(report["by_threshold"][str(threshold)][key]))
+    report["seconds"] = time.perf_counter() - start
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
