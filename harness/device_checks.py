@@ -13,6 +13,7 @@ bytes.
 
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from harness import jobs
 from harness.footprint import outputs_on_device
-from harness.judging import mismatch_detail
+from harness.judging import mismatch_detail, unwritten_by_reference
 from harness.output_digest import FIRST_MISMATCHES, OutputDigest, digest_from_totals
 from harness.settings import CompiledKernel, ReferenceFailed, input_seed
 from harness.task_model import DTYPES, Case
@@ -260,7 +261,13 @@ def _read_kept(answer: dict, layout: jobs.Layout, key: str, case: str) -> KeptEx
     names = [spec.name for spec in layout.outputs]
     if not isinstance(facts, list) or [f.get("name") for f in facts if isinstance(f, dict)] != names:
         raise jobs.AnswerError("the reference's kept outputs do not match the case's outputs")
+    shapes = {spec.name: spec.shape for spec in layout.outputs}
     for fact in facts:
+        if fact.get("unwritten"):  # each run's poison still there: not a race, elements the reference never wrote
+            shape = shapes[fact["name"]]
+            first_at = np.unravel_index(int(fact.get("first_unwritten") or 0), shape) if shape else ()
+            raise ReferenceFailed(case, unwritten_by_reference(fact["name"], int(fact["unwritten"]),
+                                                               math.prod(shape), [int(i) for i in first_at]))
         if fact.get("differ") and fact.get("mismatches"):
             raise ReferenceFailed(case, f"it is not deterministic: two runs on the same inputs differ beyond the "
                                         f"tolerance in {fact['name']}")

@@ -23,6 +23,23 @@ def still_poisoned(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     return holds(first, buffers.POISON_BYTES[0]) & holds(second, buffers.POISON_BYTES[1])
 
 
+def unwritten_by_reference(name: str, count: int, elements: int, first_at) -> str:
+    """Why a reference that leaves output elements unwritten is refused: said as such, not as two runs that
+    differ (an unwritten element holds each run's poison, so the runs always differ there)."""
+    return (f"it leaves {count} of {elements} elements of {name} unwritten (first at {list(first_at)}; they still "
+            "hold the poison after both runs): a reference must write every element of every output")
+
+
+def reference_unwritten(name: str, first: np.ndarray, second: np.ndarray) -> str | None:
+    """unwritten_by_reference's text for one output of the reference's two runs, None where it writes all."""
+    unwritten = still_poisoned(first, second)
+    count = int(np.count_nonzero(unwritten))
+    if not count:
+        return None
+    first_at = [int(i) for i in np.unravel_index(int(np.argmax(unwritten)), first.shape)]
+    return unwritten_by_reference(name, count, int(first.size), first_at)
+
+
 def integrity_reasons(integrity: jobs.Integrity, case: str) -> list[Reason]:
     reasons = [Reason(code=ReasonCode.OUT_OF_BOUNDS_WRITE, case=case, detail=v) for v in integrity.guard_violations]
     if integrity.modified_inputs:

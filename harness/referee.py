@@ -22,7 +22,7 @@ from harness.device_checks import DeviceChecks
 from harness.drawn_inputs import case_draws, draw_key, host_draws
 from harness.gpu_lease import GpuLease
 from harness.job_deadlines import case_work, run_deadline_s, time_deadline_s
-from harness.judging import integrity_reasons
+from harness.judging import integrity_reasons, reference_unwritten
 from harness.nvml import Nvml
 from harness.oracle import run_oracle
 from harness.peaks import DevicePeaks
@@ -171,6 +171,9 @@ class Referee(TimingProtocol, DeviceChecks):
             raise ReferenceFailed(case.name, "; ".join(problems))
         first, second = result.runs
         for spec in result.layout.outputs:
+            unwritten = reference_unwritten(spec.name, first[spec.name], second[spec.name])
+            if unwritten is not None:
+                raise ReferenceFailed(case.name, unwritten)
             tol = self.task.tolerances[spec.name]
             if agreement(first[spec.name], second[spec.name], tol.rtol, tol.atol) is Agreement.DIFFERS:
                 raise ReferenceFailed(case.name, f"it is not deterministic: two runs on the same inputs differ "

@@ -246,13 +246,17 @@ def keep(job, firsts: list[gpu.Allocation], header: dict, utilities) -> dict:
     for allocation, (_, p, buffer) in zip(firsts, job.outputs(0), strict=True):
         elements = p["nbytes"] // p["itemsize"]
         rtol, atol = header["tolerances"][p["name"]]
-        beyond = judges.judge(p["dtype"], allocation.ptr, buffer.ptr, buffer.ptr, elements, rtol, atol, (0, 0))
+        # The first run against itself, the second as the pair: elements holding each run's poison are counted
+        # as unwritten, apart from the second run's elements beyond tolerance of the first's.
+        poisons = (pattern(header["poisons"][0], p["itemsize"]), pattern(header["poisons"][1], p["itemsize"]))
+        pair = judges.judge(p["dtype"], allocation.ptr, allocation.ptr, buffer.ptr, elements, rtol, atol, poisons)
         facts.append({"name": p["name"], "tree_sha256": judges.tree_sha256(allocation.ptr, p["nbytes"]),
                       "spread": judges.spread(p["dtype"], allocation.ptr, elements),
                       "poison_count": judges.count_equal(utilities, allocation.ptr, elements, p["itemsize"],
                                                          TIMING_POISON),
                       "differ": judges.differ(utilities, allocation.ptr, buffer.ptr, p["nbytes"]),
-                      "mismatches": beyond["mismatches"]})
+                      "mismatches": pair["pair_mismatches"], "unwritten": pair["unwritten"],
+                      "first_unwritten": pair["first_unwritten"]})
     utilities.kept.keep(header["keep_as"], {p["name"]: a for a, (_, p, _) in zip(firsts, job.outputs(0))})
     return {"kept": facts, "kept_expected": utilities.kept.keys()}
 
