@@ -1,0 +1,46 @@
+"""bench/guard.py on a few runs: its noise is read from the recorded GPU runs and its report has every number."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bench.guard import main
+from bench.guard_noise import RoundMaker, load_profiles, recorded_aa_sd
+from guard.verdict import round_trouble
+
+
+def test_the_noise_comes_from_every_recording():
+    profiles = {p.label: p for p in load_profiles()}
+    assert len(profiles) == 12
+    tiny = profiles["transpose 512x512"]
+    assert tiny.job_sd == pytest.approx(0.0294, abs=5e-4)  # the serial-tracing recording's CV, the worst
+    assert "h100-2026-12-05-readme-suite" in tiny.sources and len(tiny.sources) == 8
+    assert 0.05 < tiny.launch_sd < 0.2 and profiles["matmul_f32 2048^3"].launch_sd < 0.005
+    assert len(recorded_aa_sd()) == 6 and max(recorded_aa_sd()) < 0.002
+
+
+def test_rounds_carry_the_profiles_size_and_some_are_flagged():
+    profile = next(p for p in load_profiles() if p.label == "layernorm 32768x768")
+    maker = RoundMaker(profile, 1.0, np.random.default_rng(1))
+    rounds = [maker() for _ in range(400)]
+    ratio = np.median([np.median(r.candidate_ms) / np.median(r.baseline_ms) for r in rounds])
+    assert ratio == pytest.approx(0.5, rel=0.01) and len(rounds[0].candidate_ms) == 100
+    flagged = sum(round_trouble(r, 1980, 0.95) is not None for r in rounds)
+    assert 5 <= flagged <= 40  # 5% of rounds
+
+
+def test_the_report_has_every_number(tmp_path):
+    out = tmp_path / "guard.json"
+    assert main(["--unchanged", "2", "--slower-trials", "1", "--thresholds", "0.015", "--approval-rounds", "8",
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())["by_threshold"]["0.015"]
+    assert len(report["rows"]) == 12
+    for key in ("false_alarms_per_1000", "unchanged_pass", "detected_2pct", "detected_3pct", "detected_5pct",
+                "rounds_mean_unchanged"):
+        assert key in report["all"] and key in report["from_10us"]
+    assert report["from_10us"]["kernels"] == 10
+    row = report["rows"][-1]
+    assert row["unchanged"]["trials"] == 2 and sum(row["slower_5pct"]["verdicts"].values()) == 1
