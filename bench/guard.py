@@ -5,9 +5,9 @@ noise of the recorded H100 and H200 runs (bench/guard_noise.py says which files 
     python bench/guard.py [--unchanged 1000] [--slower-trials 300] [--thresholds 0.01,0.015,0.02] [--json OUT]
 
 For every recorded kernel and threshold: `--unchanged` guard runs of an unchanged kernel (each against a
-fresh approval, itself measured with the same noise over --approval-rounds rounds, 32 unless told) and `--slower-trials` runs of a copy 2%,
-3% and 5% slower. Prints false alarms per 1000 unchanged runs, the share of each slowdown flagged regressed,
-the share left inconclusive, and the rounds used (mean and 95th percentile).
+fresh approval, itself measured with the same noise over `--approval-rounds` rounds, 32 unless told) and
+`--slower-trials` runs of a copy 2%, 3% and 5% slower. Prints false alarms per 1000 unchanged runs, the share
+of each slowdown flagged regressed, the share left inconclusive, and the rounds used (mean and 95th percentile).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.guard_noise import NoiseProfile, RoundMaker, load_profiles, model_round_ratio_sd, recorded_aa_sd  # noqa: E402
+from bench.guard_noise import (NoiseProfile, RoundMaker, load_profiles, model_round_ratio_sd,  # noqa: E402
+                               recorded_aa_sd)
 from guard.verdict import (CaseInput, Correctness, Verdict, VerdictSettings, decide,  # noqa: E402
                            decide_with_repeats, round_trouble)
 

@@ -185,8 +185,11 @@ def _with_accepted_error(change: Interval, case: CaseInput, confidence: float) -
     if case.accepted_confidence is not None:
         scale = NormalDist().inv_cdf(0.5 + confidence / 2) / NormalDist().inv_cdf(0.5 + case.accepted_confidence / 2)
     centre = math.log(change.estimate)
-    below = math.hypot(centre - math.log(change.low), scale * max(0.0, math.log(case.accepted_high / case.accepted_ratio)))
-    above = math.hypot(math.log(change.high) - centre, scale * max(0.0, math.log(case.accepted_ratio / case.accepted_low)))
+    # The change falls when the accepted ratio rises: its low side takes the accepted high side's error.
+    accepted_above = scale * max(0.0, math.log(case.accepted_high / case.accepted_ratio))
+    accepted_below = scale * max(0.0, math.log(case.accepted_ratio / case.accepted_low))
+    below = math.hypot(centre - math.log(change.low), accepted_above)
+    above = math.hypot(math.log(change.high) - centre, accepted_below)
     return change.model_copy(update={"low": math.exp(centre - below), "high": math.exp(centre + above)})
 
 
@@ -244,7 +247,9 @@ def decide(case: CaseInput, rounds: Sequence[TimingRound], correctness: Correctn
     common.update(rounds_kept=len(kept), set_aside={k.value: n for k, n in set_aside.items()})
     kernel = [_log_median(r.candidate_ms) for r in kept]
     ratios = [k - _log_median(r.baseline_ms) for k, r in zip(kernel, kept)]
-    change = _interval(ratios, math.log(case.accepted_ratio), settings.confidence) if len(kept) >= settings.min_rounds else None
+    change = None
+    if len(kept) >= settings.min_rounds:
+        change = _interval(ratios, math.log(case.accepted_ratio), settings.confidence)
     change = change and _with_accepted_error(change, case, settings.confidence)
     if change is None:
         reason = set_aside.most_common(1)[0][0] if set_aside else Inconclusive.NOISE

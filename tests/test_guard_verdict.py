@@ -159,3 +159,15 @@ def test_exit_status():
     assert exit_status([v(Verdict.INCONCLUSIVE), v(Verdict.REGRESSED)]) == 1
     assert exit_status([v(Verdict.INCORRECT)]) == 1
     assert exit_status([]) == 0
+
+
+def test_the_accepted_ratios_own_interval_widens_the_change():
+    slower = rounds(8, slower=1.03, spread=0.002)
+    sure = decide(case(), slower, CORRECT)
+    assert sure.verdict is Verdict.REGRESSED
+    # An approval whose own ratio is known to +-2% (at 95%) cannot support a 3% call on 8 rounds.
+    loose = case(accepted_low=0.49, accepted_high=0.51, accepted_confidence=0.95)
+    widened = decide(loose, slower, CORRECT)
+    assert widened.verdict is Verdict.INCONCLUSIVE and widened.reason is Inconclusive.NOISE
+    assert widened.change.estimate == pytest.approx(sure.change.estimate)
+    assert widened.change.low < 1.015 < sure.change.low and widened.change.high > sure.change.high + 0.01
