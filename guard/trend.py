@@ -178,10 +178,10 @@ class TrendFiles(BaseModel):
 
 
 def write_trend(folder: Path, approval: str, records: list[HistoryRecord]) -> TrendFiles:
-    """FOLDER/NAME-trend.svg and .png from the approval's history (this run's record included)."""
+    """FOLDER/trend-NAME.svg and .png from the approval's history (this run's record included)."""
     trend = trend_of(approval, records)
     folder.mkdir(parents=True, exist_ok=True)
-    svg, png = folder / f"{approval}-trend.svg", folder / f"{approval}-trend.png"
+    svg, png = folder / f"trend-{approval}.svg", folder / f"trend-{approval}.png"
     text = trend_svg(trend)
     svg.write_text(text, encoding="utf-8")
     png.write_bytes(trend_png(trend))

@@ -84,5 +84,5 @@ def test_the_trend_svg_is_well_formed_escaped_and_draws_every_point():
 
 def test_write_trend_writes_an_svg_and_a_png(tmp_path):
     files = write_trend(tmp_path / "out", "demo", _history())
-    assert files.svg.read_text() == files.svg_text and files.svg.name == "demo-trend.svg"
+    assert files.svg.read_text() == files.svg_text and files.svg.name == "trend-demo.svg"
     assert files.png.read_bytes().startswith(PNG_MAGIC) and files.png.stat().st_size > 2000
