@@ -42,6 +42,8 @@ def test_a_line_that_is_not_a_record_is_reported_with_its_place(tmp_path):
 
 def test_the_compact_diff_names_the_change_since_the_last_accepted_run():
     earlier = [record_of("demo", [case_verdict("bench-1", Verdict.PASS, 1.0)], H100, accepted=True,
+                         time="2026-11-20T00:00:00+00:00"),
+               record_of("demo", [case_verdict("bench-1", Verdict.PASS, 1.0)], H100, accepted=True,
                          time="2026-12-01T00:00:00+00:00"),
                record_of("demo", [case_verdict("bench-1", Verdict.PASS, 1.01)], H100, time="2026-12-02T00:00:00+00:00")]
     now = [case_verdict("bench-1", Verdict.REGRESSED, 1.031, environment_changes=["driver: '580.1' -> '590.2'"]),
