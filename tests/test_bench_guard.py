@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from bench.guard import main
+from bench.guard import guard_runs, main
 from bench.guard_noise import RoundMaker, load_profiles, recorded_aa_sd
-from guard.verdict import round_trouble
+from guard.verdict import DEFAULT_THRESHOLD, VerdictSettings, round_trouble
 
 
 def test_the_noise_comes_from_every_recording():
@@ -44,3 +44,13 @@ def test_the_report_has_every_number(tmp_path):
     assert report["from_10us"]["kernels"] == 10
     row = report["rows"][-1]
     assert row["unchanged"]["trials"] == 2 and sum(row["slower_5pct"]["verdicts"].values()) == 1
+
+
+def test_the_default_rule_holds_its_targets_on_a_22_us_kernels_recorded_noise():
+    # A fixed seed: the same draws every time, so this checks the rule, not luck.
+    profile = next(p for p in load_profiles() if p.label == "transpose 4096x2048")
+    rng, settings = np.random.default_rng(7), VerdictSettings()
+    unchanged = guard_runs(profile, 1.0, 150, DEFAULT_THRESHOLD, settings, rng)
+    slower = guard_runs(profile, 1.03, 60, DEFAULT_THRESHOLD, settings, rng)
+    assert unchanged["verdicts"].get("regressed", 0) == 0 and unchanged["verdicts"]["pass"] >= 145
+    assert slower["verdicts"].get("regressed", 0) >= 57 and slower["verdicts"].get("pass", 0) == 0
