@@ -34,6 +34,7 @@ SLOWDOWNS = (0.02, 0.03, 0.05)
 # An approval's ratio measured as the guard measures, over 32 rounds: an approval is made once, and its
 # error would shift every later run (with 8 rounds, see the README's sensitivity rows).
 APPROVAL_ROUNDS = 32
+SIMPLER_RULES = ("point_rule_8_rounds", "strict_rule_8_rounds")
 CORRECT = Correctness(correct=True)
 
 
@@ -48,21 +49,39 @@ def approved_ratio(maker: RoundMaker, settings: VerdictSettings, approval_rounds
             "accepted_confidence": ratio.confidence}
 
 
+def simpler_rules(case: CaseInput, maker: RoundMaker, settings: VerdictSettings) -> dict[str, bool]:
+    """What two simpler rules would have called on the same run's first 8 rounds, with no repeats: firecracker's
+    A/B rule (slower beyond noise and by more than the threshold, as a point estimate) and a strict 'slower at
+    all' rule (KernelBench's `speedup > 1.0`, turned around)."""
+    # The first 8 rounds the guard kept: the simpler rules are spared the GPU's troubles too.
+    kept = [r for r in maker.made if round_trouble(r, case.approval_sm_clock_mhz, settings.clock_floor) is None]
+    change = decide(case, kept[:8], CORRECT, settings).change
+    if change is None:
+        return dict.fromkeys(SIMPLER_RULES, False)
+    return {"point_rule_8_rounds": change.low > 1.0 and change.estimate > 1.0 + case.threshold,
+            "strict_rule_8_rounds": change.estimate > 1.0}
+
+
 def guard_runs(profile: NoiseProfile, slower: float, trials: int, threshold: float, settings: VerdictSettings,
                rng: np.random.Generator, approval_rounds: int = APPROVAL_ROUNDS) -> dict:
-    """`trials` guard runs of a kernel `slower` times its approved self: verdict counts and rounds used."""
+    """`trials` guard runs of a kernel `slower` times its approved self: verdict counts and rounds used, and how
+    often the simpler rules would have called it slower."""
     verdicts: Counter = Counter()
     reasons: Counter = Counter()
+    simpler: Counter = Counter()
     rounds = []
     for _ in range(trials):
         accepted = approved_ratio(RoundMaker(profile, 1.0, rng), settings, approval_rounds)
         case = CaseInput(approval="bench", case=profile.label, threshold=threshold, **accepted)
-        verdict = decide_with_repeats(case, CORRECT, RoundMaker(profile, slower, rng), settings)
+        maker = RoundMaker(profile, slower, rng)
+        verdict = decide_with_repeats(case, CORRECT, maker, settings)
+        simpler.update(name for name, slower_called in simpler_rules(case, maker, settings).items() if slower_called)
         verdicts[verdict.verdict.value] += 1
         if verdict.reason is not None:
             reasons[verdict.reason.value] += 1
         rounds.append(verdict.rounds)
     return {"trials": trials, "verdicts": dict(verdicts), "inconclusive_reasons": dict(reasons),
+            "simpler_rules_called_slower": {k: simpler.get(k, 0) for k in SIMPLER_RULES},
             "rounds_mean": float(np.mean(rounds)), "rounds_p95": float(np.percentile(rounds, 95))}
 
 
@@ -99,6 +118,13 @@ def totals(rows: list[dict], min_us: float = 0.0) -> dict:
         out[f"detected_{round(slowdown * 100)}pct"] = pooled(key, Verdict.REGRESSED)
         out[f"inconclusive_{round(slowdown * 100)}pct"] = pooled(key, Verdict.INCONCLUSIVE)
     out["rounds_mean_unchanged"] = float(np.mean([r["unchanged"]["rounds_mean"] for r in kept])) if kept else math.nan
+    for rule in SIMPLER_RULES:
+        def called(key: str) -> float:
+            hits = sum(r[key]["simpler_rules_called_slower"][rule] for r in kept)
+            return hits / max(1, sum(r[key]["trials"] for r in kept))
+
+        out[rule] = {"false_alarms_per_1000": 1000.0 * called("unchanged"),
+                     **{f"detected_{round(s * 100)}pct": called(f"slower_{round(s * 100)}pct") for s in SLOWDOWNS}}
     return out
 
 

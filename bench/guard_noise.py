@@ -117,8 +117,13 @@ class RoundMaker:
 
     def __init__(self, profile: NoiseProfile, slower: float, rng: np.random.Generator):
         self.profile, self.slower, self.rng = profile, slower, rng
+        self.made: list[TimingRound] = []
 
     def __call__(self) -> TimingRound:
+        self.made.append(self._draw())
+        return self.made[-1]
+
+    def _draw(self) -> TimingRound:
         rng, profile = self.rng, self.profile
         kernel = launches(rng, profile, profile.median_ms * self.slower)
         baseline = launches(rng, profile, profile.median_ms * 2.0)
