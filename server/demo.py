@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
+import anyio
 from mcp import Client, StdioServerParameters
 
 from harness.device import gpu_absent_reason
@@ -135,6 +136,25 @@ async def _call(client: Client, tool: str, arguments: dict, say: Say | None = No
     return result.structured_content, seconds
 
 
+async def _until_prepared(client: Client, say: Say, poll_s: float = 1.0, patience_s: float = 900.0) -> dict:
+    """describe_task once the new run is prepared: a server answers at once and prepares the run behind (the
+    reference's outputs, the baseline's timing), and the tools that need it answer "preparing" until then."""
+    waited = 0.0
+    while True:
+        description, _ = await _call(client, "describe_task", {})
+        preparation = description.get("preparation") or {"state": "ready"}
+        if preparation["state"] == "ready":
+            return description
+        if preparation["state"] == "failed":
+            raise DemoError(f"the run could not be prepared: {preparation.get('error')}")
+        if waited == 0.0:
+            say(f"the run is being prepared ({preparation['step']}); waiting")
+        if waited >= patience_s:
+            raise DemoError(f"the run was still being prepared after {patience_s:.0f} s ({preparation['step']})")
+        await anyio.sleep(poll_s)
+        waited += poll_s
+
+
 def _progress(say: Say, prefix: str):
     async def report(progress: float, total: float | None, message: str | None) -> None:
         if message:
@@ -204,7 +224,7 @@ def _pct(value: float | None) -> str:
 
 async def session(params: StdioServerParameters, plan: tuple[Step, ...], say: Say) -> Session:
     async with Client(params, cache=None) as client:  # describe_task is read twice: never from a cache
-        first, _ = await _call(client, "describe_task", {})
+        first = await _until_prepared(client, say)
         left = first["budget"]["attempts_left"]
         if left != len(plan):
             raise DemoError(f"the run has {left} attempts left; the demo plays {len(plan)} (a new run was expected)")

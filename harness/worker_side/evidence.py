@@ -1,8 +1,10 @@
 """The evidence context: a second CUDA context on the worker's device that holds what proves a timed launch
-right, out of the candidate's reach.
+right, out of the candidate's sight.
 
-A kernel can address only the memory of the context it runs in: each context has its own GPU address space,
-and an access to another context's memory faults (a sticky error: the job fails). The timed loop
+No kernel is given an address in this context, and its allocations are not beside the candidate's buffers: a
+kernel that probes for them faults where nothing is mapped (a sticky error: the job fails). It is sight, not
+reach: the contexts of one process share its unified address space, so a kernel handed one of these addresses
+can write it (measured on an H100, driver 580; docs/security.md). The timed loop
 (harness/worker_side/timed_loop.py) keeps there, per timed launch, the count of output elements left unwritten
 and of drawn input elements changed, and the snapshots of the audited launches' outputs. Each launch's counts
 are made by the referee's kernels in a small scratch of the candidate's context, right after the launch, then

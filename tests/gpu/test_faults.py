@@ -150,13 +150,15 @@ def test_device_memory_taken_by_another_process_rejects_the_attempt_once_then_it
 
 
 def test_a_case_too_large_for_the_device_is_refused_before_a_run_starts(tmp_path):
-    folder = huge_saxpy(tmp_path, 2**31 - 1)  # 8 GiB per array: one set fits, timing needs 176 GiB
+    folder = huge_saxpy(tmp_path, 2**31 - 1)  # 8 GiB per array: one set (x, y, out) fits, timing's do not
     task = load_task(folder)
-    # 10 audited launches, so 10 output snapshots: 4 sets and 3 snapshots (120 GiB) would fit an H200
-    timing = TimingSettings(checked_fraction=0.1)
+    # 6 sets of 24 GiB and 3 output snapshots of 8 GiB (a case past 2 GiB audits fewer launches per job): 168 GiB,
+    # more than an H200 offers too
+    timing = TimingSettings(checked_fraction=0.1, rotation_sets=6)
     executor = GpuExecutor(task, timing, compile_deadline_s=15)
     try:
-        with pytest.raises(TaskDoesNotFit, match=r"case large needs 176\.0 GiB of device memory"):
+        with pytest.raises(TaskDoesNotFit,
+                           match=r"case large needs 168\.0 GiB of device memory \(6 input sets and 3 output snapshots"):
             new_run(folder, tmp_path / "results", RunSettings(timing=timing), executor)
     finally:
         executor.close()
