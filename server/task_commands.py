@@ -54,8 +54,7 @@ def _describe(made: NewTask, folder: Path, out: TextIO) -> None:
     for line in made.plan.inferred:
         print(f"inferred: {line}", file=out)
     for name, proposal in made.tolerances.items():
-        print(f"tolerance of {name}: rtol {proposal.rtol:g}, atol {proposal.atol:g} (its reasoning is in "
-              "task.toml)", file=out)
+        print(f"tolerance of {name}: {proposal.said()}", file=out)
     holdout = made.plan.proposed_holdout
     if made.holdout_proposed and holdout is not None:
         dims = ", ".join(f"{k}={v}" for k, v in holdout.dims.items())
