@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TextIO
 
 from harness.lint import lint_before_run, lint_folder, lint_task, refuse_on_errors
+from harness.lint_compile import with_compiles
 from harness.lint_findings import Finding, errors
 from harness.new_task import NewTask, Sources, create_task
 from harness.settings import TimingSettings
@@ -69,4 +70,4 @@ def new_task(folder: Path, *, description: str, signature: str, reference: Path,
     made = create_task(folder, description=description, signature=signature, cases_file=cases_file,
                        sources=Sources(reference=reference, initial=initial, oracle=oracle), name=name)
     _describe(made, folder, out)
-    return print_findings(str(folder), lint_task(made.task), out)
+    return print_findings(str(folder), with_compiles(made.task, lint_task(made.task)), out)

@@ -112,3 +112,17 @@ def test_check_without_a_gpu_fails_a_given_kernel_that_does_not_compile_not_no_g
     assert main(["check", str(SAXPY), "--kernel", str(kernel)]) == check.EXIT_FAILED
     out = capsys.readouterr().out
     assert f"{kernel}: compile FAILED" in out and f"{kernel} does not compile for sm_90: FAIL" in out
+
+
+def test_new_task_lints_with_the_compiles_and_names_a_kernel_the_sources_do_not_define(tmp_path, capsys):
+    cases = tmp_path / "cases.json"
+    cases.write_text('{"launch": {"grid": ["ceil_div(n, 256)"], "block": [256]}, "params": {"alpha": {"value": 2.5}},'
+                     ' "cases": [{"name": "odd", "dims": {"n": 1001}, "role": "correctness"},'
+                     ' {"name": "big", "dims": {"n": 1048576}, "role": "performance"}]}')
+    signature = ('extern "C" __global__ void other(const float* __restrict__ x, const float* __restrict__ y, '
+                 "float* __restrict__ out, float alpha, int n)")
+    assert main(["new-task", str(tmp_path / "t"), "--description", "saxpy", "--signature", signature,
+                 "--reference", str(SAXPY / "reference.cu"), "--initial-kernel", str(SAXPY / "initial.cu"),
+                 "--input-cases", str(cases)]) == 1
+    assert "error: kernel-name: the signature names kernel 'other', but reference.cu defines saxpy" in \
+        capsys.readouterr().out
