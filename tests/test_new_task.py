@@ -135,7 +135,11 @@ def test_an_integer_output_gets_an_exact_tolerance_and_one_dimension_shapes_arra
              "launch": {"grid": ["ceil_div(n, 256)"], "block": [256]},
              "cases": [{"name": "odd", "dims": {"n": 1001}}, {"name": "large", "dims": {"n": 1 << 24}}]}
     folder = tmp_path / "add_one"
-    assert main(new_task_args(folder, cases_file(tmp_path, cases), signature=signature, oracle=False)) == 0
+    kernel = tmp_path / "add_one.cu"  # lint compiles the kernels: they must define the signature's
+    kernel.write_text(signature + " { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = x[i] + 1; }\n")
+    args = [str(kernel) if arg.startswith(str(MATMUL)) else arg
+            for arg in new_task_args(folder, cases_file(tmp_path, cases), signature=signature, oracle=False)]
+    assert main(args) == 0
     task = load_task(folder)
     assert [p.shape for p in task.array_params] == [("n",), ("n",)]
     assert (task.tolerances["y"].rtol, task.tolerances["y"].atol) == (0.0, 0.0)
