@@ -187,10 +187,10 @@ def _atol(param: Param, rtol: float, reductions: dict[str, int], size: float | N
     typical, case = smallest or (size, scale_case.name)
     if atol > share * typical:
         atol = nice_down(share * typical)
-        why = ("a TF32 version would pass it there" if param.dtype in RTOL_CAP
-               else "an all-zero output would pass many of its elements")
+        why = ("would let a TF32 version through" if param.dtype in RTOL_CAP
+               else "would let an all-zero output through on many elements")
         text += (f" One atol serves every case, and on case {case}, where the median nonzero |{param.name}| is "
-                 f"smallest ({typical:.3g}), {why}: atol is held at {share:.2g} of that, {atol:g}.")
+                 f"smallest ({typical:.3g}), that {why}: atol is held at {share:.2g} of that median, {atol:g}.")
     return atol, text
 
 
