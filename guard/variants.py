@@ -176,3 +176,18 @@ def copy_with(store: Path, loaded: LoadedApproval, name: str, source: str, key: 
     statement = Statement.of(copy)
     write_approval(store, statement, sign(statement.to_json(), load_private(key)), files)
     return load_approval(store, name)
+
+
+def case_blocks(loaded: LoadedApproval) -> dict[str, int]:
+    """Each performance case's block count under the approved kernel's launch: the key of its spin."""
+    task, launch = load_task(loaded.path("task")), LaunchSpec.model_validate(loaded.approval.kernel.launch)
+    return {case.name: math.prod(launch.resolve(case).grid) for case in task.performance_cases}
+
+
+def recalibrated(plan: dict[int, int], blocks: dict[str, int], measured: dict[str, float],
+                 share: float = 0.03) -> dict[int, int]:
+    """The plan with each measured case's spin rescaled to add `share` (`measured`: case -> share it added)."""
+    again = dict(plan)
+    for case, added in measured.items():
+        again[blocks[case]] = rescaled(plan[blocks[case]], added, share)
+    return again

@@ -112,3 +112,10 @@ def test_a_copy_is_a_signed_approval_the_store_verifies_and_its_spin_plan_follow
     Path(copy.path("kernel.cu")).write_text(loaded.source("kernel.cu"))  # the copy's kernel is held to its digest
     with pytest.raises(Exception, match="matmul-slower: kernel.cu: changed"):
         load_store(store)
+
+
+def test_a_plan_is_recalibrated_per_case_from_the_slowdown_measured():
+    blocks = {"square-2048": 16384, "rect": 11750}
+    plan = {16384: 1000, 11750: 400}
+    assert variants.recalibrated(plan, blocks, {"square-2048": 0.015, "rect": 0.03}) == {16384: 2000, 11750: 400}
+    assert variants.recalibrated(plan, blocks, {"rect": 0.06}) == {16384: 1000, 11750: 200}
