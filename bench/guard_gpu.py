@@ -1,0 +1,156 @@
+"""The guard's numbers on this host's GPU: runs of unchanged approvals raise no regression, a copy about 3% slower
+is flagged regressed, a copy wrong on one element is flagged incorrect, and what a guard step costs beside its
+timing.
+
+    python bench/guard_gpu.py --out guard-gpu.json [--runs 20 | --quick] [--no-sandbox]
+
+Two real played runs are approved with a fresh key (kernel-referee approve, its own replay on this GPU): the
+demo's best (matmul_f32's tiled kernel over the naive reference as baseline) and softmax_f32's initial kernel
+over its reference. Then `--runs` guard steps each (guard/step.py, the real GpuExecutor, the verdict's
+defaults) of: both unchanged approvals; a copy of the demo's best about 3% slower (guard/variants.py: its spin
+planned from the approval, rescaled once from a first measurement when that lands outside 1.5% to 6%); a copy
+wrong on one element. Writes JSON to --out and prints a summary. Exits 2 saying "no GPU" where there is none.
+`--quick`: 2 runs of each, for a short GPU slot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from guard import variants  # noqa: E402
+from guard.cli import main as guard_cli  # noqa: E402
+from guard.measure import local_executor  # noqa: E402
+from guard.signing import generate  # noqa: E402
+from guard.step import StepResult, guard_approval  # noqa: E402
+from guard.store import keys_dir, load_approval  # noqa: E402
+from guard.verdict import VerdictSettings, exit_status  # noqa: E402
+from harness.device import gpu_absent_reason  # noqa: E402
+from harness.settings import TimingSettings  # noqa: E402
+from harness.task import load_task  # noqa: E402
+from server.attempt import finish, record_attempt  # noqa: E402
+from server.executor import GpuExecutor  # noqa: E402
+from server.lifecycle import new_run  # noqa: E402
+from server.run import RunSettings  # noqa: E402
+
+CASES = ROOT / "cases"
+PREMISE = (0.015, 0.06)  # the slowdown the "3% slower" copy must make for its runs to count
+TIMING = TimingSettings(warmups=5, iterations=40)  # the played runs' protocol, which the approvals keep
+
+
+def played_run(root: Path, task_name: str, baseline_file: str, attempt_file: str, confine: bool) -> Path:
+    """A finished run of the task with `baseline_file` as its baseline and `attempt_file` as attempt 1."""
+    task_dir = root / f"{task_name}-run"
+    shutil.copytree(CASES / task_name, task_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (task_dir / "initial.cu").write_text((CASES / task_name / baseline_file).read_text())
+    executor = GpuExecutor(load_task(task_dir), TIMING, confine=confine)
+    try:
+        run = new_run(task_dir, root / "results", RunSettings(max_attempts=3, timing=TIMING), executor)
+        try:
+            record_attempt(run, run.candidate(None, (CASES / task_name / attempt_file).read_text()), "try 1", None, None)
+            finish(run, "done", None)
+        finally:
+            run.close()
+    finally:
+        executor.close()
+    return run.dir
+
+
+def step(store: Path, name: str, confine: bool, settings: VerdictSettings) -> StepResult:
+    return guard_approval(load_approval(store, name), local_executor(name, confine), settings)
+
+
+def summary_of(results: list[StepResult]) -> dict:
+    """Exit statuses, verdicts per case, rounds, slowdowns measured and the step's cost over its timing."""
+    later = [r.cost.ratio for r in results[1:] if r.cost.ratio is not None]
+    return {"runs": len(results), "exit_status": dict(Counter(exit_status(r.verdicts) for r in results)),
+            "verdicts": {case: dict(Counter(v.verdict.value for r in results for v in r.verdicts if v.case == case))
+                         for case in dict.fromkeys(v.case for r in results for v in r.verdicts)},
+            "rounds": [r.cost.rounds for r in results],
+            "change": [{v.case: v.change.estimate for v in r.verdicts if v.change} for r in results],
+            "cost_ratio_after_first": {"median": statistics.median(later), "max": max(later)} if later else None,
+            "seconds": [round(r.cost.total_s, 2) for r in results]}
+
+
+def slower_copy(store: Path, key: Path, name: str, confine: bool, settings: VerdictSettings) -> tuple[str, dict]:
+    """The copy about 3% slower, and what its first measurement showed (rescaled once if outside the premise)."""
+    loaded = load_approval(store, name)
+    kernel_name, blocks = load_task(loaded.path("task")).kernel_name, variants.case_blocks(loaded)
+    plan, shown = variants.spin_plan(loaded), {}
+    for attempt in (1, 2):
+        copy = f"{name}-slower-{attempt}"
+        variants.copy_with(store, loaded, copy, variants.slower(loaded.source("kernel.cu"), kernel_name, plan), key,
+                           "about 3% slower, to rehearse the guard")
+        first = step(store, copy, confine, settings)
+        added = {v.case: v.change.estimate - 1 for v in first.verdicts if v.change}
+        shown[copy] = {"plan": plan, "added": added}
+        if added and all(PREMISE[0] <= a <= PREMISE[1] for a in added.values()) and len(added) == len(blocks):
+            return copy, shown
+        plan = variants.recalibrated(plan, blocks, added) if added else plan
+    return copy, shown
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="where the JSON goes")
+    parser.add_argument("--runs", type=int, default=20, help="guard steps per approval and copy (default 20)")
+    parser.add_argument("--quick", action="store_true", help="2 runs each, for a short GPU slot")
+    parser.add_argument("--no-sandbox", action="store_true", help="run the workers unconfined")
+    args = parser.parse_args(argv)
+    absent = gpu_absent_reason()
+    if absent is not None:
+        print(f"no GPU: {absent}; nothing measured", file=sys.stderr)
+        return 2
+    runs, confine, settings = (2 if args.quick else args.runs), not args.no_sandbox, VerdictSettings()
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="guard-gpu-") as folder:
+        root = Path(folder)
+        private, public, _ = generate(root / "keys")
+        store = root / "store"
+        keys_dir(store).mkdir(parents=True)
+        shutil.copy(public, keys_dir(store))
+        for name, task_name, baseline, attempt in (("matmul-tiled", "matmul_f32", "reference.cu", "initial.cu"),
+                                                   ("softmax", "softmax_f32", "reference.cu", "initial.cu")):
+            run = played_run(root, task_name, baseline, attempt, confine)
+            code = guard_cli(["approve", str(run), "--store", str(store), "--name", name, "--key", str(private),
+                              "--repeats", "2"] + (["--no-sandbox"] if args.no_sandbox else []))
+            if code != 0:
+                print(f"the approval of {name} failed (exit {code})", file=sys.stderr)
+                return 1
+        slower, calibration = slower_copy(store, private, "matmul-tiled", confine, settings)
+        loaded = load_approval(store, "matmul-tiled")
+        variants.copy_with(store, loaded, "matmul-tiled-wrong", variants.one_wrong_element(
+            loaded.source("kernel.cu"), load_task(loaded.path("task"))), private, "one wrong element")
+        document = {"gpu": loaded.approval.fingerprint.gpu, "runs": runs, "calibration": calibration,
+                    "scenarios": {}}
+        for label, name in (("unchanged matmul-tiled", "matmul-tiled"), ("unchanged softmax", "softmax"),
+                            ("3% slower", slower), ("one wrong element", "matmul-tiled-wrong")):
+            print(f"{label}: {runs} guard steps", file=sys.stderr, flush=True)
+            document["scenarios"][label] = summary_of([step(store, name, confine, settings) for _ in range(runs)])
+    document["seconds"] = round(time.monotonic() - began, 1)
+    args.out.write_text(json.dumps(document, indent=2))
+    print_summary(document)
+    return 0
+
+
+def print_summary(document: dict) -> None:
+    print(f"guard on {document['gpu']}, {document['runs']} runs each ({document['seconds']} s):")
+    for label, shown in document["scenarios"].items():
+        cost = shown["cost_ratio_after_first"]
+        print(f"  {label}: exit {shown['exit_status']}; verdicts {shown['verdicts']}; rounds "
+              f"{min(shown['rounds'])}-{max(shown['rounds'])}"
+              + (f"; step / timing median {cost['median']:.2f}, max {cost['max']:.2f}" if cost else ""))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

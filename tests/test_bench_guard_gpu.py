@@ -1,0 +1,34 @@
+"""bench/guard_gpu.py on the CPU: without a GPU it says so and exits 2, writing nothing; its summary counts exit
+statuses, verdicts per case and the step's cost after the first run from the guard's own results."""
+
+from __future__ import annotations
+
+from bench import guard_gpu
+from guard.measure import StepCost
+from guard.step import StepResult
+from guard.verdict import CaseVerdict, Interval, Verdict
+from tests.guard_fake_store import fake_fingerprint
+
+
+def test_without_a_gpu_it_says_so_and_exits_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(guard_gpu, "gpu_absent_reason", lambda: "no NVIDIA driver library here")
+    assert guard_gpu.main(["--out", str(tmp_path / "out.json"), "--quick"]) == 2
+    assert "no GPU: no NVIDIA driver library here" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
+
+
+def result(verdict: Verdict, total_s: float, timing_s: float) -> StepResult:
+    change = Interval(estimate=1.03, low=1.02, high=1.04, confidence=0.95)
+    return StepResult(approval="a", node="n", fingerprint=fake_fingerprint("matmul_f32"),
+                      verdicts=[CaseVerdict(approval="a", case=c, verdict=verdict, threshold=0.015, change=change,
+                                            rounds=8) for c in ("x", "y")],
+                      cost=StepCost(total_s=total_s, timing_s=timing_s, rounds=8))
+
+
+def test_the_summary_counts_verdicts_and_the_cost_after_the_first_run():
+    shown = guard_gpu.summary_of([result(Verdict.PASS, 30, 5), result(Verdict.PASS, 12, 8),
+                                  result(Verdict.REGRESSED, 18, 10)])
+    assert shown["exit_status"] == {0: 2, 1: 1}
+    assert shown["verdicts"] == {"x": {"pass": 2, "regressed": 1}, "y": {"pass": 2, "regressed": 1}}
+    assert shown["cost_ratio_after_first"] == {"median": 1.65, "max": 1.8}  # the first run's 6x is left out
+    assert shown["change"][0] == {"x": 1.03, "y": 1.03}
