@@ -81,12 +81,27 @@ def _holdout_loads(folder: Path, plan: TaskPlan, tolerances: dict[str, Tolerance
     return True
 
 
+def _draft(work: Path, plan: TaskPlan, oracle: bool) -> Task:
+    """The task with placeholder tolerances; without the proposed [vendor] where the task does not take it (a
+    case beyond cuBLAS's sizes), said among what was inferred."""
+    placeholder = {p.name: ToleranceProposal(0.0, 0.0, []) for p in plan.outputs}
+    try:
+        return _load(work, render(plan, placeholder, oracle))
+    except NewTaskError as err:
+        if plan.vendor is None:
+            raise
+        vendor, plan.vendor = plan.vendor, None
+        draft = _load(work, render(plan, placeholder, oracle))  # the error of a task that fails either way
+        plan.inferred.append(f"no [vendor] after all: cuBLAS gemm {vendor.c} = {vendor.a} x {vendor.b} does not fit "
+                             f"the task ({err})")
+        return draft
+
+
 def _build(work: Path, plan: TaskPlan, contents: dict[str, bytes]) -> NewTask:
     for name, data in contents.items():
         (work / name).write_bytes(data)
     oracle = "oracle.py" in contents
-    placeholder = {p.name: ToleranceProposal(0.0, 0.0, []) for p in plan.outputs}
-    draft = _load(work, render(plan, placeholder, oracle))
+    draft = _draft(work, plan, oracle)
     tolerances = propose_tolerances(draft, plan)
     proposed = _holdout_loads(work, plan, tolerances, oracle)
     task = _load(work, render(plan, tolerances, oracle, holdout="comment" if proposed else "none"))

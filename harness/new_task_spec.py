@@ -6,7 +6,8 @@ output, a value a scalar) and its dtype from the C type; a scalar named like a d
 dimension's value; with a single dimension, arrays are 1-D over it; a float input is drawn uniformly from
 [-1, 1]; the dimensions are those of the cases; a case's seed is its position (from 1); a case without a
 role is a performance case when it is at least 1/PERFORMANCE_SHARE the size of the largest case, else a
-correctness case; without a holdout case one is proposed (commented out in task.toml).
+correctness case; without a holdout case one is proposed (commented out in task.toml); a GEMM-shaped
+signature gets a `[vendor]` table (harness/new_task_vendor.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from harness import expr
 from harness.arithmetic import CUDA_CORES, Arithmetic
 from harness.csig import C_TYPE_SPELLINGS, parse_signature
-from harness.task_model import (DTYPES, INTEGER_DTYPES, Case, Cost, Generator, LaunchSpec, Param, Tolerance,
+from harness.new_task_vendor import gemm_vendor, said
+from harness.task_model import (DTYPES, INTEGER_DTYPES, Case, Cost, Generator, LaunchSpec, Param, Tolerance, Vendor,
                                 dtype_of_ctype)
 
 PERFORMANCE_SHARE = 8
@@ -78,6 +80,7 @@ class TaskPlan:
     cases: list[Case]
     inferred: list[str] = field(default_factory=list)         # what was inferred, for the command to say
     proposed_holdout: Case | None = None
+    vendor: Vendor | None = None                                # the [vendor] yardstick of a GEMM-shaped task
 
     @property
     def outputs(self) -> list[Param]:
@@ -218,9 +221,11 @@ def plan_task(name: str, description: str, signature: str, spec: CasesFile, labe
     inputs = {p.name: _generator(p, spec.params.get(p.name, ParamSpec()), label, inferred)
               for p in params if p.kind == "input"}
     cases = assign_roles(spec, params, label, inferred)
+    vendor = gemm_vendor(params)
+    inferred += [said(vendor)] if vendor is not None else []
     return TaskPlan(name=name, description=description, kernel_name=parsed.name, signature=signature.strip(),
                     params=params, inputs=inputs, spec=spec, cases=cases, inferred=inferred,
-                    proposed_holdout=propose_holdout(cases))
+                    proposed_holdout=propose_holdout(cases), vendor=vendor)
 
 
 def spec_of(plan: TaskPlan, param: str) -> ParamSpec:

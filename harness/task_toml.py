@@ -93,6 +93,14 @@ def _cost(cost: Cost | None) -> list[str]:
     return _table("cost", {k: expression(v) if k != "compute" and v is not None else v for k, v in fields.items()})
 
 
+def _vendor(plan: TaskPlan) -> list[str]:
+    if plan.vendor is None:
+        return []
+    return (["# The yardstick: cuBLAS computing the same product, timed and checked like a kernel and reported as",
+             '# "vs cuBLAS" (never part of a verdict). Proposed from the shapes: delete it if the kernel computes',
+             "# something else."] + _table("vendor", plan.vendor.model_dump()))
+
+
 def render(plan: TaskPlan, tolerances: dict[str, ToleranceProposal], oracle: bool,
            holdout: str = "none") -> str:
     """task.toml's text. `holdout`: "none", "comment" (the proposed holdout commented out) or "active"."""
@@ -104,7 +112,7 @@ def render(plan: TaskPlan, tolerances: dict[str, ToleranceProposal], oracle: boo
     for header, spec in (("reference_launch", plan.spec.reference_launch), ("initial_launch", plan.spec.initial_launch)):
         if spec is not None:
             lines += _launch(header, spec)
-    lines += _cost(plan.spec.cost)
+    lines += _cost(plan.spec.cost) + _vendor(plan)
     for case in plan.cases:
         lines += _case(case)
     if plan.proposed_holdout is not None and holdout == "active":
