@@ -58,6 +58,7 @@ class EventKind(StrEnum):
     FINISHED = "finished"
     LOG_REPAIRED = "log_repaired"
     COMPILE_CHARGED = "compile_charged"  # a compile counted against the rate limit: a resumed run counts it again
+    REVIEWED = "reviewed"  # a reviewer replayed, approved or rejected the finished run (the audit service)
 
 
 # Kept as the string when it is not one of today's values (see the module's docstring).
