@@ -2,7 +2,8 @@
 moment to import, and Ctrl-C in that moment ends the command with one line, like Ctrl-C anywhere else.
 
 It is the house's door: the regression guard's commands (`approve`, `keygen`, `guard`) belong to guard/,
-a room above server/, and are handed to guard/cli.py here; every other command to server/cli.py."""
+a room above server/, and are handed to guard/cli.py here; the audit service's (`service`) to service/cli.py, a
+room above guard/; every other command to server/cli.py."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ import sys
 from server.cli_args import EXIT_INTERRUPTED
 
 GUARD_COMMANDS = ("approve", "keygen", "guard")  # guard/cli.py COMMANDS
+SERVICE_COMMANDS = ("service",)  # service/cli.py COMMANDS
 
 
 def main() -> int:
     try:
-        if len(sys.argv) > 1 and sys.argv[1] in GUARD_COMMANDS:
+        if len(sys.argv) > 1 and sys.argv[1] in SERVICE_COMMANDS:
+            from service.cli import main as command_line  # the door: service/ sits above guard/; Ctrl-C here is caught
+        elif len(sys.argv) > 1 and sys.argv[1] in GUARD_COMMANDS:
             from guard.cli import main as command_line  # the door: guard/ sits above server/; Ctrl-C here is caught
         else:
             from server.cli import main as command_line  # here, where Ctrl-C during the import is caught

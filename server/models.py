@@ -188,7 +188,7 @@ class DeviceFacts(BaseModel):
 
 class PreparationStatus(BaseModel):
     """A new run's preparation, done behind a server that answers at once (server/preparation.py)."""
-    state: Literal["preparing", "ready", "failed"]
+    state: Literal["queued", "preparing", "ready", "failed"]  # queued: waiting for a GPU (the audit service)
     step: str                       # what is being prepared now, or why it failed
     done_fraction: float
     elapsed_s: float

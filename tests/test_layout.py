@@ -1,4 +1,4 @@
-"""The rooms' import rules, read from the source: bench -> guard -> server -> harness -> sandbox, one way.
+"""The rooms' import rules, read from the source: bench -> service -> guard -> server -> harness -> sandbox, one way.
 
 harness/worker_side/ is the code that runs inside the confined workers: it imports nothing else of
 the project's parent side (no task models, no settings), only sandbox/ and itself. An import inside
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-ROOMS = ("bench", "guard", "server", "harness", "sandbox")  # each may import only the rooms after it
+ROOMS = ("bench", "service", "guard", "server", "harness", "sandbox")  # each may import only the rooms after it
 WORKER_SIDE = "harness.worker_side"
 WORKER_ENTRY_POINTS = ("harness/worker_side/gpu_worker_main.py", "harness/worker_side/compile_worker_main.py")
 # The script's entry point imports the command line inside a function, so that Ctrl-C during that import is caught.

@@ -1,0 +1,60 @@
+"""`kernel-referee service --root DIR [--port 8000] [--host 127.0.0.1]`: the audit service, served by uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from harness.gpus import list_gpus
+from harness.placement import GpuInfo
+from harness.settings import TimingSettings
+from harness.task_model import Task
+from server.executor import Executor, GpuExecutor
+from server.settings import sandbox_refusal
+from server.transport import _stderr_log_config, loopback_refusal
+from service.app import build_app
+from service.settings import ServiceSettings
+
+COMMANDS = ("service",)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kernel-referee service", description=(
+        "Serve the audit service: runs queued for the host's GPUs, each driven by its own agent through its own MCP "
+        "endpoint (/runs/ID/mcp), a JSON API (/api/openapi.json) and the web pages. State lives under --root."))
+    p.add_argument("--root", required=True, help="the service's folder: its runs, tokens and their run folders")
+    p.add_argument("--host", default="127.0.0.1", help="loopback only (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--no-sandbox", action="store_true", help="run the GPU workers unconfined (recorded in each run)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args((sys.argv[2:] if argv is None else argv))
+    refusal = loopback_refusal(args.host) or sandbox_refusal(not args.no_sandbox)
+    if refusal:
+        print(f"kernel-referee: {refusal}", file=sys.stderr)
+        return 2
+    settings = ServiceSettings(root=args.root, host=args.host, port=args.port)
+
+    def make_executor(task: Task, timing: TimingSettings, gpu: GpuInfo | None) -> Executor:
+        return GpuExecutor(task, timing, confine=not args.no_sandbox, gpu=gpu)
+
+    return serve(settings, make_executor, list_gpus())
+
+
+def serve(settings: ServiceSettings, make_executor, gpus: list[GpuInfo]) -> int:
+    """Build the app and serve it until stopped; the admin token, when generated, printed this once."""
+    import uvicorn  # noqa: PLC0415 - uvicorn loads only when the service is served
+
+    settings.root.mkdir(parents=True, exist_ok=True)
+    app = build_app(settings, make_executor, gpus)
+    shown = app.state.service.tokens.admin_token_to_show()
+    print(f"kernel-referee service: serving at {settings.base_url} (API: {settings.base_url}/api/openapi.json)",
+          file=sys.stderr, flush=True)
+    if shown:
+        print(f"kernel-referee service: admin token (shown once; set KERNEL_REFEREE_ADMIN_TOKEN to choose it): {shown}",
+              file=sys.stderr, flush=True)
+    uvicorn.run(app, host=settings.host.strip("[]"), port=settings.port, log_config=_stderr_log_config(),
+                log_level="warning")
+    return 0

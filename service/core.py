@@ -1,0 +1,206 @@
+"""The service's runs in motion: the queue (a run waits until one of the host's GPUs has no serving claim, so N GPUs
+serve N runs), each run's live side opened lazily, and the states a run goes through, written by one scheduler.
+
+Nothing of a run's budget is kept here: a run that comes back after the service was killed is resumed from its run
+folder (server/lifecycle.py `resume_run`), which settles an attempt left open as `serve` does."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import anyio
+from anyio.abc import TaskGroup
+
+from harness.gpu_lease import ServingClaim
+from harness.placement import GpuInfo
+from harness.task import load_task
+from server.run import RunSettings
+from service import live as lives
+from service.auth import RunTokenVerifier, TokenStore
+from service.live import LiveRun, MakeExecutor
+from service.records import Role, RunRecord, RunState, now_iso
+from service.registry import Registry
+from service.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+
+class LimitReached(Exception):
+    """A team's limit (queued runs, attempts a day) refuses a new run; nothing was made."""
+
+
+@dataclass(frozen=True)
+class QueuePlace:
+    position: int          # 1 = next to get a GPU; 0 = not queued
+    length: int
+    expected_wait_s: float
+
+
+class Service:
+    def __init__(self, settings: ServiceSettings, make_executor: MakeExecutor, gpus: list[GpuInfo],
+                 env: Mapping[str, str] = os.environ):
+        self.settings = settings
+        self.make_executor = make_executor
+        # No GPU named by NVML: one slot, CUDA's device 0, as `serve` does on a one-GPU host.
+        self.slots: dict[str, GpuInfo | None] = {g.uuid: g for g in gpus} or {"gpu-default": None}
+        self.registry = Registry(settings.root)
+        self.tokens = TokenStore(settings.root, env)
+        self.verifier = RunTokenVerifier(self.tokens, settings.mcp_url)
+        self.live: dict[str, LiveRun] = {}
+        self.claims: dict[str, ServingClaim] = {}   # run id -> its GPU's serving claim
+        self._opening: dict[str, anyio.Lock] = {}
+        self.task_group: TaskGroup | None = None
+
+    # -- runs made and queued ------------------------------------------------------------------------------------
+
+    def create_run(self, task_dir: Path, team: str, max_attempts: int | None = None, note: str = "",
+                   queue: bool = True) -> tuple[RunRecord, str]:
+        """A new run of the task in `task_dir` for `team`, queued unless `queue` is False (intake queues it after its
+        checks); its agent token, shown this once. Raises LimitReached, or the task's load error."""
+        budget = max_attempts or self.settings.default_max_attempts
+        task = load_task(task_dir)
+        self._check_limits(team, budget)
+        record = self.registry.create(task_dir, team, task.name, budget, note)
+        token = self.tokens.issue(Role.AGENT, team, record.id)
+        if queue:
+            record = self.registry.enqueue(record.id)
+        return record, token
+
+    def _check_limits(self, team: str, budget: int) -> None:
+        limits = self.settings.limits
+        mine = [r for r in self.registry.all() if r.team == team]
+        queued = sum(r.state in (RunState.CREATED, RunState.QUEUED) for r in mine)
+        if queued >= limits.max_queued_runs:
+            raise LimitReached(f"team {team!r} has {queued} runs waiting (at most {limits.max_queued_runs})")
+        now = datetime.now().astimezone()
+        today = sum(r.max_attempts for r in mine if (now - datetime.fromisoformat(r.created)).total_seconds() < 86400)
+        if today + budget > limits.max_attempts_per_day:
+            raise LimitReached(f"team {team!r} has {today} attempts budgeted in the last 24 hours; {budget} more "
+                               f"would pass its {limits.max_attempts_per_day} a day")
+
+    def place(self, run_id: str) -> QueuePlace:
+        queue = [r.id for r in self.registry.queued()]
+        if run_id not in queue:
+            return QueuePlace(0, len(queue), 0.0)
+        position = queue.index(run_id) + 1
+        return QueuePlace(position, len(queue), math.ceil(position / len(self.slots)) * self._run_length_s())
+
+    def _run_length_s(self) -> float:
+        """How long a run holds its GPU: the median of finished runs', else the assumed length."""
+        spans = [(datetime.fromisoformat(r.finished_at) - datetime.fromisoformat(r.started_at)).total_seconds()
+                 for r in self.registry.in_state(RunState.FINISHED) if r.started_at and r.finished_at]
+        return statistics.median(spans) if spans else self.settings.expected_run_s
+
+    def run_settings(self, record: RunRecord) -> RunSettings:
+        return RunSettings(max_attempts=record.max_attempts)
+
+    # -- the live side -------------------------------------------------------------------------------------------
+
+    async def live_run(self, run_id: str) -> LiveRun:
+        """The run's live side, opened on first use: resumed from its run folder where one was made, else begun
+        and queued; its MCP app's lifespan started in the service's task group."""
+        lock = self._opening.setdefault(run_id, anyio.Lock())
+        async with lock:
+            if run_id in self.live:
+                return self.live[run_id]
+            record = self.registry.get(run_id)
+            run_dir = self.registry.run_dir(run_id)
+            if run_dir is not None:
+                gpu = self.slots.get(record.gpu_uuid or "")
+                run = await anyio.to_thread.run_sync(lives.reopen, run_dir, gpu, self.make_executor)
+            else:
+                def where() -> tuple[int, int, float]:
+                    place = self.place(run_id)
+                    return place.position, place.length, place.expected_wait_s
+                run = await anyio.to_thread.run_sync(
+                    lives.open_queued, self.registry.task_dir(run_id), self.registry.results_dir(run_id),
+                    self.run_settings(record), self.make_executor, where)
+            live = LiveRun(run, lives.mcp_app(run, run_id, self.settings, self.verifier))
+            live.admitted = run_dir is not None
+            await self.task_group.start(lives.serve_lifespan, live)
+            self.live[run_id] = live
+            return live
+
+    async def close(self) -> None:
+        for live in self.live.values():
+            live.stop.set()
+        for run_id, live in list(self.live.items()):
+            await anyio.to_thread.run_sync(_close_run, live)
+        for claim in self.claims.values():
+            claim.release()
+
+    # -- the scheduler -------------------------------------------------------------------------------------------
+
+    async def schedule_forever(self) -> None:
+        while True:
+            try:
+                await self.step()
+            except Exception:  # noqa: BLE001 - one bad step must not stop the queue; the next step tries again
+                log.exception("the service's scheduler step failed")
+            await anyio.sleep(self.settings.scheduler_period_s)
+
+    async def step(self) -> None:
+        """Running runs taken back after a restart, finished ones let go, then queued runs admitted in order while
+        a GPU is free."""
+        for record in self.registry.in_state(RunState.RUNNING):
+            live = self.live.get(record.id)
+            if live is None or not live.admitted:
+                await self._admit(record)
+            else:
+                self._settle(record, live)
+        for record in self.registry.queued():
+            gpu_uuid = self._free_slot(record.id)
+            if gpu_uuid is None:
+                break
+            record = self.registry.update(record.id, state=RunState.RUNNING, gpu_uuid=gpu_uuid, started_at=now_iso())
+            await self._admit(record)
+
+    def _free_slot(self, run_id: str) -> str | None:
+        held = {claim.gpu for claim in self.claims.values()}
+        for uuid in self.slots:
+            if uuid in held:
+                continue
+            claim = ServingClaim(uuid, f"service {run_id}")
+            if claim.try_take():
+                self.claims[run_id] = claim
+                return uuid
+        return None
+
+    async def _admit(self, record: RunRecord) -> None:
+        if record.id not in self.claims:  # a running run taken back after a restart: its own GPU again
+            claim = ServingClaim(record.gpu_uuid or "gpu-default", f"service {record.id}")
+            if not claim.try_take():
+                return  # another process serves on it now; tried again at the next step
+            self.claims[record.id] = claim
+        live = await self.live_run(record.id)
+        if not live.admitted:
+            gpu = self.slots.get(record.gpu_uuid or "")
+            await anyio.to_thread.run_sync(lives.admit, live.run, self.registry.results_dir(record.id), gpu,
+                                           self.make_executor)
+            live.admitted = True
+
+    def _settle(self, record: RunRecord, live: LiveRun) -> None:
+        preparation = live.run.preparation
+        if preparation is not None and preparation.failed:
+            self.registry.update(record.id, state=RunState.FAILED, error=preparation.error, finished_at=now_iso())
+            self._release(record.id)
+        elif (preparation is None or preparation.ready) and live.run.finished:
+            self.registry.update(record.id, state=RunState.FINISHED, finished_at=now_iso())
+            self._release(record.id)
+
+    def _release(self, run_id: str) -> None:
+        claim = self.claims.pop(run_id, None)
+        if claim is not None:
+            claim.release()
+
+
+def _close_run(live: LiveRun) -> None:
+    live.run.executor.close()
+    live.run.close()

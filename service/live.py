@@ -1,0 +1,110 @@
+"""A service run's live side, made lazily: the referee's Run (begun through server/lifecycle.py, or resumed) and
+its MCP server, built by the same factory `serve` uses (server/app.py `build_server`), served as streamable
+HTTP at /runs/{id}/mcp. A queued run has a Run begun but not prepared: its preparation says it is queued, so
+describe_task answers and every tool that needs the run refuses at once, with nothing spent."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable
+
+import anyio
+from mcp.server.auth.settings import AuthSettings
+from starlette.applications import Starlette
+
+from harness.placement import GpuInfo
+from harness.settings import TimingSettings
+from harness.task import load_task
+from harness.task_model import Task
+from server.app import build_server
+from server.executor import Executor
+from server.lifecycle import begin_new_run, resume_run
+from server.preparation import NotPrepared, Preparation, prepare_behind
+from server.run import Run, RunSettings
+from server.transport import transport_security
+from service.auth import SCOPE, RunTokenVerifier
+from service.settings import ServiceSettings
+
+MakeExecutor = Callable[[Task, TimingSettings, GpuInfo | None], Executor]
+
+
+class Queued(Preparation):
+    """A run waiting for a GPU, in place of its preparation until it gets one: never ready, refuses at once."""
+
+    def __init__(self, where: Callable[[], tuple[int, int, float]]):
+        super().__init__(lambda _progress: None, wait_s=0.0)
+        self._where = where  # (position, queue length, expected wait in seconds)
+
+    def _describe(self) -> str:
+        position, length, wait_s = self._where()
+        return (f"queued for a GPU: position {position} of {length}, expected wait about "
+                f"{math.ceil(wait_s / 60)} min")
+
+    def expected_left_s(self) -> float | None:
+        return self._where()[2]
+
+    def status(self):
+        return super().status().model_copy(update={"state": "queued", "step": self._describe()})
+
+    def refusal(self) -> NotPrepared:
+        return NotPrepared(f"the run is {self._describe()}. Its GPU tools answer once it has a GPU and is prepared; "
+                           "nothing was spent (no attempt, probe or compile counted). describe_task shows the queue.")
+
+
+class LiveRun:
+    """One run's Run and MCP app; `app_task` serves the app's lifespan (its session manager) until `stop`."""
+
+    def __init__(self, run: Run, app: Starlette):
+        self.run, self.app = run, app
+        self.stop = anyio.Event()
+        self.admitted = False
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.dir
+
+
+def open_queued(task_dir: Path, results: Path, run_settings: RunSettings, make_executor: MakeExecutor,
+                where: Callable[[], tuple[int, int, float]]) -> Run:
+    """A new run begun (its `.preparing-*` folder, its task copy and key; no GPU work), waiting in the queue."""
+    executor = make_executor(load_task(task_dir), run_settings.timing, None)
+    run = begin_new_run(task_dir, results, run_settings, executor)
+    run.preparation = Queued(where)
+    return run
+
+
+def admit(run: Run, results: Path, gpu: GpuInfo | None, make_executor: MakeExecutor) -> None:
+    """The run got its GPU: its executor placed there, then its preparation (reference outputs, baseline) behind
+    the server, as `serve` does."""
+    unplaced, run.executor = run.executor, make_executor(run.task, run.settings.timing, gpu)
+    unplaced.close()
+    prepare_behind(run, results)
+
+
+def reopen(run_dir: Path, gpu: GpuInfo | None, make_executor: MakeExecutor) -> Run:
+    """A run folder the service made before it stopped, resumed on its own GPU with its own budget."""
+    task = load_task(run_dir / "task")
+    executor = make_executor(task, RunSettings.of_run(run_dir).timing, gpu)
+    try:
+        return resume_run(run_dir, executor)
+    except BaseException:
+        executor.close()
+        raise
+
+
+def mcp_app(run: Run, run_id: str, settings: ServiceSettings, verifier: RunTokenVerifier) -> Starlette:
+    """The run's MCP server as a streamable HTTP app, its path /mcp (the service forwards /runs/{id}/mcp there);
+    its bearer check bound to this run's endpoint, and Host/Origin checked as `serve --http` checks them."""
+    auth = AuthSettings(issuer_url=settings.base_url, resource_server_url=settings.mcp_url(run_id),
+                        required_scopes=[SCOPE], validate_token_resource=True)
+    server = build_server(run, token_verifier=verifier, auth=auth)
+    return server.streamable_http_app(streamable_http_path="/mcp", host=settings.host,
+                                      transport_security=transport_security(settings.host, settings.port))
+
+
+async def serve_lifespan(live: LiveRun, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    """Hold the app's lifespan open (its session manager runs in it) until the service stops the run's app."""
+    async with live.app.router.lifespan_context(live.app):
+        task_status.started()
+        await live.stop.wait()
