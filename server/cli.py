@@ -17,7 +17,7 @@ from harness.task import load_task
 from harness.launch_checks import check_candidate_launch
 from harness.placement import parse_choice
 from server.check import run_check, targets_for
-from server.cost import CostInputs, cost_sheet, render, run_hours
+from server.cost import CostInputs, cost_sheet, model_cost_recorded, render, run_hours
 from server.demo import run_demo
 from server.replay import replay
 from server.folder_lock import EXIT_HELD, FolderHeld
@@ -89,8 +89,9 @@ def _parser() -> argparse.ArgumentParser:
 
     cost = commands.add_parser("cost", help="the cost sheet of a run: pilot cost, monthly saving, payback")
     cost.add_argument("run", type=Path)
-    for name in COST_OPTIONS:
-        cost.add_argument(f"--{name}", type=amount, required=True)
+    for name in COST_OPTIONS:  # --model-cost defaults to the usage.cost_usd the run's attempts recorded
+        cost.add_argument(f"--{name}", type=amount, required=name != "model-cost",
+                          help="default: the sum of usage.cost_usd in history.json" if name == "model-cost" else None)
 
     report = commands.add_parser("report", help="write report.html, heatmap.png and heatmap.svg in a run folder")
     report.add_argument("run", type=Path)
@@ -122,6 +123,8 @@ def _serve_parser(commands) -> None:
     serve.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP)
     serve.add_argument("--profile", action="store_true",
                        help="let the agent profile candidates with Nsight Compute (profile_kernel); off by default")
+    serve.add_argument("--use-nsight", dest="profile", action="store_true", default=argparse.SUPPRESS,
+                       help="the same as --profile (the seed tool's name for it)")
     serve.add_argument("--key-dir", type=lambda text: Path(text).resolve(), metavar="DIR",
                        help="keep the run's private signing key in DIR (mode 700, readable only by this user), not in "
                        "the run folder: an agent with a shell as another user cannot sign a rewritten log")
@@ -222,14 +225,15 @@ def _verify(args) -> int:
 
 
 def _cost(args) -> int:
-    inputs = CostInputs(engineer_hours=args.engineer_hours, hourly_rate=args.hourly_rate, model_cost=args.model_cost,
-                        gpu_hour_cost=args.gpu_hour_cost, invocations_per_month=args.invocations_per_month,
-                        ms_saved_end_to_end=args.ms_saved_end_to_end)
     run_dir = _run_folder(args.run)
     report = verify_run(run_dir)
     if not report.ok:
         raise UsageError(f"refused: {run_dir} does not verify ({report.problems[0] if report.problems else '?'}; "
                          f"`kernel-referee verify {run_dir}` lists every problem), so its hours cannot be trusted")
+    model_cost = args.model_cost if args.model_cost is not None else model_cost_recorded(run_dir, sys.stdout)
+    inputs = CostInputs(engineer_hours=args.engineer_hours, hourly_rate=args.hourly_rate, model_cost=model_cost,
+                        gpu_hour_cost=args.gpu_hour_cost, invocations_per_month=args.invocations_per_month,
+                        ms_saved_end_to_end=args.ms_saved_end_to_end)
     wall, busy, kernel_saved = run_hours(run_dir)
     print(render(cost_sheet(inputs, wall, busy, kernel_saved)), file=sys.stdout)  # the report, not MCP
     return 0

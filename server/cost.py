@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
+from typing import TextIO
 
 from pydantic import BaseModel, Field
 
-from server.record_files import read_summary
+from server.record_files import read_history, read_summary
 
 MS_PER_HOUR = 3_600_000
 
@@ -82,6 +83,29 @@ def run_hours(run_dir: Path) -> tuple[float, float, float | None]:
     baseline, best = (summary.baseline or {}).get("score_ms"), (summary.best or {}).get("score_ms")
     saved = baseline - best if baseline is not None and best is not None else None
     return wall, (summary.gpu_seconds or 0.0) / 3600, saved
+
+
+def recorded_model_cost(run_dir: Path) -> tuple[float, int, int] | None:
+    """(the sum of `usage.cost_usd` the client recorded with the run's attempts, the attempts that recorded one,
+    the attempts); None when none did. A client that reports its spending spares typing it by hand."""
+    try:
+        attempts = [a for a in read_history(run_dir).attempts if a.attempt > 0]  # 0 is the baseline, no agent's
+    except (OSError, ValueError) as exc:
+        raise CostError(f"{run_dir}: history.json cannot be read ({type(exc).__name__})") from None
+    costs = [float(a.usage["cost_usd"]) for a in attempts
+             if a.usage and isinstance(a.usage.get("cost_usd"), (int, float)) and not isinstance(a.usage["cost_usd"], bool)]
+    return (sum(costs), len(costs), len(attempts)) if costs else None
+
+
+def model_cost_recorded(run_dir: Path, out: TextIO) -> float:
+    """`cost`'s model charges without --model-cost: the recorded ones, said on `out`; a CostError without any."""
+    recorded = recorded_model_cost(run_dir)
+    if recorded is None:
+        raise CostError(f"--model-cost is needed: no attempt of {run_dir} recorded usage.cost_usd")
+    total, given, attempts = recorded
+    print(f"model cost {total:.2f}: the usage.cost_usd recorded with {given} of {attempts} attempt(s) "
+          "(--model-cost gives another)", file=out)
+    return total
 
 
 def render(sheet: CostSheet) -> str:

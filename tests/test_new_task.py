@@ -207,3 +207,10 @@ def test_serve_takes_max_iterations_as_max_attempts():
     assert settings_of(parse(["serve", "--task", "t", "--max-iterations", "5"])).run.max_attempts == 5
     assert settings_of(parse(["serve", "--task", "t", "--max-attempts", "4"])).run.max_attempts == 4
     assert settings_of(parse(["serve", "--task", "t"])).run.max_attempts == 7
+
+
+def test_serve_takes_use_nsight_as_profile():
+    parse = _parser().parse_args
+    assert settings_of(parse(["serve", "--task", "t", "--use-nsight"])).run.profile is True
+    assert settings_of(parse(["serve", "--task", "t", "--profile"])).run.profile is True
+    assert settings_of(parse(["serve", "--task", "t"])).run.profile is False
