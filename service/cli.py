@@ -14,6 +14,7 @@ from server.settings import sandbox_refusal
 from server.transport import _stderr_log_config, loopback_refusal
 from service.app import build_app
 from service.settings import ServiceSettings
+from service.web import web_routes
 
 COMMANDS = ("service",)
 
@@ -48,7 +49,7 @@ def serve(settings: ServiceSettings, make_executor, gpus: list[GpuInfo]) -> int:
     import uvicorn  # noqa: PLC0415 - uvicorn loads only when the service is served
 
     settings.root.mkdir(parents=True, exist_ok=True)
-    app = build_app(settings, make_executor, gpus)
+    app = build_app(settings, make_executor, gpus, routes=web_routes())
     shown = app.state.service.tokens.admin_token_to_show()
     print(f"kernel-referee service: serving at {settings.base_url} (API: {settings.base_url}/api/openapi.json)",
           file=sys.stderr, flush=True)
