@@ -81,7 +81,8 @@ async def create_run(request: Request) -> JSONResponse:
     if not task_dir.is_absolute() or not (task_dir / "task.toml").is_file():
         raise Refused(422, "task_dir must be an absolute path to a task folder (with task.toml) on the service's disk")
     try:
-        record, token = service.create_run(task_dir, team, asked.max_attempts, asked.note)
+        record, token = service.create_run(task_dir, team, asked.max_attempts, asked.note,
+                                           limited=caller.role is not Role.ADMIN)
     except LimitReached as exc:
         raise Refused(429, str(exc)) from None
     except (TaskError, RunError, ValueError) as exc:

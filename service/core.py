@@ -61,12 +61,14 @@ class Service:
     # -- runs made and queued ------------------------------------------------------------------------------------
 
     def create_run(self, task_dir: Path, team: str, max_attempts: int | None = None, note: str = "",
-                   queue: bool = True) -> tuple[RunRecord, str]:
+                   queue: bool = True, limited: bool = True) -> tuple[RunRecord, str]:
         """A new run of the task in `task_dir` for `team`, queued unless `queue` is False (intake queues it after its
-        checks); its agent token, shown this once. Raises LimitReached, or the task's load error."""
+        checks); its agent token, shown this once. `limited`: the team's limits apply (not to the admin's own runs).
+        Raises LimitReached, or the task's load error."""
         budget = max_attempts or self.settings.default_max_attempts
         task = load_task(task_dir)
-        self._check_limits(team, budget)
+        if limited:
+            self._check_limits(team, budget)
         record = self.registry.create(task_dir, team, task.name, budget, note)
         token = self.tokens.issue(Role.AGENT, team, record.id)
         if queue:

@@ -1,0 +1,128 @@
+"""The audit service in a subprocess with the fake executor, driven as agents drive it: many agents on their own runs
+at once through the runs' streamable HTTP MCP endpoints, and the service killed (kill -9) in the middle of an
+attempt, then started again on the same folder."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import anyio
+import pytest
+
+from server.verify import verify_run
+from tests.server_support import free_port, kernel
+from tests.service_support import ServiceProcess, agent
+
+AGENTS = 20
+ATTEMPTS = 2  # recorded by each agent, of a budget of 3
+
+
+async def _described(client) -> dict:
+    answer = await client.call_tool("describe_task", {})
+    assert not answer.is_error, answer.content[0].text
+    return json.loads(answer.content[0].text)
+
+
+async def _until_prepared(client, timeout_s: float = 240.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        described = await _described(client)
+        preparation = described.get("preparation")
+        if preparation is None or preparation["state"] == "ready":
+            return described
+        assert preparation["state"] != "failed", preparation
+        assert time.monotonic() < deadline, preparation
+        await anyio.sleep(0.5)
+
+
+async def _play(created: dict, index: int, seen: dict) -> None:
+    """One agent: its run's task, then ATTEMPTS attempts marked with its index, then its budget as the run says."""
+    async with agent(created["mcp_url"], created["agent_token"]) as client:
+        await _until_prepared(client)
+        for attempt in range(ATTEMPTS):
+            source = kernel(f"latency_us={40 + index % 7}", f"agent-{index}-attempt-{attempt}")
+            answer = await client.call_tool("record_attempt", {"source": source, "rationale": f"agent {index}"})
+            assert not answer.is_error, answer.content[0].text
+            assert json.loads(answer.content[0].text)["attempt"] == attempt + 1
+        seen[index] = (await _described(client))["budget"]
+
+
+@pytest.mark.timeout(600)
+def test_twenty_agents_on_twenty_runs_at_once(tmp_path):
+    service = ServiceProcess(tmp_path / "service", free_port(), gpus=AGENTS).start()
+    try:
+        runs = [service.create_run(max_attempts=3) for _ in range(AGENTS)]
+        seen: dict[int, dict] = {}
+        started = time.monotonic()
+
+        async def everyone() -> None:
+            async with anyio.create_task_group() as group:
+                for index, created in enumerate(runs):
+                    group.start_soon(_play, created, index, seen)
+
+        anyio.run(everyone)
+        played_s = time.monotonic() - started
+    finally:
+        service.stop()
+    assert sorted(seen) == list(range(AGENTS))
+    for index, created in enumerate(runs):
+        budget = seen[index]
+        assert (budget["attempts_used"], budget["attempts_left"]) == (ATTEMPTS, 3 - ATTEMPTS), budget
+        run_dir = next((service.root / "runs" / created["run"]["id"] / "results").glob("run-*"))
+        attempts = sorted((run_dir / "attempts").glob("[0-9][0-9][0-9].cu"))
+        marks = [p.read_text().rsplit("fake: ", 1)[1].strip() for p in attempts if p.name != "000.cu"]
+        assert marks == [f"agent-{index}-attempt-{a}" for a in range(ATTEMPTS)]  # its own kernels, no other's
+        report = verify_run(run_dir)
+        assert report.ok, report.problems
+    assert played_s < 400, played_s
+
+
+@pytest.mark.timeout(600)
+def test_a_service_killed_mid_attempt_resumes_every_run_with_its_budget_and_place(tmp_path):
+    root, port = tmp_path / "service", free_port()
+    service = ServiceProcess(root, port, gpus=1).start()
+    try:
+        first, second, third = (service.create_run(max_attempts=3) for _ in range(3))
+        service.wait_state(first["run"]["id"], ("running",))
+
+        async def attempt_then_kill() -> None:
+            async with agent(first["mcp_url"], first["agent_token"]) as client:
+                await _until_prepared(client)
+                answer = await client.call_tool("record_attempt", {"source": kernel("latency_us=40", "kept"),
+                                                                   "rationale": "the first"})
+                assert not answer.is_error, answer.content[0].text
+                async with anyio.create_task_group() as group:
+                    async def slow() -> None:
+                        await client.call_tool("record_attempt", {"source": kernel("slow_s=30", "cut"),
+                                                                  "rationale": "cut short"})
+                    group.start_soon(slow)
+                    await anyio.sleep(2.0)  # the attempt's slot is claimed and its timing under way
+                    service.kill9()
+                    group.cancel_scope.cancel()
+
+        try:
+            anyio.run(attempt_then_kill)
+        except BaseException:  # noqa: BLE001 - the client's connection dies with the service
+            pass
+        assert service.proc.returncode == -9
+        service.start()
+        view = service.wait_state(first["run"]["id"], ("running",))
+        assert view["run"]["gpu_uuid"] is not None
+        places = [service.wait_state(r["run"]["id"], ("queued",)) for r in (second, third)]
+        assert [p["queue_position"] for p in places] == [1, 2]
+
+        async def budget_after() -> dict:
+            async with agent(first["mcp_url"], first["agent_token"]) as client:
+                return (await _until_prepared(client))["budget"]
+
+        budget = anyio.run(budget_after)
+        # the attempt cut short counts once, as interrupted: nothing lost, nothing given back
+        assert (budget["attempts_used"], budget["attempts_left"]) == (2, 1), budget
+    finally:
+        service.stop()
+    run_dir = next((root / "runs" / first["run"]["id"] / "results").glob("run-*"))
+    events = (run_dir / "events.jsonl").read_text()
+    assert "attempt_interrupted" in events
+    assert verify_run(run_dir).ok, verify_run(run_dir).problems
+    assert not list((root / "runs" / second["run"]["id"] / "results").glob("run-*"))  # a queued run spent nothing
