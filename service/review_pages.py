@@ -22,7 +22,7 @@ from server.folder_lock import FolderHeld
 from server.report_files import REPORT_NAME, write_report_held
 from server.report_html import CSP as REPORT_CSP
 from service.api import view
-from service.core import Service
+from service.core import Service, _close_run as close_run
 from service.guards import Refused
 from service.pages import page, render
 from service.records import Role, RunRecord, RunState
@@ -49,10 +49,15 @@ def _visible(request: Request, service: Service) -> tuple[object, RunRecord]:
     return caller, record
 
 
-def _finished_dir(service: Service, record: RunRecord) -> Path:
+async def _finished_dir(service: Service, record: RunRecord) -> Path:
+    """The finished run's folder, let go by its live side: a replay and a review hold the folder while they write
+    (server/folder_lock.py), and the run's own MCP server holds it while open."""
     run_dir = service.registry.run_dir(record.id)
     if run_dir is None or record.state is not RunState.FINISHED:
         raise Refused(409, f"run {record.id} is {record.state.value}: only a finished run is replayed or reviewed")
+    live = service.live.pop(record.id, None)
+    if live is not None:
+        await anyio.to_thread.run_sync(close_run, live)
     return run_dir
 
 
@@ -92,7 +97,7 @@ async def run_page(request: Request) -> Response:
     given, sheet, cost_error = _cost(request, run_dir)
     logged = reviews(run_dir) if run_dir is not None else []
     return render(request, "run.html", caller=caller, view=view(service, record),
-                  has_report=run_dir is not None and (run_dir / REPORT_NAME).is_file(),
+                  has_report=run_dir is not None and record.state is RunState.FINISHED,
                   has_run_dir=run_dir is not None, may_review=caller.role in REVIEWERS,
                   replay=_replay_decision(run_dir), reviews=logged, decision=decision_of(logged),
                   required_checks=REQUIRED_CHECKS, cost_fields=COST_FIELDS, cost_form=given, cost_sheet=sheet,
@@ -104,9 +109,9 @@ async def report(request: Request) -> Response:
     """The referee's own report.html, as written in the run folder, under its own CSP (no script, nothing external)."""
     service: Service = request.app.state.service
     _, record = _visible(request, service)
-    run_dir = service.registry.run_dir(record.id)
-    if run_dir is None or record.state is not RunState.FINISHED:
+    if record.state is not RunState.FINISHED:
         raise Refused(404, f"run {record.id} has no report yet ({record.state.value})")
+    run_dir = await _finished_dir(service, record)
     path = run_dir / REPORT_NAME
     if not path.is_file():
         try:
@@ -127,7 +132,7 @@ async def replay(request: Request) -> Response:
     caller, record = _visible(request, service)
     viewer(request, service, *REVIEWERS)
     await check_csrf(request)
-    run_dir = _finished_dir(service, record)
+    run_dir = await _finished_dir(service, record)
 
     def make_executor(task, timing):
         return service.make_executor(task, timing, None)
@@ -145,7 +150,7 @@ async def review(request: Request) -> Response:
     caller, record = _visible(request, service)
     viewer(request, service, *REVIEWERS)
     form = await check_csrf(request)
-    run_dir = _finished_dir(service, record)
+    run_dir = await _finished_dir(service, record)
     note, action = str(form.get("note") or "")[:2000], str(form.get("action") or "")
     try:
         if action == "approve":
