@@ -20,10 +20,9 @@ from server.run import RunError
 from service.api import view
 from service.auth import Principal
 from service.core import LimitReached, Service
-from service.guards import Refused
+from service.guards import Refused, who
 from service.intake import Connection, IntakeRefused, NewTaskFields, Submission, connection, prepare_task
 from service.records import Role, RunRecord
-from service.web_session import viewer
 
 MAX_ARCHIVE_BYTES = 16 << 20   # what an upload may weigh; unpacked, service/archive.py's limits hold
 MAX_API_BODY_BYTES = MAX_ARCHIVE_BYTES * 4 // 3 + (1 << 20)   # base64 of the archive, or the fields
@@ -70,7 +69,7 @@ def _decoded(asked: ApiSubmission) -> Submission:
 
 async def api_submit(request: Request) -> JSONResponse:
     service: Service = request.app.state.service
-    caller = viewer(request, service, Role.ADMIN, Role.REVIEWER)
+    caller = who(request, service, Role.ADMIN, Role.REVIEWER)  # the bearer only: no cookie, so no CSRF to fear
     raw = await request.body()
     if len(raw) > MAX_API_BODY_BYTES:
         raise Refused(413, f"the submission is over {MAX_API_BODY_BYTES} bytes")

@@ -14,7 +14,7 @@ import secrets
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service.auth import Principal
+from service.auth import Principal, bearer
 from service.core import Service
 from service.guards import Refused, who
 from service.records import Role
@@ -59,9 +59,10 @@ async def check_csrf(request: Request) -> dict:
 
 
 def viewer(request: Request, service: Service, *roles: Role) -> Principal:
-    """The caller from the session cookie (or a bearer header, as the API takes); 401 or 403 as `who` answers."""
+    """The caller from a bearer header where one is sent (as the API takes it), else the session cookie; 401 or 403
+    as `who` answers."""
     token = request.cookies.get(SESSION_COOKIE, "")
-    if token:
+    if token and not bearer(request):
         caller = service.tokens.lookup(token)
         if caller is not None and (not roles or caller.role in roles):
             return caller

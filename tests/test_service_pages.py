@@ -4,7 +4,11 @@ answered 404 to a token that may not see it."""
 
 from __future__ import annotations
 
+import base64
+import io
 import re
+import tarfile
+import time
 
 import pytest
 from starlette.testclient import TestClient
@@ -105,3 +109,40 @@ def test_a_reviewer_of_another_team_sees_no_run_and_cannot_review(client):
         answer = client.post(f"/ui/runs/{run_id}/{action}", data={"csrf_token": csrf, "action": "approve"})
         assert answer.status_code == 404, action
     assert run_id not in client.get("/ui/runs").text
+
+
+def test_the_cost_sheet_takes_the_teams_inputs_and_the_runs_hours(client):
+    run_id = client.get("/api/runs", headers={"Authorization": f"Bearer {ADMIN}"}).json()["runs"][0]["run"]["id"]
+    signed_in(client)
+    for _ in range(100):  # the run folder is made once the run has its GPU
+        if client.get(f"/api/runs/{run_id}", headers={"Authorization": f"Bearer {ADMIN}"}).json()["budget"]:
+            break
+        time.sleep(0.1)
+    inputs = {"engineer_hours": "10", "hourly_rate": "100", "model_cost": "50", "gpu_hour_cost": "4",
+              "invocations_per_month": "1e9", "ms_saved_end_to_end": "0.36"}
+    page = client.get(f"/ui/runs/{run_id}", params=inputs).text
+    sheet = re.search(r'<pre id="cost-result">([^<]+)</pre>', page).group(1)
+    assert "saved GPU hours/month     100.0000" in sheet and "monthly saving              400.00" in sheet
+    bad = client.get(f"/ui/runs/{run_id}", params=inputs | {"hourly_rate": "-1"}).text
+    assert "every input of the cost sheet is a number, zero or more" in bad and "cost-result" not in bad
+
+
+def test_the_apis_submission_refuses_with_the_causes_and_queues_a_good_task(client):
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    attack = io.BytesIO()
+    with tarfile.open(fileobj=attack, mode="w:gz") as archive:
+        link = tarfile.TarInfo("task/task.toml")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        archive.addfile(link)
+    answer = client.post("/api/submissions", headers=auth, json={
+        "archive_base64": base64.b64encode(attack.getvalue()).decode(), "max_attempts": 2})
+    assert answer.status_code == 422 and "'task/task.toml'" in answer.json()["causes"][0]
+    good = base64.b64encode(task_archive(TRANSPOSE)).decode()
+    answer = client.post("/api/submissions", headers=auth, json={"archive_base64": good, "max_attempts": 2})
+    assert answer.status_code == 201, answer.text
+    made = answer.json()
+    assert made["run"]["state"] == "queued" and made["connection"]["token"].startswith("krt_")
+    agent = {"Authorization": f"Bearer {made['connection']['token']}"}
+    assert client.post("/api/submissions", headers=agent, json={"archive_base64": good}).status_code == 403
+    signed_in(client)  # the pages' cookie is no key to the API (its forms carry the CSRF token; the API has none)
+    assert client.post("/api/submissions", json={"archive_base64": good}).status_code == 401
