@@ -9,6 +9,7 @@ import io
 import re
 import tarfile
 import time
+from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
@@ -114,14 +115,16 @@ def test_a_reviewer_of_another_team_sees_no_run_and_cannot_review(client):
 def test_the_cost_sheet_takes_the_teams_inputs_and_the_runs_hours(client):
     run_id = client.get("/api/runs", headers={"Authorization": f"Bearer {ADMIN}"}).json()["runs"][0]["run"]["id"]
     signed_in(client)
-    for _ in range(100):  # the run folder is made once the run has its GPU
-        if client.get(f"/api/runs/{run_id}", headers={"Authorization": f"Bearer {ADMIN}"}).json()["budget"]:
-            break
-        time.sleep(0.1)
+    deadline = time.monotonic() + 120
+    while not (client.app.state.service.registry.run_dir(run_id) or Path("/nonexistent")).is_dir():
+        assert time.monotonic() < deadline, "the run folder is made once the run has its GPU"
+        time.sleep(0.2)
     inputs = {"engineer_hours": "10", "hourly_rate": "100", "model_cost": "50", "gpu_hour_cost": "4",
               "invocations_per_month": "1e9", "ms_saved_end_to_end": "0.36"}
     page = client.get(f"/ui/runs/{run_id}", params=inputs).text
-    sheet = re.search(r'<pre id="cost-result">([^<]+)</pre>', page).group(1)
+    found = re.search(r"<pre id=\"cost-result\">([^<]+)</pre>", page)
+    assert found, re.findall(r"<p class=\"refusal\">[^<]*", page)
+    sheet = found.group(1)
     assert "saved GPU hours/month     100.0000" in sheet and "monthly saving              400.00" in sheet
     bad = client.get(f"/ui/runs/{run_id}", params=inputs | {"hourly_rate": "-1"}).text
     assert "every input of the cost sheet is a number, zero or more" in bad and "cost-result" not in bad
