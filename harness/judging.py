@@ -48,6 +48,19 @@ def integrity_reasons(integrity: jobs.Integrity, case: str) -> list[Reason]:
     return reasons
 
 
+def tampered_reasons(answer: dict, case: str) -> list[Reason]:
+    """The timed launches whose evidence (counts, audited snapshots) no longer matched its MAC when the worker
+    checked it (harness/worker_side/evidence_mac.py): a launch wrote the referee's records of another."""
+    tampered = answer.get("tampered") or []
+    if not isinstance(tampered, list) or not all(isinstance(t, str) for t in tampered):
+        raise jobs.AnswerError("timing answer's tampered launches are not a list of names")
+    if not tampered:
+        return []
+    return [Reason(code=ReasonCode.EVIDENCE_TAMPERED, case=case, detail=(
+        f"the evidence of {len(tampered)} timed launches changed after it was sealed (first: {tampered[0]}): "
+        "a launch wrote the referee's records of another"))]
+
+
 def mismatch_detail(check) -> str:
     first = check.first_mismatches[0] if check.first_mismatches else None
     where = f"; first at {list(first.index)}: expected {first.expected:.6g}, got {first.got:.6g}" if first else ""

@@ -33,6 +33,7 @@ class ReasonCode(str, Enum):
     TIMING_MODES = "timing_modes"          # the timed launches fall into distinct fast and slow groups, twice
     TIMING_SPREAD = "timing_spread"        # the timed launches spread wider than honest kernels', twice
     RETIMING_DISAGREES = "retiming_disagrees"  # a flagged result timed again in a fresh worker: medians disagree
+    EVIDENCE_TAMPERED = "evidence_tampered"  # a timed launch's sealed evidence changed after it was taken
 
 
 class Reason(BaseModel):

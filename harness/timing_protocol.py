@@ -17,8 +17,8 @@ from harness import jobs
 from harness.audit_bound import secret_audits
 from harness.compare import compare_output
 from harness.gpu_lease import held
-from harness.judging import (audit_reasons, integrity_reasons, mismatch_detail, poison_count, undeclared_launches,
-                             uneven_launches)
+from harness.judging import (audit_reasons, integrity_reasons, mismatch_detail, poison_count, tampered_reasons,
+                             undeclared_launches, uneven_launches)
 from harness.nvml import GpuWatch, judge
 from harness.peaks import roofline_fraction, roofline_ms
 from harness.results import CaseTiming, Reason, ReasonCode, TimingReport
@@ -245,7 +245,7 @@ class TimingProtocol:
         if len(unwritten) != self.settings.iterations:
             raise jobs.AnswerError("timing answer has the wrong number of samples")
         outputs, guards = jobs.unpack_outputs(answer, blobs, buffers.time_slots(checked, sets, n_out), timed.verified)
-        reasons = integrity_reasons(jobs.check_integrity(
+        reasons = tampered_reasons(answer, case.name) + integrity_reasons(jobs.check_integrity(
             answer, guards, layout, guard_seed, timed.input_sets, timed.sent_hashes), case.name)
         poison_counts = timed.poison_counts
         short = [i for i, count in enumerate(unwritten) if count != poison_counts[i % sets]]
@@ -293,7 +293,7 @@ class TimingProtocol:
             raise jobs.AnswerError("timing answer has the wrong number of launch counts")
         slots = [] if wrong is not None else buffers.audit_slots(audited, n_out)
         outputs, guards = jobs.unpack_outputs(answer, blobs, slots, {})
-        reasons = integrity_reasons(jobs.check_integrity(
+        reasons = tampered_reasons(answer, case.name) + integrity_reasons(jobs.check_integrity(
             answer, guards, layout, guard_seed, timed.input_sets, timed.sent_hashes), case.name)
         touched = [i for i, count in enumerate(changed) if count]
         if touched:

@@ -13,6 +13,7 @@ by `--behaviour=NAME` on its command line (parsed out before the fds):
   stale_timing   time jobs: re-checked and last outputs of every set return set 0's result (fresh
                  inputs: every audited launch returns the first timed launch's result)
   skip_timing    time jobs: every 4th timed launch leaves 10 elements unwritten
+  tampered_timing time jobs: launch 3's audited outputs no longer match their MAC (harness/worker_side/evidence_mac.py)
   batched_timing time jobs: every 4th timed launch takes 0.2 ms, the others 0.01 ms (work done in batches)
   two_mode_timing   time jobs: 55% of the timed launches take 0.05 ms, the others 0.075 ms (padded)
   modes_once_timing the first two time jobs as two_mode_timing (the first may be answered again on the host,
@@ -48,10 +49,11 @@ from harness.task_model import DTYPES
 from harness.worker_side.gpu_worker_main import confine_from_argv, regions_from_argv
 
 BEHAVIOURS = {"honest", "oob_after", "oob_before", "modify_input", "unwritten", "race",
-              "stale_timing", "skip_timing", "fault", "out_of_memory", "no_cublas",
+              "stale_timing", "skip_timing", "tampered_timing", "fault", "out_of_memory", "no_cublas",
               "quiet_timing", "noisy_timing", "batched_timing", "two_mode_timing", "modes_once_timing"}
 SAMPLE_SPREAD_MS = {"quiet_timing": 0.00001, "noisy_timing": 0.005}
 TIME_JOBS = [0]  # time jobs answered so far by this worker process
+TAMPERED = {"tampered_timing": ["launch 3: its audited outputs"]}
 FAKE_PEAKS = {"memory_gbps": 4000.0, "fp32_tflops": 50.0, "tensor_bf16_tflops": 800.0}
 EXIT_STICKY = 3
 EXIT_TOO_SLOW = 5
@@ -243,7 +245,8 @@ def _fresh_time(header, behaviour, compute=None, device=None):
     samples = _samples(header, behaviour)
     hashes, guards = _evidence(header, [{}] * header["sets"], "honest")
     answer = {"status": "ok", "samples_ms": samples, "unwritten": unwritten, "changed_inputs": changed,
-              "input_sha256": hashes, "event_overhead_ms": 0.002, "host_kept_up": True}
+              "input_sha256": hashes, "event_overhead_ms": 0.002, "host_kept_up": True,
+              "tampered": TAMPERED.get(behaviour, [])}
     held = device.hold([[blob] for blob in outputs]) if header.get("hold_outputs") else {}
     if held.get("held_outputs") is not None:
         return {**answer, **held, "output_sha256": [], "outputs_sent": 0}, guards
@@ -273,7 +276,7 @@ def _time(header, blobs, behaviour, compute=None, device=None):
     hashes, guards = _evidence(header, input_sets, behaviour)
     fields, sent = pack_outputs(checked_blobs + results, time_slots(checked, sets, 1), header.get("known_outputs") or {})
     answer = {"status": "ok", "samples_ms": samples, "unwritten": unwritten, "input_sha256": hashes,
-              "event_overhead_ms": 0.002, "host_kept_up": True, **fields}
+              "event_overhead_ms": 0.002, "host_kept_up": True, "tampered": TAMPERED.get(behaviour, []), **fields}
     return answer, sent + guards
 
 

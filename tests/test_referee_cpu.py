@@ -265,6 +265,15 @@ def test_timed_launches_that_skip_work_are_unwritten_output(referee, task):
         assert "first: launch 0, 10 elements" in case.reasons[0].detail
 
 
+@pytest.mark.parametrize("referee", ["tampered_timing", "rotated:tampered_timing"], indirect=True)
+def test_a_worker_s_tampered_evidence_is_evidence_tampered(referee, task):
+    timing = _time(referee, task)
+    assert not timing.passed
+    for case in timing.cases:
+        assert [r.code for r in case.reasons] == [ReasonCode.EVIDENCE_TAMPERED]
+        assert "first: launch 3: its audited outputs" in case.reasons[0].detail
+
+
 @pytest.mark.parametrize("referee", ["batched_timing", "rotated:batched_timing"], indirect=True)
 def test_launches_that_do_each_others_work_are_uneven_launches(referee, task):
     timing = _time(referee, task)

@@ -146,6 +146,7 @@ class TimeAnswer(RunAnswer):
     kernel_samples_ms: list[float] | None  # each launch's own span on the kernel clock
     clock_note: str | None
     unwritten: list[int]  # per launch, output elements still holding the poison
+    tampered: list[str]  # the launches whose evidence no longer matches its MAC (harness/worker_side/evidence_mac.py)
     changed_inputs: list[int] | None  # per launch, drawn input elements the kernel changed
     launch_records: list | None  # per launch, the kernels it ran: [name, grid, block]
     event_overhead_ms: float

@@ -8,8 +8,9 @@ writable globals are put back to their initial image and its outputs poisoned (e
 with a cold L2, the L2 is flushed. After it, still outside the window, its outputs are scanned for
 poison left unwritten, its drawn inputs are checked against their draw, and the outputs of the
 audited launches (a secret subset the parent chose) are copied to snapshots. The counts and the snapshots
-go to the evidence context (harness/worker_side/evidence.py) in stream order, before the next launch runs:
-no launch can reach the evidence of another.
+go to the evidence context (harness/worker_side/evidence.py) in stream order, before the next launch runs,
+sealed there by a keyed MAC (harness/worker_side/evidence_mac.py): a launch that repairs another's evidence
+is named in the answer ("tampered").
 
 The whole timed loop is queued behind a hold kernel, with no host synchronization inside it, so
 that each launch's event pair (and kernel-clock record) measures the GPU, not the host's pace.
@@ -21,7 +22,7 @@ from time import perf_counter
 
 import numpy as np
 
-from harness.worker_side import device_judging, evidence, gpu
+from harness.worker_side import device_judging, evidence, evidence_mac, gpu
 from harness.worker_side.cuda_check import CudaError
 from harness.worker_side.job import Job, Launcher
 from harness.worker_side.messages import TimeAnswer, TimeJob
@@ -29,7 +30,9 @@ from harness.worker_side.utility_kernels import MAX_HOLD_NS, Utilities
 from harness.worker_side.buffers import audit_slots, digests_later, pack_outputs, time_slots
 from sandbox.answers import Status
 
-_COUNTS_BYTES = 16  # per timed launch: output elements still poisoned, drawn input elements changed (uint64 each)
+# Per timed launch (uint64 each): output elements still poisoned, drawn input elements changed, the MAC of those two,
+# the MAC of its outputs where it is audited (else 0).
+_RECORD_BYTES = evidence_mac.RECORD_BYTES
 
 
 def time_job(context: gpu.Context, utilities: Utilities, header: TimeJob, blobs: list[bytes],
@@ -62,6 +65,7 @@ class TimedLoop:
         self._mark = perf_counter()
         self.counters = self.snapshots = self.scratch = self.queued = None
         self.evidence = evidence.of_worker(utilities)
+        self.seal = evidence_mac.Seal(utilities, self.evidence)
         self.pairs: list[gpu.EventPair] = []
         self.job = Job(context, header, cubin, sets=self.sets, launcher=launcher, resident=utilities.resident)
         self.n_out = len(self.job.outputs(0))
@@ -74,11 +78,11 @@ class TimedLoop:
         self.phase("setup")
 
     def _allocate(self) -> None:
-        # The scratch (the candidate's context): one launch's counts, output elements still poisoned and drawn
-        # input elements changed. The counters (the evidence context): those two counts of every timed launch.
+        # The scratch (the candidate's context): one launch's record, its counts (output elements still poisoned,
+        # drawn input elements changed) and their seals. The counters (the evidence context): every timed launch's.
         making_room = self.utilities.resident.making_room
-        self.scratch = making_room(gpu.Allocation, _COUNTS_BYTES)
-        self.counters = making_room(self.evidence.allocate, _COUNTS_BYTES * max(self.iterations, 1))
+        self.scratch = making_room(gpu.Allocation, _RECORD_BYTES)
+        self.counters = making_room(self.evidence.allocate, _RECORD_BYTES * max(self.iterations, 1))
         self.snapshots = making_room(self.evidence.allocate, self.output_bytes * len(self.checked))
         for _ in range(self.iterations):  # one at a time: those made before a failure are destroyed too
             self.pairs.append(gpu.EventPair())
@@ -143,21 +147,29 @@ class TimedLoop:
                 for _, p, buffer in job.outputs(s):
                     self.evidence.take(snapshot_ptr, buffer.ptr, p["nbytes"], stream)
                     snapshot_ptr += p["nbytes"]
+            self.seal_record(i, s, i in checked)
         # Still inside the hold when everything is queued: the GPU never waited for the host.
         self.host_kept_up = not gpu.completed(self.queued.start)
         utilities.queued(self.iterations, perf_counter() - started, self.host_kept_up)
 
     def count(self, launch: int, set_index: int) -> None:
         """Queue timed launch `launch`'s counts into the scratch, zeroed first (the launch itself may have written
-        it), then their move to the evidence context."""
+        it)."""
         stream, scratch = self.context.stream, self.scratch.ptr
-        gpu.fill(scratch, 0, _COUNTS_BYTES, stream)
+        gpu.fill(scratch, 0, _RECORD_BYTES, stream)
         for _, p, buffer in self.job.outputs(set_index):
             self.utilities.count_equal(buffer.ptr, p["nbytes"] // p["itemsize"], p["itemsize"], self.header["poison"],
                                        scratch)
         if self.fresh_key is not None:
             self.job.draw(self.utilities, set_index, self.fresh_key, self.warmups + launch, changed=scratch + 8)
-        self.evidence.take(self.counters.ptr + _COUNTS_BYTES * launch, scratch, _COUNTS_BYTES, stream)
+
+    def seal_record(self, launch: int, set_index: int, audited: bool) -> None:
+        """Queue the MACs of launch `launch`'s counts and, audited, of its outputs (the very bytes just snapshotted)
+        into the scratch, then the record's move to the evidence context: all before the next launch."""
+        outputs = [(buffer.ptr, p["nbytes"]) for _, p, buffer in self.job.outputs(set_index)] if audited else None
+        self.seal.queue(launch, self.scratch.ptr, outputs)
+        self.evidence.take(self.counters.ptr + _RECORD_BYTES * launch, self.scratch.ptr, _RECORD_BYTES,
+                           self.context.stream)
 
     def wait_for_timed_launches(self) -> None:
         """Everything queued done. With a launch limit, each timed launch must end within it of the one before
@@ -183,6 +195,11 @@ class TimedLoop:
                 at += size
         return offsets
 
+    def snapshot_parts(self) -> dict[int, list[tuple[int, int]]]:
+        """Per audited launch, its snapshots' (evidence address, bytes), one per output."""
+        sizes = [p["nbytes"] for _, p, _ in self.job.outputs(0)]
+        return {i: list(zip(at, sizes)) for i, at in zip(self.checked, self.snapshot_offsets())}
+
     # -- the answer ----------------------------------------------------------------------------
     def answer(self) -> tuple[TimeAnswer, list[bytes]]:
         utilities, iterations = self.utilities, self.iterations
@@ -191,8 +208,9 @@ class TimedLoop:
         kernel_ms, gpu_busy_ms, records = utilities.finish_with_records(tags)
         if not self.clocked:
             kernel_ms = records = None
-        counts = self.evidence.download(self.counters.ptr, self.counters.nbytes).view(np.uint64).reshape(-1, 2)
-        unwritten, changed = counts[:iterations, 0], counts[:iterations, 1]
+        records = self.evidence.download(self.counters.ptr, self.counters.nbytes).view(np.uint64).reshape(-1, 4)
+        unwritten, changed = records[:iterations, 0], records[:iterations, 1]
+        tampered = self.seal.verify(records[:iterations], self.snapshot_parts())  # before any snapshot is handed on
         held = self.hold_snapshots() if self.header.get("hold_outputs") and self.fresh_key is not None else {}
         if held.get("held_outputs") is not None:  # judged on the device: only the inputs' evidence is read back
             inputs_host, blobs, slots = self.utilities.staging.take(self.job.input_bytes()), [], []
@@ -212,7 +230,8 @@ class TimedLoop:
                   "launch_records": records if self.job.function_name() is not None else None,
                   "input_sha256": hashes, "event_overhead_ms": utilities.event_overhead_ms,
                   "kernel_floor_ms": utilities.kernel_floor_ms, "host_kept_up": self.host_kept_up,
-                  "phases_s": self.phases, "resident_inputs": utilities.resident.keys(), **held, **fields}
+                  "phases_s": self.phases, "resident_inputs": utilities.resident.keys(), "tampered": tampered,
+                  **held, **fields}
         return answer, sent + guards
 
     def hold_snapshots(self) -> dict:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import statistics
 
-from harness.worker_side import fresh_inputs, gpu
+from harness.worker_side import evidence_mac, fresh_inputs, gpu
 from harness.worker_side.buffers import KEPT_SHARE
 from harness.worker_side.device_judging import Held, Kept
 from harness.worker_side.kernel_clock import KernelClock, busy_ms, launch_records, launch_spans_ms
 from harness.worker_side.resident import RESIDENT_MAX_BYTES, Resident, Staging
 
-UTILITY_SOURCE = fresh_inputs.GENERATOR_SOURCE + r"""
+UTILITY_SOURCE = fresh_inputs.GENERATOR_SOURCE + evidence_mac.MAC_SOURCE + r"""
 template <typename T>
 __device__ void count_equal(const T* data, unsigned long long n, T pattern, unsigned long long* count) {
     unsigned long long local = 0;
@@ -82,6 +82,7 @@ class Utilities:
         self.context = context
         self.clock = clock if clock is not None and clock.available else None
         self.clock_note = None if self.clock else (clock.failure if clock is not None else "not asked for")
+        self.cubin = bytes(cubin)  # loaded again in the evidence context, for its MACs (harness/worker_side/evidence.py)
         self.module = gpu.Module(cubin)
         self.count = {size: self.module.function(f"referee_count_{size}") for size in (1, 2, 4, 8)}
         self.empty = self.module.function("referee_empty")
@@ -89,6 +90,7 @@ class Utilities:
         self.hold_kernel = self.module.function("referee_hold")
         self.flush_kernel = self.module.function("referee_flush")
         self.generate_kernel = self.module.function("referee_generate")
+        self.mac_kernel = self.module.function("referee_mac")
         # Reading twice the L2 size evicts everything a previous launch left there.
         self.flush_bytes = -(-2 * context.info.l2_bytes // 16) * 16
         self.flush = gpu.Allocation(self.flush_bytes + 16)  # the buffer, then the kernel's sink
@@ -137,6 +139,12 @@ class Utilities:
         args = gpu.kernel_arguments([("ptr", ptr), ("uint64", elements), (_COUNT_CTYPES[itemsize], pattern),
                                      ("ptr", counter)])
         gpu.launch(self.count[itemsize], (blocks, 1, 1), (256, 1, 1), 0, self.context.stream, args)
+
+    def mac(self, ptr: int, nbytes: int, key: int, k2: int, out: int) -> None:
+        """Add the keyed MAC of `nbytes` at `ptr` into the uint64 at `out`, on the stream
+        (harness/worker_side/evidence_mac.py)."""
+        evidence_mac.launch_mac(self.mac_kernel, ptr, nbytes, key, k2, out, self.context.stream,
+                                self.context.info.sm_count)
 
     def _floor_ms(self) -> tuple[float, float | None]:
         """What an empty kernel measures between two events, and on the kernel clock: the floor of
