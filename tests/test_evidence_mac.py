@@ -158,3 +158,55 @@ def test_a_launch_s_seal_is_queued_over_its_counts_then_each_audited_output():
                                (800, 16, seal.keys(5, 0), 816), (9000, 4099, seal.keys(5, 1), 824),
                                (20000, 64, seal.keys(5, 2), 824)]
     assert evidence_mac.RECORD_BYTES == 32
+
+
+def test_every_timed_launch_is_sealed_after_its_counts_and_snapshot_before_the_next(monkeypatch):
+    """The timed loop's queue, with stand-ins that log each step: a launch's seal (and the record's move) comes after
+    its counts and its snapshot, before the next launch; only audited launches seal outputs."""
+    from harness.worker_side import timed_loop
+
+    log = []
+
+    class Job:
+        def outputs(self, s):
+            return [(None, {"nbytes": 64, "itemsize": 4}, type("B", (), {"ptr": 5000 + s})())]
+
+        def launch(self, s):
+            log.append(("launch", s))
+
+        def poison(self, s, byte):
+            pass
+
+    class Utilities:
+        def hold(self, n):
+            pass
+
+        def count_equal(self, ptr, elements, itemsize, byte, counter):
+            log.append(("count", counter))
+
+        def mac(self, ptr, nbytes, key, k2, out):
+            log.append(("mac", ptr, nbytes, out))
+
+        def queued(self, *args):
+            pass
+
+    class Evidence:
+        def take(self, destination, source, nbytes, stream):
+            log.append(("take", destination, source, nbytes))
+
+    monkeypatch.setattr(timed_loop.gpu, "record", lambda event, stream: None)
+    monkeypatch.setattr(timed_loop.gpu, "fill", lambda ptr, byte, nbytes, stream: log.append(("zero", ptr, nbytes)))
+    monkeypatch.setattr(timed_loop.gpu, "completed", lambda event: False)
+    loop = object.__new__(timed_loop.TimedLoop)
+    loop.utilities, loop.job, loop.evidence = Utilities(), Job(), Evidence()
+    loop.context = type("C", (), {"stream": 0})()
+    loop.header = {"cold_l2": False, "poison": 0xFF}
+    loop.iterations, loop.sets, loop.warmups, loop.checked, loop.clocked, loop.fresh_key = 2, 2, 0, [1], False, None
+    loop.seal = Seal(loop.utilities, loop.evidence)
+    loop.pairs = [type("P", (), {"start": None, "end": None})() for _ in range(2)]
+    loop.queued = loop.pairs[0]
+    loop.scratch, loop.counters, loop.snapshots = (type("A", (), {"ptr": p})() for p in (100, 200, 300))
+    loop.queue_timed_launches()
+    assert log == [("launch", 0), ("zero", 100, 32), ("count", 100), ("mac", 100, 16, 116), ("take", 200, 100, 32),
+                   ("launch", 1), ("zero", 100, 32), ("count", 100), ("take", 300, 5001, 64), ("mac", 100, 16, 116),
+                   ("mac", 5001, 64, 124), ("take", 232, 100, 32)]
