@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TextIO
 
@@ -26,7 +27,7 @@ from guard.step import StepResult, guard_approval
 from guard.store import LoadedApproval, load_store
 from guard.outputs_html import write_html
 from guard.outputs_junit import write_junit
-from guard.trend import trend_of, trend_png, trend_svg
+from guard.trend import write_trend
 from guard.verdict import VerdictSettings, exit_status
 from harness.device import gpu_absent_reason
 from server.settings import sandbox_refusal
@@ -120,9 +121,12 @@ def finish(options: GuardOptions, loaded: list[LoadedApproval], results: list[St
             accepted |= {result.approval} if accepting.ACCEPTED in said else set()
             print(said, file=out)
     folder = next((p.parent for p in (options.html, options.json, options.junit) if p is not None), None)
-    report = outputs.GuardReport(time=time, store=str(options.store), results=[
-        _recorded(options.store, result, result.approval in accepted, time, folder) for result in results])
-    for path, write in ((options.json, outputs.write_json), (options.junit, write_junit), (options.html, write_html)):
+    recorded = [_recorded(options.store, result, result.approval in accepted, time, folder) for result in results]
+    report = outputs.GuardReport(time=time, store=str(options.store), results=[shown for shown, _ in recorded])
+    # The page inlines each approval's trend picture as drawn in this process, never read back from the folder.
+    trend_svgs = {shown.approval: svg for shown, svg in recorded if svg is not None}
+    for path, write in ((options.json, outputs.write_json), (options.junit, write_junit),
+                        (options.html, partial(write_html, trend_svgs=trend_svgs))):
         if path is not None:
             print(f"wrote {write(report, path)}", file=out)
     print_results(report, results, out)
@@ -130,24 +134,23 @@ def finish(options: GuardOptions, loaded: list[LoadedApproval], results: list[St
     return report.exit_status
 
 
-def _recorded(store: Path, result: StepResult, accepted: bool, time: str, folder: Path | None) -> outputs.ApprovalResult:
+def _recorded(store: Path, result: StepResult, accepted: bool, time: str,
+              folder: Path | None) -> tuple[outputs.ApprovalResult, str | None]:
     """The run appended to the approval's history, its compact diff against the earlier runs, and its trend
-    pictures (beside the outputs, where any is written)."""
+    pictures (beside the outputs, where any is written); with the trend's SVG text, where drawn."""
     earlier = history.read(store, result.approval)
     diff = history.compact_diff(result.approval, result.verdicts, earlier)
     record = history.record_of(result.approval, result.verdicts, result.fingerprint, accepted=accepted,
                                exit_status=exit_status(result.verdicts), time=time)
     history.append(store, record)
     pictures: dict[str, str] = {}
+    svg = None
     if folder is not None:
-        trend = trend_of(result.approval, earlier + [record])
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"trend-{result.approval}.svg").write_text(trend_svg(trend), encoding="utf-8")
-        (folder / f"trend-{result.approval}.png").write_bytes(trend_png(trend))
-        pictures = {"trend_svg": f"trend-{result.approval}.svg", "trend_png": f"trend-{result.approval}.png"}
+        trend = write_trend(folder, result.approval, earlier + [record])
+        pictures, svg = {"trend_svg": trend.svg.name, "trend_png": trend.png.name}, trend.svg_text
     return outputs.ApprovalResult(approval=result.approval, verdicts=result.verdicts, diff=diff,
                                   environment_changes=result.environment_changes, fingerprint=result.fingerprint,
-                                  node=result.node, seconds=result.cost.total_s, **pictures)
+                                  node=result.node, seconds=result.cost.total_s, **pictures), svg
 
 
 def _accept_key(options: GuardOptions) -> Path | None:
