@@ -113,6 +113,8 @@ def _accepted_interval(accepted: CaseLatency) -> dict[str, float]:
     intervals paired at opposite ends, as the speedup's are; none where an end is not a positive finite number."""
     kernel, baseline = accepted.kernel, accepted.baseline
     if accepted.speedup is not None:
+        if not accepted.speedup.low > 0.0:
+            return {}
         low, high = 1.0 / accepted.speedup.high, 1.0 / accepted.speedup.low
     elif baseline is not None and baseline.ci_low_ms > 0.0:
         low, high = kernel.ci_low_ms / baseline.ci_high_ms, kernel.ci_high_ms / baseline.ci_low_ms

@@ -77,3 +77,17 @@ def test_the_html_page_shows_a_trend_picture_per_approval(tmp_path):
     for name in ("matmul", "softmax"):
         svg = (tmp_path / "out" / f"trend-{name}.svg").read_text()
         assert svg in text and text.index(f'id="approval-{name}"') < text.index(svg)
+
+
+def test_a_speedup_interval_reaching_zero_gives_the_verdict_no_accepted_interval(tmp_path):
+    """A speedup's low end of 0 (a baseline timed at nothing) has no ratio interval: the step goes on without one."""
+    from guard.step import _accepted_interval
+    from harness.stats import Speedup
+
+    store, key = new_store(tmp_path)
+    add_approval(store, key, "matmul", "matmul_f32", 50)
+    accepted = load_approval(store, "matmul").approval.cases[0]
+    at_zero = accepted.model_copy(update={"speedup": Speedup(ratio=1.0, low=0.0, high=2.0, beyond_noise=False)})
+    assert _accepted_interval(at_zero) == {}
+    sound = accepted.model_copy(update={"speedup": Speedup(ratio=1.0, low=0.5, high=2.0, beyond_noise=False)})
+    assert _accepted_interval(sound)["accepted_high"] == pytest.approx(2.0)
