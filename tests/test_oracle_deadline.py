@@ -21,8 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 SAXPY = REPO / "tests" / "fixtures" / "tasks" / "saxpy"
 EXITS = "import sys\n\ndef oracle(inputs, dims):\n    sys.exit(5)\n"
 EXITS_ON_LOAD = "import sys\nsys.exit(7)\n"
-HANGS = "def oracle(inputs, dims):\n    while True:\n        pass\n"
-SLEEPS = "import time\n\ndef oracle(inputs, dims):\n    time.sleep(3600)\n"
+# Busy past any deadline the tests set, then done: a thread cannot be stopped from outside, and one that spun for
+# ever would hold the interpreter's lock, and slow every later test of the session, until the process ends.
+HANGS = ("import time\n\ndef oracle(inputs, dims):\n    end = time.monotonic() + 5\n"
+         "    while time.monotonic() < end:\n        pass\n")
+SLEEPS = "import time\n\ndef oracle(inputs, dims):\n    time.sleep(60)\n"
 
 
 def with_oracle(tmp_path: Path, text: str, name: str = "saxpy") -> Path:
