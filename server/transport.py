@@ -205,6 +205,12 @@ def _announce(host: str, port: int, token: str | None, token_generated: bool) ->
         _stderr("kernel-referee: warning: serving beyond loopback over plain HTTP; the token can be sniffed")
 
 
+# How long the server keeps an idle keep-alive connection open: longer than clients keep theirs (httpx and Node
+# drop an idle connection after 4-5 s), so the client always closes first. With uvicorn's default (5 s) a client
+# could send its next request on a connection the server was closing at that moment, and lose it (ReadError).
+KEEP_ALIVE_S = 65
+
+
 def _stderr_log_config() -> dict[str, Any]:
     """uvicorn's logging, with access lines sent to stderr: by default they go to stdout."""
     import uvicorn.config  # uvicorn loads only for the HTTP transport
@@ -223,7 +229,7 @@ def _serve_http(server: MCPServer, host: str, port: int, security: TransportSecu
     app = server.streamable_http_app(streamable_http_path=MCP_PATH, transport_security=security, host=host)
     config = uvicorn.Config(
         app, host=host.strip("[]"), port=port, log_level=server.settings.log_level.lower(),
-        log_config=_stderr_log_config(),
+        log_config=_stderr_log_config(), timeout_keep_alive=KEEP_ALIVE_S,
     )
     uvicorn.Server(config).run(sockets=[listener] if listener is not None else None)
 

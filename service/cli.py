@@ -11,7 +11,7 @@ from harness.settings import TimingSettings
 from harness.task_model import Task
 from server.executor import Executor, GpuExecutor
 from server.settings import sandbox_refusal
-from server.transport import _stderr_log_config, loopback_refusal
+from server.transport import KEEP_ALIVE_S, _stderr_log_config, loopback_refusal
 from service.app import build_app
 from service.settings import ServiceSettings
 from service.web import web_routes
@@ -57,5 +57,5 @@ def serve(settings: ServiceSettings, make_executor, gpus: list[GpuInfo]) -> int:
         print(f"kernel-referee service: admin token (shown once; set KERNEL_REFEREE_ADMIN_TOKEN to choose it): {shown}",
               file=sys.stderr, flush=True)
     uvicorn.run(app, host=settings.host.strip("[]"), port=settings.port, log_config=_stderr_log_config(),
-                log_level="warning")
+                log_level="warning", timeout_keep_alive=KEEP_ALIVE_S)
     return 0

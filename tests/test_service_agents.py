@@ -4,12 +4,14 @@ attempt, then started again on the same folder."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 
 import anyio
 import pytest
 
+from server.transport import KEEP_ALIVE_S
 from server.verify import verify_run
 from tests.server_support import free_port, kernel
 from tests.service_support import ServiceProcess, agent
@@ -126,3 +128,22 @@ def test_a_service_killed_mid_attempt_resumes_every_run_with_its_budget_and_plac
     assert "attempt_interrupted" in events
     assert verify_run(run_dir).ok, verify_run(run_dir).problems
     assert not list((root / "runs" / second["run"]["id"] / "results").glob("run-*"))  # a queued run spent nothing
+
+
+def test_an_idle_connection_outlives_the_clients_own_keep_alive(tmp_path):
+    """The service keeps an idle connection open longer than clients keep theirs (server/transport.py
+    KEEP_ALIVE_S): a client's next request on a connection idle for 6 s is answered, not lost to a close racing it."""
+    service = ServiceProcess(tmp_path / "service", free_port()).start()
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", service.port, timeout=30)
+        connection.request("GET", "/api/openapi.json")
+        first = connection.getresponse()
+        assert first.status == 200 and first.read()
+        time.sleep(6.0)  # past uvicorn's default keep-alive (5 s) and httpx's own (5 s)
+        connection.request("GET", "/api/openapi.json")
+        again = connection.getresponse()  # on the same socket: raises RemoteDisconnected where the server closed it
+        assert again.status == 200 and again.read()
+        connection.close()
+    finally:
+        service.stop()
+    assert KEEP_ALIVE_S > 6
