@@ -36,6 +36,13 @@ def _gpu_leases_of_this_session(tmp_path_factory):
 
 
 @pytest.fixture
+def own_gpu_claims(tmp_path, monkeypatch):
+    """GPU leases and serving claims in this test's own folder: a service or run of another test, in this process
+    or another, never holds one of this test's fake GPUs."""
+    monkeypatch.setenv(LEASE_DIR_ENV, str(tmp_path / "gpu-leases"))
+
+
+@pytest.fixture
 def anyio_backend():
     return "asyncio"
 

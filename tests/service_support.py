@@ -15,6 +15,7 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from harness.gpu_lease import LEASE_DIR_ENV
 from service.auth import ADMIN_TOKEN_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +31,10 @@ class ServiceProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "ServiceProcess":
-        env = {**os.environ, ADMIN_TOKEN_ENV: ADMIN, "PYTHONPATH": str(REPO)}
+        # Its GPU claims in a folder of its own (kept across a restart on the same root): no other test's service
+        # or run, in this process or another, holds one of its fake GPUs.
+        leases = self.root.parent / f"{self.root.name}-leases"
+        env = {**os.environ, ADMIN_TOKEN_ENV: ADMIN, LEASE_DIR_ENV: str(leases), "PYTHONPATH": str(REPO)}
         with (self.root.parent / f"{self.root.name}-stderr.txt").open("ab") as err:
             self.proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "fake_service.py"), str(self.root),
                                           str(self.port), str(self.gpus)], cwd=REPO, env=env,

@@ -12,6 +12,7 @@ from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend
 from starlette.requests import HTTPConnection
 from starlette.testclient import TestClient
 
+from harness.gpu_lease import lease_folder
 from service.app import build_app
 from service.auth import ADMIN_TOKEN_ENV
 from service.registry import Registry
@@ -20,6 +21,8 @@ from tests.fake_executor import FakeExecutor, fake_gpus
 from tests.service_support import ADMIN, MATMUL
 
 BASE = "http://127.0.0.1:8000"
+
+pytestmark = pytest.mark.usefixtures("own_gpu_claims")
 
 
 def _client(tmp_path, gpus: int = 1, limits: TeamLimits = TeamLimits()) -> TestClient:
@@ -49,8 +52,10 @@ def _wait_state(client: TestClient, run_id: str, state: str) -> dict:
     deadline = time.monotonic() + 60
     while True:
         view = client.get(f"/api/runs/{run_id}", headers=_auth(ADMIN)).json()
-        if view["run"]["state"] == state or time.monotonic() > deadline:
+        if view["run"]["state"] == state:
             return view
+        claims = {p.name: p.read_text() for p in lease_folder().glob("*.serving.lock")}
+        assert time.monotonic() < deadline, f"run {run_id} still {view['run']['state']}; GPU claims: {claims}"
         time.sleep(0.05)
 
 

@@ -24,8 +24,9 @@ from tests.test_service_intake import task_archive
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed "
-                                "(apt-get install -y chromium)")
+pytestmark = [pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed "
+                                 "(apt-get install -y chromium)"),
+              pytest.mark.usefixtures("own_gpu_claims")]
 NOTE = "please look at <the> tail & cases"
 
 

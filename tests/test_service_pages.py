@@ -23,6 +23,7 @@ from tests.service_support import ADMIN
 from tests.test_service_intake import TRANSPOSE, ZERO_ORACLE, task_archive
 
 BASE = "http://127.0.0.1:8000"
+pytestmark = pytest.mark.usefixtures("own_gpu_claims")
 HOSTILE = "<script>alert(1)</script>"
 
 
