@@ -8,11 +8,13 @@ Trusted is not sound: an oracle that calls sys.exit() or never returns would end
 word, or block them forever. So it is loaded and called in a thread with a deadline: an exit is an OracleError
 like any failure, and an oracle past its deadline is one too. Such a thread cannot be killed; it is a daemon,
 ended with the process (lint and check stop there; serve refuses the task at its start), and the same oracle is
-not started again in this process.
+not started again in this process. What it prints goes to stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
 import traceback
 import types
@@ -119,8 +121,10 @@ def _within_deadline(path: Path, case: str | None, deadline_s: float, call):
             box["error"] = exc
 
     thread = threading.Thread(target=run, name=f"oracle {path.parent.name}", daemon=True)
-    thread.start()
-    thread.join(deadline_s)
+    # What the oracle prints goes to stderr: stdout carries the report of lint and check, one line per finding.
+    with contextlib.redirect_stdout(sys.stderr):
+        thread.start()
+        thread.join(deadline_s)
     if thread.is_alive():
         _hung.add(str(path))
         raise OracleError(f"{path} did not return within {deadline_s:g} s{_on(case)} (the oracle's deadline): "

@@ -77,6 +77,15 @@ def test_a_sound_oracle_is_unchanged_by_the_deadline(tmp_path):
     assert np.array_equal(out, (2.5 * inputs["x"] + inputs["y"]).astype(np.float64))
 
 
+def test_what_an_oracle_prints_goes_to_stderr_not_into_lint_s_report(tmp_path, capsys):
+    text = ("print('ORACLE LOADED')\n\ndef oracle(inputs, dims):\n    print('ORACLE CALLED')\n"
+            "    return {'out': 2.5 * inputs['x'] + inputs['y']}\n")
+    main(["lint", str(with_oracle(tmp_path, text, "prints"))])
+    said = capsys.readouterr()
+    assert "ORACLE" not in said.out
+    assert "ORACLE LOADED" in said.err and "ORACLE CALLED" in said.err
+
+
 def test_the_deadline_grows_with_the_inputs():
     small = oracle_deadline_s({"x": np.zeros(10)})
     large = oracle_deadline_s({"x": np.zeros(1 << 20), "y": np.zeros(1 << 20)})
