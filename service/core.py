@@ -156,7 +156,7 @@ class Service:
             if live is None or not live.admitted:
                 await self._admit(record)
             else:
-                self._settle(record, live)
+                await self._settle(record, live)
         for record in self.registry.queued():
             gpu_uuid = self._free_slot(record.id)
             if gpu_uuid is None:
@@ -188,14 +188,23 @@ class Service:
                                            self.make_executor)
             live.admitted = True
 
-    def _settle(self, record: RunRecord, live: LiveRun) -> None:
+    async def _settle(self, record: RunRecord, live: LiveRun) -> None:
+        """A run whose preparation failed, or whose budget is spent, lets its GPU go: its executor's workers are
+        closed first (no idle context of a finished run beside the next run's timings), then its claim. Its MCP
+        endpoint stays open for what reads the run."""
         preparation = live.run.preparation
         if preparation is not None and preparation.failed:
-            self.registry.update(record.id, state=RunState.FAILED, error=preparation.error, finished_at=now_iso())
-            self._release(record.id)
+            update = {"state": RunState.FAILED, "error": preparation.error}
         elif (preparation is None or preparation.ready) and live.run.finished:
-            self.registry.update(record.id, state=RunState.FINISHED, finished_at=now_iso())
-            self._release(record.id)
+            update = {"state": RunState.FINISHED}
+        else:
+            return
+        try:
+            await anyio.to_thread.run_sync(live.run.executor.close)
+        except Exception:  # noqa: BLE001 - the run ends all the same; its workers end with the service at worst
+            log.exception("closing the executor of run %s failed", record.id)
+        self.registry.update(record.id, finished_at=now_iso(), **update)
+        self._release(record.id)
 
     def _release(self, run_id: str) -> None:
         claim = self.claims.pop(run_id, None)

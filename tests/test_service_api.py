@@ -17,7 +17,9 @@ from service.app import build_app
 from service.auth import ADMIN_TOKEN_ENV
 from service.registry import Registry
 from service.settings import ServiceSettings, TeamLimits
-from tests.fake_executor import FakeExecutor, fake_gpus
+from server.attempt import record_attempt
+from tests.fake_executor import FAKE_GPU_UUID, FakeExecutor, fake_gpus
+from tests.server_support import kernel
 from tests.service_support import ADMIN, MATMUL
 
 BASE = "http://127.0.0.1:8000"
@@ -148,6 +150,26 @@ def test_the_queue_serves_as_many_runs_as_gpus_in_order(tmp_path):
         assert len({v["run"]["gpu_uuid"] for v in views[:2]}) == 2
     again = Registry(tmp_path / "service")  # what a restart reads
     assert [r.queued_seq for r in again.queued()] == [3, 4]
+
+
+def test_a_finished_run_closes_its_executor_before_the_next_run_gets_its_gpu(tmp_path):
+    with _client(tmp_path, gpus=1) as client:
+        first, second = (_run(client, ADMIN, max_attempts=1)["run"]["id"] for _ in range(2))
+        _wait_state(client, first, "running")
+        service = client.app.state.service
+        deadline = time.monotonic() + 60
+        while not (first in service.live and service.live[first].admitted):  # its executor placed, its preparation begun
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        run = service.live[first].run
+        assert run.preparation.wait(60) and run.preparation.ready
+        answer = record_attempt(run, run.candidate(None, kernel("latency_us=50")), "the one attempt", None, None)
+        assert answer.attempt == 1 and run.finished
+        view = _wait_state(client, second, "running")
+        assert view["run"]["gpu_uuid"] == FAKE_GPU_UUID
+        assert run.executor.closed.is_set()  # closed before its claim was let go, so before the second ran
+        assert not service.live[second].run.executor.closed.is_set()
+        assert _wait_state(client, first, "finished")["run"]["finished_at"]
 
 
 def test_team_limits_refuse_with_their_cause(tmp_path):
