@@ -30,7 +30,8 @@ REQUIRED_CHECKS = {
     "fresh-oracle": "fresh random values against the float64 oracle",
 }
 CheckKind = Literal["replay", "holdout", "holdout-oracle", "fresh-oracle", "compile", "referee",
-                    "physical-limit"]  # physical-limit: a re-timed median beyond the device's limit (failed only)
+                    "physical-limit",  # a re-timed median beyond the device's limit (failed only)
+                    "arithmetic"]      # the kernel computes on units its task does not allow (failed only)
 
 
 class CheckResult(BaseModel):

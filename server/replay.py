@@ -1,7 +1,8 @@
 """`kernel-referee replay RUN`: a run's best kernel (or one attempt) again, on this GPU, judged afresh.
 
 The run folder is verified first; one that does not verify is refused (exit 2). Then, with the
-run's own task copy, locked expected outputs and timing protocol: the kernel on each replay request
+run's own task copy, locked expected outputs and timing protocol: the kernel's compiled instructions against
+the task's `arithmetic` (an "arithmetic" check, failed before any run, as a run refuses it), the kernel on each replay request
 (best-case-N.json), on the holdout cases against the reference outputs and against the float64
 oracle, and on fresh random values against the oracle; then N interleaved timings beside the
 baseline (attempts/000.cu), each against the device's physical limit (a re-timed kernel beyond it fails a
@@ -34,7 +35,7 @@ from server.decision import (CheckResult, Decision, RepeatResult, decide, enviro
                              other_environment_differences)
 from server.executor import Executor, GpuExecutor
 from server.folder_lock import EXIT_HELD, FolderHeld, FolderLock
-from server.replay_checks import compile_subject, correctness_checks
+from server.replay_checks import arithmetic_check, compile_subject, correctness_checks
 from server.replay_record import RunFolderError, RunRecord, load_record
 from server.keys import SigningKeyError
 from server.report_files import REPORT_NAME, write_report_files
@@ -111,6 +112,10 @@ def _replay(executor: Executor, record: RunRecord, repeats: int, say: Say, check
     if kernel is None or baseline is None:
         return
     mix = executor.compile(record.kernel.source, record.kernel.options).mix  # a cache hit: the units it computes on
+    refused = arithmetic_check(record.task, record.kernel, mix)
+    if refused is not None:  # refused before any timing, as the run refuses it
+        checks.append(refused)
+        return
     say(f"attempt {record.kernel.attempt} on its visible cases")
     checks += correctness_checks(executor, record.task, kernel, record.requests, record.settings.timing, say)
     for number in range(1, repeats + 1):

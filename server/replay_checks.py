@@ -10,10 +10,12 @@ from __future__ import annotations
 import secrets
 from typing import Callable
 
+from harness.arithmetic import arithmetic_reason
 from harness.drawn_inputs import oracle_cases, oracle_split
 from harness.results import CheckReport
 from harness.settings import CompiledKernel, TimingSettings
 from harness.task_model import Case, LaunchSpec, Task
+from harness.worker_side.sass_mix import InstructionMix
 from server.decision import CheckResult
 from server.executor import Executor
 from server.records import NO_INDEPENDENT_ORACLE
@@ -29,6 +31,19 @@ def compile_subject(executor: Executor, subject: Subject) -> tuple[CompiledKerne
         return CompiledKernel(f"attempt-{subject.attempt}", compiled.cubin, compiled.lowered_name, subject.launch), None
     return None, CheckResult(name=f"compile attempt {subject.attempt} ({subject.source_file})", kind="compile",
                              passed=False, reasons=[f"it does not compile here: {compiled.log}"[:1000]])
+
+
+def arithmetic_check(task: Task, subject: Subject, mix: InstructionMix | None) -> CheckResult | None:
+    """A failed "arithmetic" check where the kernel, compiled here, computes on units its task does not allow
+    (harness/arithmetic.py), as a run refuses it; None where it keeps to them. The task's own initial kernel, as
+    written, is exempt, as in the run (server/run.py `arithmetic_refusal`)."""
+    if subject.source == task.source("initial") and not subject.options:
+        return None
+    reason = arithmetic_reason(task.arithmetic, mix)
+    if reason is None:
+        return None
+    return CheckResult(name=f"arithmetic attempt {subject.attempt} ({subject.source_file})", kind="arithmetic",
+                       passed=False, reasons=[f"{reason.code.value}: {reason.detail}"])
 
 
 def correctness_checks(executor: Executor, task: Task, kernel: CompiledKernel, requests: list[tuple[str, dict]],

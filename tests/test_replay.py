@@ -10,6 +10,7 @@ import pytest
 
 from harness.device import gpu_absent_reason
 from harness.task import load_task
+from harness.worker_side.sass_mix import InstructionMix
 from server.attempt import finish, record_attempt
 from server.verify import verify_run
 from server.cli import main
@@ -158,6 +159,32 @@ def test_a_best_that_is_the_baseline_is_exempt_from_the_physical_limit(tmp_path)
     assert document["kernel"]["attempt"] == 0
     assert not any(c["kind"] == "physical-limit" for c in document["checks"])
     assert not any("physical_limit" in r for r in document["repeats"])
+
+
+class ComputesOnFp16TensorCores(FakeExecutor):
+    """This toolchain turns the candidates into fp16 tensor-core code: what matmul_f32 (CUDA cores only) forbids."""
+
+    def compile(self, source, options):
+        result = super().compile(source, options)
+        if result.ok and source != self.task.source("initial"):
+            result = result.model_copy(update={"mix": InstructionMix(instructions=100, tensor={"fp16": 3},
+                                                                     tensor_forms=["HMMA.16816.F32"])})
+        return result
+
+
+def test_a_best_computing_on_units_its_task_forbids_is_no_go_before_any_timing(good_run):
+    code, document, out = replayed(good_run, lambda task, timing: ComputesOnFp16TensorCores(task))
+    assert code == 1 and document["decision"] == "NO-GO"
+    refused = [c for c in document["checks"] if c["kind"] == "arithmetic"]
+    assert len(refused) == 1 and not refused[0]["passed"]
+    assert refused[0]["reasons"][0].startswith("arithmetic_not_allowed: the kernel's SASS holds 3 fp16 tensor-core MMA")
+    assert document["repeats"] == []  # refused before it was timed, as a run refuses it
+
+
+def test_a_best_that_is_the_task_s_own_kernel_is_exempt_from_the_arithmetic(tmp_path):
+    run_dir = make_run(tmp_path)
+    _, document, _ = replayed(run_dir, lambda task, timing: ComputesOnFp16TensorCores(task))
+    assert not any(c["kind"] == "arithmetic" for c in document["checks"])
 
 
 def test_a_best_that_is_the_baseline_is_no_go_for_every_repeat(tmp_path):
