@@ -143,7 +143,7 @@ class GuardStep:
         if lease is not None:
             lease.listener, self.lease_waits = self.say, lease.waits
         for label, subject in zip(LABELS, (self.subject.kernel, self.subject.baseline)):
-            compiled, failed = compile_subject(self.executor, subject)
+            compiled, failed = compile_subject(self.executor, subject, self.subject.task)  # and its arithmetic
             if compiled is not None:
                 self.kernels[label] = compiled
             else:

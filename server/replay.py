@@ -35,7 +35,7 @@ from server.decision import (CheckResult, Decision, RepeatResult, decide, enviro
                              other_environment_differences)
 from server.executor import Executor, GpuExecutor
 from server.folder_lock import EXIT_HELD, FolderHeld, FolderLock
-from server.replay_checks import arithmetic_check, compile_subject, correctness_checks
+from server.replay_checks import compile_subject, correctness_checks
 from server.replay_record import RunFolderError, RunRecord, load_record
 from server.keys import SigningKeyError
 from server.report_files import REPORT_NAME, write_report_files
@@ -106,16 +106,12 @@ def _preload(executor: Executor, record: RunRecord) -> None:
 
 def _replay(executor: Executor, record: RunRecord, repeats: int, say: Say, checks: list[CheckResult],
             timings: list[tuple[RepeatResult, dict]], environment: dict | None = None) -> None:
-    kernel, failed = compile_subject(executor, record.kernel)
+    kernel, failed = compile_subject(executor, record.kernel, record.task)  # held to the task's arithmetic
     baseline, baseline_failed = compile_subject(executor, record.baseline)
     checks += [c for c in (failed, baseline_failed) if c is not None]
     if kernel is None or baseline is None:
         return
     mix = executor.compile(record.kernel.source, record.kernel.options).mix  # a cache hit: the units it computes on
-    refused = arithmetic_check(record.task, record.kernel, mix)
-    if refused is not None:  # refused before any timing, as the run refuses it
-        checks.append(refused)
-        return
     say(f"attempt {record.kernel.attempt} on its visible cases")
     checks += correctness_checks(executor, record.task, kernel, record.requests, record.settings.timing, say)
     for number in range(1, repeats + 1):

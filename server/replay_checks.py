@@ -24,10 +24,15 @@ from server.replay_record import Subject
 Say = Callable[[str], None]
 
 
-def compile_subject(executor: Executor, subject: Subject) -> tuple[CompiledKernel | None, CheckResult | None]:
-    """The subject compiled here, or a failed "compile" check saying why it does not compile."""
+def compile_subject(executor: Executor, subject: Subject,
+                    task: Task | None = None) -> tuple[CompiledKernel | None, CheckResult | None]:
+    """The subject compiled here, or a failed "compile" check saying why it does not compile; with its `task`, a
+    failed "arithmetic" check where it compiles onto units the task does not allow."""
     compiled = executor.compile(subject.source, subject.options)
     if compiled.ok:
+        refused = arithmetic_check(task, subject, compiled.mix) if task is not None else None
+        if refused is not None:
+            return None, refused
         return CompiledKernel(f"attempt-{subject.attempt}", compiled.cubin, compiled.lowered_name, subject.launch), None
     return None, CheckResult(name=f"compile attempt {subject.attempt} ({subject.source_file})", kind="compile",
                              passed=False, reasons=[f"it does not compile here: {compiled.log}"[:1000]])

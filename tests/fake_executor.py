@@ -38,7 +38,7 @@ import numpy as np
 from harness.call_limits import CallLimits, OutOfTime
 from harness.vendor_yardstick import VendorReport
 from harness.compile_cache import CompileCache
-from harness.worker_side.sass_mix import instruction_mix
+from harness.worker_side.sass_mix import InstructionMix, instruction_mix
 from harness.gpu_lease import GpuLease, held
 from harness.ncu_profile import NCU_MISSING, NO_PERMISSION, ProfilingUnavailable
 from harness.placement import GpuInfo
@@ -332,3 +332,15 @@ def _killed(cases: list[Case]) -> TimingReport:
     """What the real executor answers when abort() killed the worker during a timing job."""
     reasons = [Reason(code=ReasonCode.WORKER_CRASHED, case=cases[0].name, detail="the worker was killed (fake)")]
     return TimingReport(passed=False, cases=[CaseTiming(case=cases[0].name, passed=False, reasons=reasons)])
+
+
+class Fp16TensorCoreToolchain(FakeExecutor):
+    """A toolchain that turns every candidate but the task's own initial kernel into fp16 tensor-core code: what
+    matmul_f32 (CUDA cores only) forbids."""
+
+    def compile(self, source: str, options: tuple[str, ...]):
+        result = super().compile(source, options)
+        if result.ok and source != self.task.source("initial"):
+            result = result.model_copy(update={"mix": InstructionMix(instructions=100, tensor={"fp16": 3},
+                                                                     tensor_forms=["HMMA.16816.F32"])})
+        return result

@@ -16,7 +16,7 @@ from guard.step import guard_approval
 from guard.store import READABLE, load_approval, load_store
 from guard.verdict import Verdict, VerdictSettings
 from harness.nvml import GpuState, GpuWatch
-from tests.fake_executor import FakeExecutor
+from tests.fake_executor import FakeExecutor, Fp16TensorCoreToolchain
 from tests.guard_fake_store import add_approval, fake_fingerprint, new_store
 
 QUICK = VerdictSettings(min_rounds=8, step_rounds=4, max_rounds=12)
@@ -86,6 +86,16 @@ def test_a_kernel_that_fails_its_own_timing_is_incorrect(tmp_path):
     result = guard_approval(load_approval(store, "matmul"), fake(None), QUICK)
     assert {v.verdict for v in result.verdicts} == {Verdict.INCORRECT}
     assert any(c.name == "timing of the candidate" and "unwritten_output" in c.reasons[0] for c in result.checks)
+
+
+def test_a_kernel_compiled_onto_units_its_task_forbids_is_incorrect_and_not_timed(tmp_path):
+    store, key = new_store(tmp_path)
+    add_approval(store, key, "matmul", "matmul_f32", 50)
+    result = guard_approval(load_approval(store, "matmul"), lambda task, timing: Fp16TensorCoreToolchain(task), QUICK)
+    assert {v.verdict for v in result.verdicts} == {Verdict.INCORRECT}
+    failed = [c for c in result.checks if not c.passed]
+    assert [c.kind for c in failed] == ["arithmetic"] and "3 fp16 tensor-core MMA" in failed[0].reasons[0]
+    assert result.cost.rounds == 0
 
 
 class SharedGpu(FakeExecutor):

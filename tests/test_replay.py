@@ -10,13 +10,12 @@ import pytest
 
 from harness.device import gpu_absent_reason
 from harness.task import load_task
-from harness.worker_side.sass_mix import InstructionMix
 from server.attempt import finish, record_attempt
 from server.verify import verify_run
 from server.cli import main
 from server.replay import replay
 from server.report_files import write_report
-from tests.fake_executor import H200_ENVIRONMENT, FakeExecutor
+from tests.fake_executor import H200_ENVIRONMENT, FakeExecutor, Fp16TensorCoreToolchain
 from tests.report_support import Page
 from tests.server_support import HOLDOUT, VISIBLE, kernel, new_run, read_json
 
@@ -161,19 +160,8 @@ def test_a_best_that_is_the_baseline_is_exempt_from_the_physical_limit(tmp_path)
     assert not any("physical_limit" in r for r in document["repeats"])
 
 
-class ComputesOnFp16TensorCores(FakeExecutor):
-    """This toolchain turns the candidates into fp16 tensor-core code: what matmul_f32 (CUDA cores only) forbids."""
-
-    def compile(self, source, options):
-        result = super().compile(source, options)
-        if result.ok and source != self.task.source("initial"):
-            result = result.model_copy(update={"mix": InstructionMix(instructions=100, tensor={"fp16": 3},
-                                                                     tensor_forms=["HMMA.16816.F32"])})
-        return result
-
-
 def test_a_best_computing_on_units_its_task_forbids_is_no_go_before_any_timing(good_run):
-    code, document, out = replayed(good_run, lambda task, timing: ComputesOnFp16TensorCores(task))
+    code, document, out = replayed(good_run, lambda task, timing: Fp16TensorCoreToolchain(task))
     assert code == 1 and document["decision"] == "NO-GO"
     refused = [c for c in document["checks"] if c["kind"] == "arithmetic"]
     assert len(refused) == 1 and not refused[0]["passed"]
@@ -183,7 +171,7 @@ def test_a_best_computing_on_units_its_task_forbids_is_no_go_before_any_timing(g
 
 def test_a_best_that_is_the_task_s_own_kernel_is_exempt_from_the_arithmetic(tmp_path):
     run_dir = make_run(tmp_path)
-    _, document, _ = replayed(run_dir, lambda task, timing: ComputesOnFp16TensorCores(task))
+    _, document, _ = replayed(run_dir, lambda task, timing: Fp16TensorCoreToolchain(task))
     assert not any(c["kind"] == "arithmetic" for c in document["checks"])
 
 
