@@ -47,6 +47,13 @@ class CompileCache:
             self._remember(found)
         return found
 
+    def absorb(self, other: "CompileCache") -> None:
+        """Keep every entry `other` holds here too (a run's compiles made before its executor was placed)."""
+        with other._lock:
+            entries = list(other._entries.values())
+        for result in entries:
+            self.put(result)
+
     def put(self, result: CompileResult) -> None:
         self._remember(result)
         if self.folder is not None and _KEY.fullmatch(result.key):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from harness.gpu_lease import ServingClaim
 from harness.placement import GpuInfo, PlacementError, choose_gpu, parse_choice
+from harness.worker_side.compile_policy import arch_for
 
 log = logging.getLogger(__name__)
 
@@ -88,3 +89,19 @@ def placement_for(gpus: list[GpuInfo], choice: int | str | None, what: str,
     if wanted is None and own_uuid is not None and any(g.uuid == own_uuid for g in gpus):
         wanted = own_uuid
     return place_run(gpus, wanted, what)
+
+
+def nvml_arch(uuid: str | None = None) -> str | None:
+    """The NVRTC arch (sm_XY) of the GPU `uuid` names, else the one arch of every GPU left to this process, read
+    from NVML without a CUDA context (so with no GPU worker started); None without NVML, without a GPU, or where
+    the GPUs differ (only the one a run is placed on can tell then)."""
+    try:
+        import pynvml  # optional, as in list_gpus
+        pynvml.nvmlInit()
+        uuids = [uuid] if uuid is not None else [g.uuid for g in list_gpus()]
+        archs = {arch_for(*pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByUUID(u)))
+                 for u in uuids}
+    except Exception as exc:  # noqa: BLE001 - ImportError or any NVMLError: the arch is not known ahead
+        log.info("NVML cannot tell the GPUs' arch: %s", exc)
+        return None
+    return archs.pop() if len(archs) == 1 else None

@@ -72,8 +72,7 @@ def build_server(run: Run, **server_options: Any) -> MCPServer:
     call = gate(run, reports, logs)
 
     def candidate(candidate_id, source, options=None, launch=None):
-        return run.candidate(candidate_id, source, options,
-                             launch.model_dump(mode="json", exclude_defaults=True) if launch else None)
+        return run.candidate(candidate_id, source, options, _launch_fields(launch))
 
     _probe_tools(server, run, call, candidate)
     _profile_tool(server, run, call, candidate)
@@ -83,6 +82,10 @@ def build_server(run: Run, **server_options: Any) -> MCPServer:
     _prompt(server)
     strict_arguments(server)  # every tool refuses an argument it does not take
     return server
+
+
+def _launch_fields(launch: LaunchInput | None) -> dict | None:
+    return launch.model_dump(mode="json", exclude_defaults=True) if launch else None
 
 
 def _version() -> str:
@@ -111,10 +114,11 @@ def _probe_tools(server: MCPServer, run: Run, call: Callable, candidate: Callabl
                              options: Options = None, launch: Launch = None) -> CompileAnswer:
         """Compile a kernel with NVRTC for the run's GPU. Returns a candidate id (source + options + launch) to
         pass as `candidate_id` to the other tools, the trimmed compiler log, registers, spills and shared memory.
-        Free, rate-limited."""
+        Free, rate-limited; it answers while the run is queued for a GPU too (the other tools wait for one)."""
         args = {"source_bytes": len(source.encode()), "options": options}
         return await call(None, "compile_kernel", args,
-                          lambda _: probes.compile_candidate(run, lambda: candidate(None, source, options, launch)))
+                          lambda _: probes.compile_candidate(run, lambda: candidate(None, source, options, launch)),
+                          early=lambda compiles: compiles.compile(run, source, options, _launch_fields(launch)))
 
     @_tool(server, "Run chosen cases", CHARGED)
     async def run_cases(ctx: Context, candidate_id: CandidateId = None, source: Source = None, launch: Launch = None,
@@ -205,7 +209,9 @@ def _resources(server: MCPServer, run: Run) -> None:
     def compile_log(candidate: str) -> str:
         if not _CANDIDATE_ID.fullmatch(candidate):
             raise ResourceNotFoundError("candidate ids look like c0123456789abcde")
-        return read(f"compile-logs/{candidate}.log")
+        compiles = preparation.early_compiles(run)  # a run waiting for its GPU keeps its compile logs in memory
+        early_log = compiles.log(candidate) if compiles is not None else None
+        return early_log if early_log is not None else read(f"compile-logs/{candidate}.log")
 
     @server.resource(profiling.PROFILES, mime_type="text/csv",
                      description="a full Nsight Compute report of profile_kernel (ncu's raw page as CSV)")

@@ -78,9 +78,14 @@ def gate(run: Run, reports: FinishedReports, logs: ClientLog) -> Callable:
     if preparation.of(run) is None:
         probes.publish(run)  # no call is in flight yet (a run still prepared is published when ready)
 
-    async def call(ctx: Context | None, tool: str, arguments: dict, work: Callable, *, needs_budget=True):
+    async def call(ctx: Context | None, tool: str, arguments: dict, work: Callable, *, needs_budget=True,
+                   early: Callable | None = None):
         if tool in _READ_ONLY:
             return await _answered(tool, lambda: _read_only(run, tool, arguments, work))
+        compiles = preparation.early_compiles(run) if early is not None else None
+        if compiles is not None:  # a run waiting for its GPU answers what needs none, nothing logged or spent
+            async with gate:
+                return await _answered(tool, lambda: _to_thread_settled(lambda: early(compiles), run.executor.abort))
         deadline = Deadline(run.call_deadline_s)  # the whole call's, waiting for the gate included
         # A run still being prepared: a short wait, else refused with nothing logged, charged or spent
         await _answered(tool, lambda: preparation.until_prepared(run, deadline, _told(ctx, logs)))

@@ -33,7 +33,7 @@ from sandbox.confine import landlock_abi
 from harness.gpu_workers import gpu_worker_pool
 from harness.ncu_profile import profile_once
 from sandbox.pool import Worker
-from harness.gpus import list_gpus
+from harness.gpus import list_gpus, nvml_arch
 from harness.placement import GpuInfo
 
 
@@ -51,6 +51,9 @@ class ExecutorError(RuntimeError):
 class Executor(Protocol):
     def start(self) -> dict: ...                     # environment facts; starts the workers
     def compile(self, source: str, options: tuple[str, ...]) -> CompileResult: ...
+    # The arch its compiles target, known with no GPU worker started (a run queued for a GPU compiles for it);
+    # None where only the GPU it gets can tell
+    def compile_arch(self) -> str | None: ...
     def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]: ...
     def preload(self, case: Case, seed: int, outputs: dict[str, np.ndarray]) -> None: ...
     # The sha256-trees of expected outputs kept on the device (a case judged there); None: judged on the host
@@ -92,6 +95,7 @@ class GpuExecutor:
         self.pool = gpu_worker_pool(gpu.uuid if gpu else None, confine=confine)
         self.referee: Referee | None = None
         self.arch: str | None = None  # the candidate worker's, known once it started
+        self._arch_ahead: str | None = None  # NVML's, before that ("": NVML cannot tell)
         self.facts: dict | None = None
         self._lock = threading.Lock()
         self.peaks_cache_dir: Path | None = None  # None: harness.peaks.cache_dir() ($KERNEL_REFEREE_CACHE_DIR, XDG)
@@ -161,8 +165,14 @@ class GpuExecutor:
         self.referee.peaks = peaks
         return {"peaks": peaks.model_dump(mode="json") if peaks else None, "peaks_notes": notes}
 
+    def compile_arch(self) -> str | None:
+        if self.arch is None and self._arch_ahead is None:
+            self._arch_ahead = nvml_arch(self.gpu.uuid if self.gpu else None) or ""
+        return self.arch or self._arch_ahead or None
+
     def compile(self, source: str, options: tuple[str, ...]) -> CompileResult:
-        arch = self.arch or self.hello()["arch"]
+        # NVRTC runs on the CPU: a GPU worker is started for its arch only where NVML cannot tell it
+        arch = self.compile_arch() or self.hello()["arch"]
         deadline = self.referee.limits.deadline if self.referee is not None and self.referee.limits else None
         return self.compiler.compile(source, self.task.kernel_name, options, arch, within=deadline)
 

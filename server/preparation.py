@@ -20,6 +20,7 @@ import anyio
 from sandbox.deadline import Deadline
 from server import probes
 from server.call import Progress
+from server.early_compiles import EarlyCompiles
 from server.lifecycle import prepare_new_run
 from server.models import PreparationStatus, TaskCase, TaskDescription
 from server.run import Refusal, Run
@@ -55,6 +56,9 @@ class Preparation:
         self.error: str | None = None
         self._done = threading.Event()
         self.thread: threading.Thread | None = None
+        # Compiles answered meanwhile, without the GPU (server/early_compiles.py): a run queued for a GPU whose arch
+        # is known has them; None: compile_kernel waits for the preparation as every other tool does.
+        self.early: EarlyCompiles | None = None
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._run_caught, name="run-preparation", daemon=True)
@@ -167,6 +171,12 @@ def described(run: Run) -> TaskDescription:
         launch_default=task.launch.model_dump(mode="json"), device=run.environment, baseline_score_ms=None,
         best_attempt=0, best_score_ms=None, budget=run.budget(), profiling=run.settings.profile,
         preparation=preparation.status())
+
+
+def early_compiles(run) -> EarlyCompiles | None:
+    """The compiles a run not yet prepared answers now, or None (a prepared run, or one that answers none)."""
+    preparation = of(run)
+    return None if preparation is None else preparation.early
 
 
 def of(run) -> Preparation | None:

@@ -55,6 +55,11 @@ def device(run: Run) -> DeviceFacts:
 def compile_candidate(run: Run, make_candidate: Callable[[], Candidate]) -> CompileAnswer:
     candidate = make_candidate()  # charged to the compile rate limit before anything is written (Run.candidate)
     _, compiled = run.kernel(candidate)
+    return compile_answer(run, candidate, compiled)
+
+
+def compile_answer(run: Run, candidate: Candidate, compiled) -> CompileAnswer:
+    """compile_kernel's answer for a candidate and its compile result (server/early_compiles.py's too)."""
     r = compiled.resources
     resources = None if r is None else Resources(registers=r.registers, spill_bytes=r.spill_store_bytes + r.spill_load_bytes,
                                                  shared_bytes=r.shared_bytes, stack_bytes=r.stack_bytes)

@@ -6,14 +6,12 @@ method per tool, from a worker thread, and turns `Refusal` into a tool error.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import re
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
@@ -31,6 +29,7 @@ from harness.task_model import Case, LaunchSpec, Task
 from sandbox.deadline import Deadline
 from server.audit import AuditLog, write_bytes_atomic, write_json_atomic
 from server.call import CALL_DEADLINE_S, Progress
+from server.candidates import Candidate, candidate_id
 from server.executor import Executor
 from server.locked_files import LockedFiles
 from server.models import Budget
@@ -42,8 +41,6 @@ log = logging.getLogger(__name__)
 # Calls before which every locked file is hashed, not only those whose stat identity changed: the official
 # steps (server/locked_files.py says what each check catches).
 FULLY_CHECKED = frozenset({"record_attempt", "finish"})
-
-
 PROFILE_TOOL = "profile_kernel"  # its probes count against their own GPU-time cap too
 
 
@@ -86,14 +83,6 @@ class RunSettings(BaseModel):
         if isinstance(timing, dict) and "clock" not in timing:
             settings = {**settings, "timing": {**timing, "clock": "events"}}
         return cls.model_validate(settings)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    id: str
-    source: str
-    options: tuple[str, ...]
-    launch: LaunchSpec
 
 
 _ATTEMPT_FILE = re.compile(r"attempts/[0-9]{3}\.cu")
@@ -310,13 +299,15 @@ class Run:
         if tool == PROFILE_TOOL:
             self.profile_seconds_in_window += gpu_seconds
 
-    def charge_compile(self) -> None:
+    def charge_compile(self, *, logged: bool = True) -> None:
+        """Count a compile against the rate limit; `logged` off: in memory only (a run whose log has not begun)."""
         try:
             self.compile_rate.charge()
         except RateLimited as limited:
             raise Refusal(f"compile rate limit: {self.settings.compiles_per_minute} compiles per minute; "
                           f"{limited} (reuse candidate ids instead of recompiling)") from None
-        self.audit.append(EventKind.COMPILE_CHARGED, {})
+        if logged:
+            self.audit.append(EventKind.COMPILE_CHARGED, {})
 
     # -- candidates ----------------------------------------------------------------------------
     def candidate(self, candidate_id: str | None, source: str | None, options: list[str] | None = None,
@@ -326,17 +317,17 @@ class Run:
         if (candidate_id is None) == (source is None):
             raise Refusal("give exactly one of `candidate_id` (an id from compile_kernel) or `source`")
         if candidate_id is None:
-            spec = self.task.launch if launch is None else self._launch(launch)
+            spec = self.task.launch if launch is None else self.launch_spec(launch)
             return self.register_candidate(source, tuple(options or ()), spec, charge_compile=True)
         if candidate_id not in self.candidates:
             raise Refusal(f"unknown candidate id {candidate_id[:40]!r}: compile_kernel returns ids "
                           f"({len(self.candidates)} known in this run)")
         known = self.candidates[candidate_id]
         options = list(known.options) if options is None else options
-        spec = known.launch if launch is None else self._launch(launch)
+        spec = known.launch if launch is None else self.launch_spec(launch)
         return self.register_candidate(known.source, tuple(options or ()), spec)
 
-    def _launch(self, launch: dict) -> LaunchSpec:
+    def launch_spec(self, launch: dict) -> LaunchSpec:
         try:
             spec = LaunchSpec.model_validate(launch)
             check_candidate_launch(spec, self.task.visible_cases)
@@ -350,9 +341,7 @@ class Run:
         check_request(source, self.task.kernel_name, options, self.environment.get("arch") or DEFAULT_ARCH)
         if charge_compile:
             self.charge_compile()  # a request the policy refused compiles nothing and is not counted
-        identity = json.dumps({"source": source, "options": options, "launch": launch.model_dump(mode="json")},
-                              sort_keys=True)
-        cid = "c" + hashlib.sha256(identity.encode()).hexdigest()[:15]
+        cid = candidate_id(source, options, launch)
         if cid not in self.candidates:
             # Written before it is known: a candidate this run knows is one a resumed run knows too.
             self.write_json(f"candidates/{cid}.json", {"id": cid, "source": source, "options": list(options),

@@ -1,7 +1,8 @@
 """A service run's live side, made lazily: the referee's Run (begun through server/lifecycle.py, or resumed) and
 its MCP server, built by the same factory `serve` uses (server/app.py `build_server`), served as streamable
 HTTP at /runs/{id}/mcp. A queued run has a Run begun but not prepared: its preparation says it is queued, so
-describe_task answers and every tool that needs the run refuses at once, with nothing spent."""
+describe_task answers, compile_kernel compiles on the CPU for the arch the run will have (server/early_compiles.py),
+and every tool that needs the GPU refuses at once, with nothing spent."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import anyio
 from mcp.server.auth.settings import AuthSettings
 from starlette.applications import Starlette
 
+from harness.compile_cache import CompileCache
 from harness.placement import GpuInfo
 from harness.settings import TimingSettings
 from harness.task import load_task
 from harness.task_model import Task
 from server.app import build_server
+from server.early_compiles import EarlyCompiles
 from server.executor import Executor
 from server.lifecycle import begin_new_run, resume_run
 from server.preparation import NotPrepared, Preparation, prepare_behind
@@ -30,11 +33,14 @@ MakeExecutor = Callable[[Task, TimingSettings, GpuInfo | None], Executor]
 
 
 class Queued(Preparation):
-    """A run waiting for a GPU, in place of its preparation until it gets one: never ready, refuses at once."""
+    """A run waiting for a GPU, in place of its preparation until it gets one: never ready; compile_kernel answers
+    (for `arch`, the arch of every GPU it may get; none where that is not known), every other tool that needs the
+    run is refused at once."""
 
-    def __init__(self, where: Callable[[], tuple[int, int, float]]):
+    def __init__(self, where: Callable[[], tuple[int, int, float]], arch: str | None = None):
         super().__init__(lambda _progress: None, wait_s=0.0)
         self._where = where  # (position, queue length, expected wait in seconds)
+        self.early = EarlyCompiles(arch) if arch else None
 
     def _describe(self) -> str:
         position, length, wait_s = self._where()
@@ -48,8 +54,10 @@ class Queued(Preparation):
         return super().status().model_copy(update={"state": "queued", "step": self._describe()})
 
     def refusal(self) -> NotPrepared:
+        meanwhile = "compile_kernel answers now; " if self.early is not None else ""
         return NotPrepared(f"the run is {self._describe()}. Its GPU tools answer once it has a GPU and is prepared; "
-                           "nothing was spent (no attempt, probe or compile counted). describe_task shows the queue.")
+                           f"nothing was spent (no attempt or probe counted). {meanwhile}describe_task shows the "
+                           "queue.")
 
 
 class LiveRun:
@@ -70,16 +78,32 @@ def open_queued(task_dir: Path, results: Path, run_settings: RunSettings, make_e
     """A new run begun (its `.preparing-*` folder, its task copy and key; no GPU work), waiting in the queue."""
     executor = make_executor(load_task(task_dir), run_settings.timing, None)
     run = begin_new_run(task_dir, results, run_settings, executor)
-    run.preparation = Queued(where)
+    # An executor placed only when its run gets a GPU may not know the arch before: it answers no compile meanwhile
+    arch = executor.compile_arch() if hasattr(executor, "compile_arch") else None
+    run.preparation = Queued(where, arch)
     return run
 
 
 def admit(run: Run, results: Path, gpu: GpuInfo | None, make_executor: MakeExecutor) -> None:
-    """The run got its GPU: its executor placed there, then its preparation (reference outputs, baseline) behind
-    the server, as `serve` does."""
-    unplaced, run.executor = run.executor, make_executor(run.task, run.settings.timing, gpu)
+    """The run got its GPU: its executor placed there (with the compiles made while it waited in its cache), then
+    its preparation (reference outputs, baseline) behind the server, as `serve` does; the candidates compiled while
+    it waited become the run's once it is prepared."""
+    placed = make_executor(run.task, run.settings.timing, gpu)
+    early = run.preparation.early if run.preparation is not None else None
+    with run.exclusive():  # a compile answered while queued ends before the executor changes
+        if early is not None:
+            early.close()
+        unplaced, run.executor = run.executor, placed
+        _carry_compiles(unplaced, placed)
+        prepare_behind(run, results, on_ready=early.record_into if early is not None else None)
     unplaced.close()
-    prepare_behind(run, results)
+
+
+def _carry_compiles(unplaced: Executor, placed: Executor) -> None:
+    """The placed executor's cache holds what the unplaced one compiled: a compile after admission is the same."""
+    before, after = getattr(unplaced, "cache", None), getattr(placed, "cache", None)
+    if isinstance(before, CompileCache) and isinstance(after, CompileCache):
+        after.absorb(before)
 
 
 def reopen(run_dir: Path, gpu: GpuInfo | None, make_executor: MakeExecutor) -> Run:

@@ -177,6 +177,9 @@ class FakeExecutor:
                 "kernel_floor_ms": 0.0023, "limits": H200_LIMITS, "nvrtc_features": fake_nvrtc_features(),
                 "peaks": FAKE_PEAKS, "peaks_notes": [], **self.environment}
 
+    def compile_arch(self) -> str | None:
+        return "sm_90"  # the fake's device, known before any worker, as NVML tells GpuExecutor
+
     def compile(self, source: str, options: tuple[str, ...]):
         result = compile_kernel(source, self.task.kernel_name, options=options, arch="sm_90", cache=self.cache)
         if result.ok:
