@@ -1,0 +1,48 @@
+"""The server's gate for a run not yet prepared that answers compiles meanwhile (server/early_compiles.py): through a
+real MCP client, compile_kernel answers from NVRTC with nothing written to the run folder, every other tool is
+refused with nothing spent, and once the run is prepared its compiles are its candidates and the folder verifies."""
+
+from __future__ import annotations
+
+import pytest
+
+from server import lifecycle
+from server.early_compiles import EarlyCompiles
+from server.preparation import Preparation, prepare_behind
+from server.run import RunSettings
+from server.verify import verify_run
+from tests.server_support import MATMUL, client, executor, kernel, ok, refused
+
+
+@pytest.mark.anyio
+async def test_a_run_that_waits_answers_compiles_only_and_records_them_once_prepared(tmp_path):
+    results = tmp_path / "results"
+    run = lifecycle.begin_new_run(MATMUL, results, RunSettings(), executor())
+    waiting = Preparation(lambda _progress: None, wait_s=0.0)  # never ready: refuses at once
+    waiting.early = EarlyCompiles("sm_90")
+    run.preparation = waiting
+    try:
+        async with client(run) as c:
+            broken = await ok(c, "compile_kernel", source=kernel() + "\nnot C++ at all;\n")
+            assert broken["ok"] is False and "error" in broken["log"], broken
+            good = await ok(c, "compile_kernel", source=kernel("latency_us=40"))
+            assert good["ok"] is True and good["resources"]["registers"] > 0, good
+            for tool, arguments in (("validate", {"candidate_id": good["candidate"]}),
+                                    ("record_attempt", {"candidate_id": good["candidate"], "rationale": "early"})):
+                why = await refused(c, tool, **arguments)
+                assert why.startswith("preparing") and "Nothing was spent" in why, why
+            events = run.dir / "events.jsonl"
+            assert not events.exists() or events.read_text() == ""  # the log begins with the run's creation
+            assert not (run.dir / "candidates").exists()
+            waiting.early.close()
+            prepare_behind(run, results, on_ready=waiting.early.record_into)
+            assert run.preparation.wait(60) and run.preparation.ready, run.preparation.error
+            assert good["candidate"] in run.candidates and broken["candidate"] in run.candidates
+            checked = await ok(c, "validate", candidate_id=good["candidate"])
+            assert checked["passed"], checked
+            assert run.budget().attempts_used == 0
+    finally:
+        run.close()
+    report = verify_run(run.dir)
+    assert report.ok, report.problems
+    assert (run.dir / "compile-logs" / f"{good['candidate']}.log").read_text()
