@@ -1,9 +1,11 @@
-"""`kernel-referee service --root DIR [--port 8000] [--host 127.0.0.1]`: the audit service, served by uvicorn."""
+"""`kernel-referee service --root DIR [--port 8000] [--host 127.0.0.1] [--ray ADDRESS]`: the audit service, served by
+uvicorn; with --ray, each run's GPU work on a Ray cluster (service/ray_executor.py)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 
 from harness.gpus import list_gpus
 from harness.placement import GpuInfo
@@ -13,6 +15,7 @@ from server.executor import Executor, GpuExecutor
 from server.settings import sandbox_refusal
 from server.transport import KEEP_ALIVE_S, _stderr_log_config, loopback_refusal
 from service.app import build_app
+from service.ray_executor import GPU, NoClusterGpu, join_fleet, node_gpu_executor
 from service.settings import ServiceSettings
 from service.web import web_routes
 
@@ -27,6 +30,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="loopback only (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--no-sandbox", action="store_true", help="run the GPU workers unconfined (recorded in each run)")
+    p.add_argument("--ray", metavar="ADDRESS", help="run each run's GPU work on this Ray cluster's GPU nodes ('auto': "
+                   "the one this host runs); the queue's slots are the cluster's GPUs. Needs kernel-referee[fleet]")
+    p.add_argument("--ray-resource", default=GPU, help="what each run's actor asks one of (default GPU; a custom "
+                   "resource of the cluster stands in for GPUs)")
     return p
 
 
@@ -37,6 +44,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kernel-referee: {refusal}", file=sys.stderr)
         return 2
     settings = ServiceSettings(root=args.root, host=args.host, port=args.port)
+    if args.ray is not None:
+        try:
+            fleet, slots = join_fleet(args.ray, partial(node_gpu_executor, confine=not args.no_sandbox),
+                                      args.ray_resource)
+        except NoClusterGpu as exc:
+            print(f"kernel-referee: {exc}", file=sys.stderr)
+            return 2
+        return serve(settings, fleet.make_executor, slots)
 
     def make_executor(task: Task, timing: TimingSettings, gpu: GpuInfo | None) -> Executor:
         return GpuExecutor(task, timing, confine=not args.no_sandbox, gpu=gpu)

@@ -36,8 +36,7 @@ class ServiceProcess:
         leases = self.root.parent / f"{self.root.name}-leases"
         env = {**os.environ, ADMIN_TOKEN_ENV: ADMIN, LEASE_DIR_ENV: str(leases), "PYTHONPATH": str(REPO)}
         with (self.root.parent / f"{self.root.name}-stderr.txt").open("ab") as err:
-            self.proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "fake_service.py"), str(self.root),
-                                          str(self.port), str(self.gpus)], cwd=REPO, env=env,
+            self.proc = subprocess.Popen(self.command(), cwd=REPO, env=env,
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
@@ -50,6 +49,9 @@ class ServiceProcess:
                 if time.monotonic() > deadline:
                     raise AssertionError(f"the service did not accept within {STARTUP_TIMEOUT_S} s") from None
                 time.sleep(0.1)
+
+    def command(self) -> list[str]:
+        return [sys.executable, str(REPO / "tests" / "fake_service.py"), str(self.root), str(self.port), str(self.gpus)]
 
     def stderr(self) -> str:
         return (self.root.parent / f"{self.root.name}-stderr.txt").read_text(errors="replace")

@@ -1,0 +1,255 @@
+"""`kernel-referee service --ray ADDRESS`: each run's GPU work on a Ray cluster's GPU node, the service host needing
+no GPU.
+
+`RayFleet` connects to the cluster and counts its GPUs (or the resource standing in for them): the queue's slots
+(service/core.py). Its `make_executor` gives each run a `RayExecutor`, the Executor protocol (server/executor.py)
+forwarded call by call to a Ray actor of its own (service/ray_node.py `NodeExecutor`), asking for one GPU and placed
+by Ray where one is free. The actor is made on the run's first GPU call, so a queued run, or a finished one reopened
+to be read, holds none. It is threaded, so `abort()` reaches a call in flight; `within(limits)` is sent as an enter
+and an exit. An actor that dies (its node lost, its process killed) is an ExecutorError, as a broken worker is on
+one host; the run's later calls are refused with the same error, since its expected outputs and its GPU went with
+it. Closing the run closes the executor on the node, then kills the actor.
+
+Ray is an optional extra (`kernel-referee[fleet]`), imported here only inside functions: the service without
+`--ray` runs without it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from harness.call_limits import CallLimits
+from harness.gpus import list_gpus
+from harness.placement import GpuInfo
+from harness.settings import TimingSettings
+from harness.task_model import Task
+from server.executor import ExecutorError, GpuExecutor
+from service.live import MakeExecutor
+from service.ray_node import NodeExecutor, task_files
+
+GPU = "GPU"
+# Past a call's own deadline, how long the service waits for the node's answer before it counts the node as lost.
+ANSWER_GRACE_S = 30.0
+PLACEMENT_TIMEOUT_S = 600.0  # how long a run's actor may wait for Ray to find it a GPU
+
+
+class NoClusterGpu(Exception):
+    """The Ray cluster cannot be reached, or has none of the resource a run's actor asks for."""
+
+
+def node_gpu_executor(task: Task, timing: TimingSettings, gpu: GpuInfo | None, confine: bool = True) -> GpuExecutor:
+    """The real executor, made in the run's actor on the GPU the node gave it (a module-level function: Ray sends
+    it to the node by name)."""
+    return GpuExecutor(task, timing, confine=confine, gpu=gpu, lease_what="service via Ray")
+
+
+def join_fleet(address: str, make_on_node: MakeExecutor, resource: str = GPU) -> tuple["RayFleet", list[GpuInfo]]:
+    """The fleet at `address` and its slots; NoClusterGpu where it cannot be joined or offers no GPU."""
+    fleet = RayFleet(make_on_node, resource)
+    try:
+        fleet.connect(address)
+    except ConnectionError as exc:
+        raise NoClusterGpu(f"the Ray cluster at {address!r} cannot be joined: {exc}") from None
+    return fleet, fleet.slots()
+
+
+def actor_options(resource: str = GPU) -> dict:
+    """What each run's actor asks Ray for: one GPU, or one of a custom resource standing in for GPUs. No CPU is
+    reserved: the actor waits on its GPU workers, and a CPU reservation would cap runs per node below its GPUs."""
+    asked = {"num_gpus": 1} if resource == GPU else {"resources": {resource: 1}}
+    return {"num_cpus": 0, "max_concurrency": 4, **asked}
+
+
+class RayFleet:
+    """The service's side of a Ray cluster: its slots, and each run's executor there."""
+
+    def __init__(self, make_on_node: MakeExecutor, resource: str = GPU,
+                 node_gpus: Callable[[], list[GpuInfo]] = list_gpus, placement_timeout_s: float = PLACEMENT_TIMEOUT_S):
+        self.make_on_node, self.resource, self.node_gpus = make_on_node, resource, node_gpus
+        self.placement_timeout_s = placement_timeout_s
+        self.options = actor_options(resource)
+
+    @staticmethod
+    def connect(address: str) -> None:
+        """Join the cluster at `address` ("auto": the one this host runs, else a local one started here)."""
+        import ray  # the optional extra kernel-referee[fleet]: loaded only when --ray is given
+
+        if not ray.is_initialized():
+            ray.init(address=None if address == "auto" else address, include_dashboard=False, log_to_driver=False)
+
+    def slots(self) -> list[GpuInfo]:
+        """One queue slot per unit of the resource in the cluster now, each named for the service's own claim."""
+        import ray  # the optional extra kernel-referee[fleet], connected before this
+
+        count = int(ray.cluster_resources().get(self.resource, 0))
+        if count < 1:
+            raise NoClusterGpu(f"the Ray cluster has no {self.resource}: no run could be placed there")
+        return [GpuInfo(i, f"ray-{self.resource}-{i + 1}") for i in range(count)]
+
+    def make_executor(self, task: Task, timing: TimingSettings, gpu: GpuInfo | None) -> "RayExecutor":
+        """A run's executor on the cluster; `gpu` (the service's slot) only counts runs, Ray chooses the GPU."""
+        return RayExecutor(self, task, timing)
+
+
+class RemoteLease:
+    """The run's lease as the server's lease code sees it (server/lease_waits.py): `resume` reaches the node, where
+    the lease is; its waits are not brought back (the node's own log tells them)."""
+
+    def __init__(self, executor: "RayExecutor"):
+        self.executor = executor
+        self.waits: list = []
+        self.listener = None
+        self.what = "service"
+
+    def resume(self) -> None:
+        self.executor._on_node("resume_lease", placing=False)
+
+    def abort(self) -> None:
+        self.executor.abort()
+
+
+class RayExecutor:
+    """The Executor protocol, each call forwarded to the run's actor on the cluster."""
+
+    def __init__(self, fleet: RayFleet, task: Task, timing: TimingSettings):
+        self.fleet, self.task, self.timing = fleet, task, timing
+        self.actor = None
+        self.facts: dict | None = None
+        self.lost: str | None = None  # why the actor is gone, once it is
+        self.gpu_lease = RemoteLease(self)
+        self._limits: CallLimits | None = None
+        self._placing = threading.Lock()
+
+    # -- the actor -----------------------------------------------------------------------------------------------
+
+    def _placed(self):
+        with self._placing:
+            if self.lost is not None:
+                raise ExecutorError(self.lost)
+            if self.actor is None:
+                self.actor = self._place()
+            return self.actor
+
+    def _place(self):
+        import ray  # the optional extra kernel-referee[fleet], connected by RayFleet
+
+        fleet = self.fleet
+        actor = ray.remote(**fleet.options)(NodeExecutor).remote(
+            task_files(self.task), self.task, self.timing, fleet.make_on_node, fleet.node_gpus, "service via Ray")
+        try:
+            ray.get(actor.node.remote(), timeout=fleet.placement_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(actor)
+            raise ExecutorError(f"the Ray cluster found no free {fleet.resource} for the run within "
+                                f"{fleet.placement_timeout_s:g} s") from None
+        except ray.exceptions.RayActorError as exc:
+            raise ExecutorError(f"the run's executor could not start on the Ray cluster: {exc}") from None
+        return actor
+
+    def _on_node(self, method: str, *args, placing: bool = True) -> Any:
+        """`method` of the actor with `args`, its answer or its own exception; a lost actor is an ExecutorError."""
+        import ray  # the optional extra kernel-referee[fleet], connected by RayFleet
+
+        if not placing and self.actor is None:
+            return None
+        actor = self._placed()
+        limits = self._limits
+        timeout = None if limits is None or limits.deadline.at is None else (
+            limits.deadline.remaining() + ANSWER_GRACE_S)
+        try:
+            return ray.get(getattr(actor, method).remote(*args), timeout=timeout)
+        except ray.exceptions.RayTaskError as exc:
+            raise exc.cause from None  # the executor's own error (OutOfTime, ExecutorError, ...), as on one host
+        except ray.exceptions.RayActorError as exc:
+            raise self._lose(f"the run's executor on the Ray cluster was lost ({type(exc).__name__}: {exc}); "
+                             "this run's GPU work cannot go on") from None
+        except ray.exceptions.GetTimeoutError:
+            raise self._lose(f"the run's executor on the Ray cluster gave no answer {ANSWER_GRACE_S:g} s past the "
+                             "call's deadline; its node is taken as lost") from None
+
+    def _lose(self, why: str) -> ExecutorError:
+        import ray  # the optional extra kernel-referee[fleet], connected by RayFleet
+
+        self.lost = why
+        if self.actor is not None:
+            ray.kill(self.actor)
+        return ExecutorError(why)
+
+    # -- the Executor protocol -----------------------------------------------------------------------------------
+
+    def start(self) -> dict:
+        if self.facts is None:
+            self.facts = self._on_node("start")
+        return self.facts
+
+    def compile(self, source, options):
+        return self._on_node("call", "compile", source, options)
+
+    def expected(self, case, seed):
+        return self._on_node("call", "expected", case, seed)
+
+    def preload(self, case, seed, outputs) -> None:
+        self._on_node("call", "preload", case, seed, outputs)
+
+    def expected_trees(self, case, seed):
+        return self._on_node("call", "expected_trees", case, seed)
+
+    def lock_trees(self, case, seed, trees) -> None:
+        self._on_node("call", "lock_trees", case, seed, trees)
+
+    def judging_note(self):
+        return self._on_node("call", "judging_note")
+
+    def prepare(self, cases, seeds) -> None:
+        self._on_node("call", "prepare", cases, seeds)
+
+    def check(self, kernel, cases, seeds=None, against_oracle=False):
+        return self._on_node("call", "check", kernel, cases, seeds, against_oracle)
+
+    def time(self, kernel, cases):
+        return self._on_node("call", "time", kernel, cases)
+
+    def time_vendor(self, cases):
+        return self._on_node("call", "time_vendor", cases)
+
+    def profile(self, kernel, case, metrics):
+        return self._on_node("call", "profile", kernel, case, metrics)
+
+    def fresh_worker(self) -> None:
+        self._on_node("call", "fresh_worker", placing=False)
+
+    @contextmanager
+    def within(self, limits: CallLimits) -> Iterator[None]:
+        deadline = limits.deadline
+        self._on_node("enter_within", deadline.seconds, None if deadline.at is None else deadline.remaining(),
+                      dict(limits.launch_s), dict(limits.baseline_ms))
+        self._limits = limits
+        try:
+            yield
+        finally:
+            self._limits = None
+            if self.lost is None:
+                self._on_node("exit_within")
+
+    def abort(self) -> None:
+        """Sent beside the call in flight (the actor is threaded); nothing to abort where no actor was placed."""
+        actor = self.actor
+        if actor is not None and self.lost is None:
+            actor.abort.remote()  # not waited for: the call in flight answers once its job is killed
+
+    def close(self) -> None:
+        import ray  # the optional extra kernel-referee[fleet], connected by RayFleet
+
+        with self._placing:
+            actor, self.actor = self.actor, None
+            self.lost = self.lost or "the run's executor was closed"
+        if actor is None:
+            return
+        try:
+            ray.get(actor.close.remote(), timeout=ANSWER_GRACE_S)  # its workers stopped and its claim let go
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            pass  # a lost or stuck actor: killed below all the same
+        ray.kill(actor)
