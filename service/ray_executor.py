@@ -185,6 +185,11 @@ class RayExecutor:
             self.facts = self._on_node("start")
         return self.facts
 
+    def compile_arch(self) -> str | None:
+        """Known once the actor started: the cluster's GPU a queued run will get is not known before, so a queued
+        run on Ray compiles nothing ahead (service/live.py `open_queued`)."""
+        return (self.facts or {}).get("arch")
+
     def compile(self, source, options):
         return self._on_node("call", "compile", source, options)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -24,6 +25,7 @@ from harness.task import load_task
 from sandbox.deadline import Deadline
 from server.executor import ExecutorError
 from server.verify import verify_run
+from service import cli as service_cli
 from service.app import build_app
 from service.auth import ADMIN_TOKEN_ENV
 from service.settings import ServiceSettings
@@ -105,6 +107,8 @@ def test_four_stand_in_gpus_serve_four_runs_at_once_each_in_its_own_actor(tmp_pa
         views = _until(four_prepared)
         assert [views[i]["run"]["state"] for i in ids] == ["running"] * 4 + ["queued"]
         assert views[ids[4]]["queue_position"] == 1
+        waiting = client.portal.call(service.live_run, ids[4])
+        assert waiting.run.executor.actor is None  # a queued run holds no actor, so no GPU of the cluster
         nodes = [service.live[i].run.environment["ray_node"] for i in ids[:4]]
         pids = {n["pid"] for n in nodes}
         assert len(pids) == 4 and os.getpid() not in pids  # four actors, none of them the service's process
@@ -228,3 +232,16 @@ def test_an_agent_records_attempts_through_the_actor_and_a_lost_actor_loses_no_b
     assert "ExecutorError: the run's executor on the Ray cluster was lost" in (run_dir / "history.json").read_text()
     report = verify_run(run_dir)
     assert report.ok, report.problems
+
+
+def test_the_command_refuses_a_cluster_without_the_resource_asked_for(tmp_path, cluster, capsys):
+    assert service_cli.main(["--root", str(tmp_path / "service"), "--ray", "auto", "--ray-resource", "no_such_gpu",
+                             "--no-sandbox"]) == 2
+    assert "the Ray cluster has no no_such_gpu" in capsys.readouterr().err
+    assert not (tmp_path / "service").exists()
+
+
+def test_the_service_without_ray_does_not_load_it():
+    loaded = subprocess.run([sys.executable, "-c", "import sys, service.cli, service.app; print('ray' in sys.modules)"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert loaded.stdout.strip() == "False", loaded.stderr
