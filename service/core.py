@@ -189,14 +189,16 @@ class Service:
             live.admitted = True
 
     async def _settle(self, record: RunRecord, live: LiveRun) -> None:
-        """A run whose preparation failed, or whose budget is spent, lets its GPU go: its executor's workers are
-        closed first (no idle context of a finished run beside the next run's timings), then its claim. Its MCP
-        endpoint stays open for what reads the run."""
+        """A run whose preparation failed, whose budget is spent or whose executor was lost lets its GPU go: its
+        executor's workers are closed first (no idle context of a finished run beside the next run's timings), then
+        its claim. Its MCP endpoint stays open for what reads the run."""
         preparation = live.run.preparation
         if preparation is not None and preparation.failed:
             update = {"state": RunState.FAILED, "error": preparation.error}
         elif (preparation is None or preparation.ready) and live.run.finished:
             update = {"state": RunState.FINISHED}
+        elif getattr(live.run.executor, "lost", None):  # its Ray actor gone with its node (service/ray_executor.py)
+            update = {"state": RunState.FAILED, "error": live.run.executor.lost}
         else:
             return
         try:

@@ -219,6 +219,9 @@ def test_an_agent_records_attempts_through_the_actor_and_a_lost_actor_loses_no_b
                 return described, lost.content[0].text, (await _described(client))["budget"]
 
         described, lost, budget = anyio.run(play)
+        # the run's slot goes to the next run: the run is failed, its error the lost executor's
+        failed = service.wait_state(created["run"]["id"], ("failed",), timeout_s=30)
+        assert "on the Ray cluster was lost" in failed["run"]["error"]
     finally:
         service.stop()
     node = described["device"]["ray_node"]
