@@ -18,12 +18,13 @@ import pytest
 from starlette.testclient import TestClient
 
 from harness.call_limits import CallLimits, OutOfTime
-from harness.gpu_lease import ServingClaim
+from harness.gpu_lease import GpuLease, ServingClaim
 from harness.results import ReasonCode
 from harness.settings import CompiledKernel, TimingSettings
 from harness.task import load_task
 from sandbox.deadline import Deadline
 from server.executor import ExecutorError
+from server.lease_waits import resume_waits
 from server.verify import verify_run
 from service import cli as service_cli
 from service.app import build_app
@@ -248,3 +249,33 @@ def test_the_service_without_ray_does_not_load_it():
     loaded = subprocess.run([sys.executable, "-c", "import sys, service.cli, service.app; print('ray' in sys.modules)"],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert loaded.stdout.strip() == "False", loaded.stderr
+
+
+def test_the_gates_resume_reaches_the_lease_on_the_node(cluster, node_leases):
+    """An abort leaves the node's lease giving up its waits until the next call's resume (server/lease_waits.py
+    `resume_waits`, called by the gate before every call's work): forwarded, the next timing waits its turn behind
+    another process's timing on that GPU instead of giving up."""
+    task, executor = _executor_on_the_cluster()
+    try:
+        gpu_uuid = executor.start()["ray_node"]["gpu_uuid"]
+        kernel_40 = _compiled(task, executor, "latency_us=40")
+        executor.abort()  # nothing in flight: only the lease's waits are given up from now on
+        resume_waits(executor)
+        other = GpuLease(gpu_uuid, "another process's timing", folder=node_leases)
+        holding, let_go = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with other.held():
+                holding.set()
+                let_go.wait(30)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert holding.wait(30)
+        threading.Timer(2.0, let_go.set).start()
+        started = time.monotonic()
+        assert executor.time(kernel_40, list(task.performance_cases)).passed  # LeaseWaitAborted without resume
+        assert time.monotonic() - started >= 1.5  # it waited for the other timing
+        holder.join(30)
+    finally:
+        executor.close()
