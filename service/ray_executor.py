@@ -105,6 +105,7 @@ class RemoteLease:
         self.what = "service"
 
     def resume(self) -> None:
+        """Called by the gate before each call's work (server/call_gate.py); a lost executor refuses here already."""
         self.executor._on_node("resume_lease", placing=False)
 
     def abort(self) -> None:

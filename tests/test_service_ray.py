@@ -215,8 +215,13 @@ def test_an_agent_records_attempts_through_the_actor_and_a_lost_actor_loses_no_b
                                                                   "rationale": "faster"})
                 assert not first.is_error, first.content[0].text
                 assert json.loads(first.content[0].text)["verdict"] == "valid-faster"
+                compiled = await client.call_tool("compile_kernel", {"source": kernel("latency_us=30")})
+                assert not compiled.is_error, compiled.content[0].text
+                kept = json.loads(compiled.content[0].text)["candidate"]  # an id known before the loss
                 lost = await client.call_tool("record_attempt", {"source": kernel("die"), "rationale": "node lost"})
                 assert lost.is_error
+                again = await client.call_tool("record_attempt", {"candidate_id": kept, "rationale": "after the loss"})
+                assert again.is_error  # refused before it claims a slot: nothing more is spent
                 return described, lost.content[0].text, (await _described(client))["budget"]
 
         described, lost, budget = anyio.run(play)
