@@ -2,12 +2,15 @@
 the guard's own decision code (guard/verdict.py `decide_with_repeats`) fed rounds drawn from the timing
 noise of the recorded H100 and H200 runs (bench/guard_noise.py says which files and how).
 
-    python bench/guard.py [--unchanged 1000] [--slower-trials 300] [--thresholds 0.01,0.015,0.02] [--json OUT]
+    python bench/guard.py [--unchanged 1000] [--slower-trials 300] [--thresholds 0.01,0.015,0.02]
+                          [--launches model|h100-samples] [--json OUT]
 
 For every recorded kernel and threshold: `--unchanged` guard runs of an unchanged kernel (each against a
 fresh approval, itself measured with the same noise over `--approval-rounds` rounds, 32 unless told) and
 `--slower-trials` runs of a copy 2%, 3% and 5% slower. Prints false alarms per 1000 unchanged runs, the share
 of each slowdown flagged regressed, the share left inconclusive, and the rounds used (mean and 95th percentile).
+`--launches h100-samples` draws each round's launches from an H100 job's recorded launches instead of the
+model's (bench/guard_samples.py), over the 30 kernel-cases that recording holds.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.guard_noise import (NoiseProfile, RoundMaker, load_profiles, model_round_ratio_sd,  # noqa: E402
                                recorded_aa_sd)
+from bench.guard_samples import load_sample_profiles  # noqa: E402
 from guard.verdict import (CaseInput, Correctness, Verdict, VerdictSettings, decide,  # noqa: E402
                            decide_with_repeats, round_trouble)
 
@@ -36,6 +40,7 @@ SLOWDOWNS = (0.02, 0.03, 0.05)
 APPROVAL_ROUNDS = 32
 SIMPLER_RULES = ("point_rule_8_rounds", "strict_rule_8_rounds")
 CORRECT = Correctness(correct=True)
+PROFILES = {"model": load_profiles, "h100-samples": load_sample_profiles}
 
 
 def approved_ratio(maker: RoundMaker, settings: VerdictSettings, approval_rounds: int) -> dict:
@@ -88,7 +93,7 @@ def guard_runs(profile: NoiseProfile, slower: float, trials: int, threshold: flo
 def kernel_rows(profile: NoiseProfile, threshold: float, args: argparse.Namespace, settings: VerdictSettings,
                 rng: np.random.Generator) -> dict:
     row = {"kernel": profile.label, "median_us": profile.median_ms * 1000.0, "launch_sd": profile.launch_sd,
-           "job_sd": profile.job_sd, "sources": profile.sources,
+           "job_sd": profile.job_sd, "job_sd_from": profile.job_sd_from or profile.label, "sources": profile.sources,
            "model_round_ratio_sd": model_round_ratio_sd(profile, rng),
            "unchanged": guard_runs(profile, 1.0, args.unchanged, threshold, settings, rng, args.approval_rounds)}
     for slowdown in SLOWDOWNS:
@@ -149,12 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-rounds", type=int, default=VerdictSettings().max_rounds)
     parser.add_argument("--confidence", type=float, default=VerdictSettings().confidence)
     parser.add_argument("--approval-rounds", type=int, default=APPROVAL_ROUNDS)
+    parser.add_argument("--launches", choices=sorted(PROFILES), default="model",
+                        help="the model's launches, or an H100 job's recorded ones drawn with replacement")
     parser.add_argument("--seed", type=int, default=20261206)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     settings = VerdictSettings(max_rounds=args.max_rounds, confidence=args.confidence)
-    profiles = sorted(load_profiles(), key=lambda p: p.median_ms)
-    report = {"settings": settings.model_dump(), "launches_per_round": 100, "approval_rounds": args.approval_rounds,
+    profiles = sorted(PROFILES[args.launches](), key=lambda p: p.median_ms)
+    report = {"settings": settings.model_dump(), "launches": args.launches, "launches_per_round": 100,
+              "approval_rounds": args.approval_rounds,
               "recorded_aa_ratio_sd": recorded_aa_sd(), "by_threshold": {}}
     start = time.perf_counter()
     for threshold in (float(t) for t in args.thresholds.split(",")):

@@ -8,8 +8,9 @@ Sources, all under bench/recorded/:
 - the seven timing.json's `discrimination`: 20 A/A trials of an interleaved ratio, the check that the model
   is not quieter than a real interleaved ratio.
 
-No recording keeps per-launch samples, so a kernel's launches are rebuilt from those numbers, taking for
-each kernel the worst of every recording:
+These recordings keep no per-launch samples, so a kernel's launches are rebuilt from those numbers, taking
+for each kernel the worst of every recording (bench/guard_samples.py draws them from an H100 job's recorded
+launches instead):
 - a launch's spread within a job: noise * sqrt(launches) / (1.96 * 1.2533) (a median's standard error is
   1.2533 sigma / sqrt(n)), with Student-t (3 degrees of freedom) tails, and 1% of launches 10-100% slow
   (a preempted or interrupted launch);
@@ -51,6 +52,10 @@ class NoiseProfile(BaseModel):
     launch_sd: float  # relative, within a job
     job_sd: float  # relative, between jobs
     sources: list[str]
+    # Recorded launches as ratios to their job's median (bench/guard_samples.py): drawn from, when present,
+    # instead of the Student-t body and its slow launches.
+    launch_ratios: list[float] | None = None
+    job_sd_from: str | None = None  # the model's kernel whose shift between jobs this one takes
 
 
 def _launch_sd(noise: float, launches: int) -> float:
@@ -105,6 +110,9 @@ def _watch(rng: np.random.Generator) -> GpuWatch:
 
 
 def launches(rng: np.random.Generator, profile: NoiseProfile, median_ms: float) -> np.ndarray:
+    if profile.launch_ratios is not None:
+        body = rng.choice(np.asarray(profile.launch_ratios), LAUNCHES, replace=True)
+        return median_ms * rng.normal(1.0, profile.job_sd) * body
     # Student-t with 3 degrees of freedom has variance 3: scaled to the profile's spread.
     body = 1.0 + profile.launch_sd * rng.standard_t(3, LAUNCHES) / math.sqrt(3.0)
     slow = rng.random(LAUNCHES) < SLOW_LAUNCH_SHARE

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from bench.guard import guard_runs, main
-from bench.guard_noise import RoundMaker, load_profiles, recorded_aa_sd
+from bench.guard_noise import RoundMaker, launches, load_profiles, recorded_aa_sd
+from bench.guard_samples import H100_SAMPLES, load_sample_profiles
 from guard.verdict import DEFAULT_THRESHOLD, VerdictSettings, round_trouble
 
 
@@ -54,3 +55,50 @@ def test_the_default_rule_holds_its_targets_on_a_22_us_kernels_recorded_noise():
     slower = guard_runs(profile, 1.03, 60, DEFAULT_THRESHOLD, settings, rng)
     assert unchanged["verdicts"].get("regressed", 0) == 0 and unchanged["verdicts"]["pass"] >= 145
     assert slower["verdicts"].get("regressed", 0) >= 57 and slower["verdicts"].get("pass", 0) == 0
+
+
+def _softmax_samples():
+    # The recording's most uneven kernel-case: two modes, 400 launches.
+    return next(p for p in load_sample_profiles() if p.label == "softmax_f32 initial square-4096")
+
+
+def test_the_h100_samples_are_every_recorded_launch_with_the_models_shift_between_jobs():
+    profiles = {p.label: p for p in load_sample_profiles()}
+    rows = json.loads(H100_SAMPLES.read_text())["rows"]
+    assert len(profiles) == len(rows) == 30
+    row = next(r for r in rows if r["kernel"] == "softmax_f32 initial" and r["case"] == "square-4096")
+    softmax = profiles["softmax_f32 initial square-4096"]
+    assert softmax.median_ms == pytest.approx(float(np.median(row["samples_ms"])))
+    assert np.allclose(np.multiply(softmax.launch_ratios, softmax.median_ms), row["samples_ms"])
+    model = {p.label: p for p in load_profiles()}
+    assert softmax.job_sd == model["softmax 4096x4096"].job_sd and softmax.job_sd_from == "softmax 4096x4096"
+    # A kernel the model does not know takes the shift of the model's kernel nearest in latency.
+    assert profiles["demo naive square-2048"].job_sd_from == "matmul_f32 ref 2048^3"
+
+
+def test_h100_sample_launches_are_drawn_from_the_recording():
+    still = _softmax_samples().model_copy(update={"job_sd": 0.0})
+    recorded = np.asarray(still.launch_ratios)
+    drawn = np.concatenate([launches(np.random.default_rng(seed), still, 1.0) for seed in range(200)])
+    assert np.isin(drawn, recorded).all()  # every launch one the GPU gave, none made up
+    quantiles = (0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99)
+    assert np.quantile(drawn, quantiles) == pytest.approx(np.quantile(recorded, quantiles), abs=0.004)
+    assert (drawn > 1.1).mean() == pytest.approx((recorded > 1.1).mean(), abs=0.01)  # the slow mode's share
+
+
+def test_h100_sample_rounds_reproduce_from_a_seed_and_carry_the_jobs_shift():
+    profile = _softmax_samples()
+    def rounds(seed: int) -> list:
+        maker = RoundMaker(profile, 1.0, np.random.default_rng(seed))
+        return [maker() for _ in range(3)]
+
+    assert rounds(5) == rounds(5) and rounds(5) != rounds(6)
+    # Each draw of 100 launches is scaled by one job's shift: on a kernel whose launches barely move, the
+    # medians spread as the job's shift does, and not without it.
+    steady = next(p for p in load_sample_profiles() if p.label == "matmul_f32 initial square-2048")
+
+    def medians_sd(profile) -> float:
+        return float(np.std([np.median(launches(np.random.default_rng(s), profile, 1.0)) for s in range(400)]))
+
+    assert medians_sd(steady) == pytest.approx(steady.job_sd, rel=0.2)
+    assert medians_sd(steady.model_copy(update={"job_sd": 0.0})) < 0.25 * steady.job_sd
