@@ -3,14 +3,15 @@ the guard's own decision code (guard/verdict.py `decide_with_repeats`) fed round
 noise of the recorded H100 and H200 runs (bench/guard_noise.py says which files and how).
 
     python bench/guard.py [--unchanged 1000] [--slower-trials 300] [--thresholds 0.01,0.015,0.02]
-                          [--launches model|h100-samples] [--json OUT]
+                          [--launches model|h100-samples|h100-consecutive] [--json OUT]
 
 For every recorded kernel and threshold: `--unchanged` guard runs of an unchanged kernel (each against a
 fresh approval, itself measured with the same noise over `--approval-rounds` rounds, 32 unless told) and
 `--slower-trials` runs of a copy 2%, 3% and 5% slower. Prints false alarms per 1000 unchanged runs, the share
 of each slowdown flagged regressed, the share left inconclusive, and the rounds used (mean and 95th percentile).
 `--launches h100-samples` draws each round's launches from an H100 job's recorded launches instead of the
-model's (bench/guard_samples.py), over the 30 kernel-cases that recording holds.
+model's (bench/guard_samples.py), over the 30 kernel-cases that recording holds; `h100-consecutive` as runs of
+consecutive launches, in their order, over the two that recorded enough of them.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.guard_noise import (NoiseProfile, RoundMaker, load_profiles, model_round_ratio_sd,  # noqa: E402
                                recorded_aa_sd)
-from bench.guard_samples import load_sample_profiles  # noqa: E402
+from bench.guard_samples import load_consecutive_profiles, load_sample_profiles  # noqa: E402
 from guard.verdict import (CaseInput, Correctness, Verdict, VerdictSettings, decide,  # noqa: E402
                            decide_with_repeats, round_trouble)
 
@@ -40,7 +41,8 @@ SLOWDOWNS = (0.02, 0.03, 0.05)
 APPROVAL_ROUNDS = 32
 SIMPLER_RULES = ("point_rule_8_rounds", "strict_rule_8_rounds")
 CORRECT = Correctness(correct=True)
-PROFILES = {"model": load_profiles, "h100-samples": load_sample_profiles}
+PROFILES = {"model": load_profiles, "h100-samples": load_sample_profiles,
+            "h100-consecutive": load_consecutive_profiles}
 
 
 def approved_ratio(maker: RoundMaker, settings: VerdictSettings, approval_rounds: int) -> dict:
@@ -155,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--confidence", type=float, default=VerdictSettings().confidence)
     parser.add_argument("--approval-rounds", type=int, default=APPROVAL_ROUNDS)
     parser.add_argument("--launches", choices=sorted(PROFILES), default="model",
-                        help="the model's launches, or an H100 job's recorded ones drawn with replacement")
+                        help="the model's launches, or an H100 job's recorded ones: drawn with replacement, "
+                             "or as runs of consecutive launches")
     parser.add_argument("--seed", type=int, default=20261206)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)

@@ -55,6 +55,9 @@ class NoiseProfile(BaseModel):
     # Recorded launches as ratios to their job's median (bench/guard_samples.py): drawn from, when present,
     # instead of the Student-t body and its slow launches.
     launch_ratios: list[float] | None = None
+    # Draw a round's launches as one run of consecutive recorded launches, in their order, instead of with
+    # replacement: a slow stretch of the job then lands whole in a round, as it would on the GPU.
+    consecutive: bool = False
     job_sd_from: str | None = None  # the model's kernel whose shift between jobs this one takes
 
 
@@ -111,7 +114,12 @@ def _watch(rng: np.random.Generator) -> GpuWatch:
 
 def launches(rng: np.random.Generator, profile: NoiseProfile, median_ms: float) -> np.ndarray:
     if profile.launch_ratios is not None:
-        body = rng.choice(np.asarray(profile.launch_ratios), LAUNCHES, replace=True)
+        recorded = np.asarray(profile.launch_ratios)
+        if profile.consecutive:
+            start = int(rng.integers(0, len(recorded) - LAUNCHES + 1))
+            body = recorded[start:start + LAUNCHES]
+        else:
+            body = rng.choice(recorded, LAUNCHES, replace=True)
         return median_ms * rng.normal(1.0, profile.job_sd) * body
     # Student-t with 3 degrees of freedom has variance 3: scaled to the profile's spread.
     body = 1.0 + profile.launch_sd * rng.standard_t(3, LAUNCHES) / math.sqrt(3.0)

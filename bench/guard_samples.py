@@ -10,6 +10,10 @@ One job holds no shift between jobs, so that still comes from the model: the wor
 runs over every recording (seven H200 ones and the H100 README suite's 'CV over runs'). A kernel-case the
 model knows by another name takes that profile's; one it does not know (the references, the demo's kernels)
 takes the CV of the model's kernel nearest in median latency, which falls with latency.
+
+Drawn with replacement, the launches lose their order: a job's slow stretch is spread over every round.
+`--launches h100-consecutive` keeps it, drawing a round as a run of consecutive launches of the jobs that
+recorded at least twice a round's launches (two of the 30).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.guard_noise import RECORDED, NoiseProfile, load_profiles
+from bench.guard_noise import LAUNCHES, RECORDED, NoiseProfile, load_profiles
 
 H100_SAMPLES = RECORDED / "h100-2026-12-06-gpu-run" / "spreads.json"
 # spreads.json's kernel and case -> the model's label for the same kernel on the same sizes.
@@ -59,3 +63,10 @@ def load_sample_profiles(samples: Path = H100_SAMPLES, recorded: Path = RECORDED
             job_sd=job.job_sd, launch_ratios=ratios.tolist(), job_sd_from=job.label,
             sources=[samples.parent.name, *job.sources]))
     return profiles
+
+
+def load_consecutive_profiles(samples: Path = H100_SAMPLES, recorded: Path = RECORDED) -> list[NoiseProfile]:
+    """The kernel-cases with at least two rounds' worth of launches, drawn as runs of consecutive launches
+    (with fewer, every run would be the whole job and its median would never move)."""
+    return [p.model_copy(update={"consecutive": True}) for p in load_sample_profiles(samples, recorded)
+            if len(p.launch_ratios) >= 2 * LAUNCHES]

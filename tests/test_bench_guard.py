@@ -9,7 +9,7 @@ import pytest
 
 from bench.guard import guard_runs, main
 from bench.guard_noise import RoundMaker, launches, load_profiles, recorded_aa_sd
-from bench.guard_samples import H100_SAMPLES, load_sample_profiles
+from bench.guard_samples import H100_SAMPLES, load_consecutive_profiles, load_sample_profiles
 from guard.verdict import DEFAULT_THRESHOLD, VerdictSettings, round_trouble
 
 
@@ -102,3 +102,25 @@ def test_h100_sample_rounds_reproduce_from_a_seed_and_carry_the_jobs_shift():
 
     assert medians_sd(steady) == pytest.approx(steady.job_sd, rel=0.2)
     assert medians_sd(steady.model_copy(update={"job_sd": 0.0})) < 0.25 * steady.job_sd
+
+
+def test_consecutive_draws_are_runs_of_the_jobs_launches_in_their_order():
+    profiles = load_consecutive_profiles()
+    assert {p.label for p in profiles} == {"softmax_f32 initial square-4096", "layernorm_f32 initial square-4096"}
+    softmax = next(p for p in profiles if p.label.startswith("softmax")).model_copy(update={"job_sd": 0.0})
+    recorded = np.asarray(softmax.launch_ratios)
+    starts = set()
+    for seed in range(50):
+        drawn = launches(np.random.default_rng(seed), softmax, 1.0)
+        # Launch times repeat (the clock's grain): the run is found by matching all 100 of them.
+        found = [i for i in range(len(recorded) - 99) if np.array_equal(drawn, recorded[i:i + 100])]
+        assert found
+        starts.add(found[0])
+    assert len(starts) > 20  # anywhere in the job, not one fixed stretch
+    # The job's slow first stretch lands whole in a round: its medians spread far more than resampled ones.
+    resampled = softmax.model_copy(update={"consecutive": False})
+
+    def medians_sd(profile) -> float:
+        return float(np.std([np.median(launches(np.random.default_rng(s), profile, 1.0)) for s in range(300)]))
+
+    assert medians_sd(softmax) > 3 * medians_sd(resampled)
