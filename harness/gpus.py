@@ -34,7 +34,13 @@ class Placement:
 
 
 def list_gpus() -> list[GpuInfo]:
-    """Every GPU NVML sees, by index; [] without NVML (no driver, no nvidia-ml-py)."""
+    """The GPUs NVML sees that $CUDA_VISIBLE_DEVICES leaves to this process, by index; [] without NVML."""
+    return visible(host_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def host_gpus() -> list[GpuInfo]:
+    """Every GPU NVML sees on this host, by index, whatever $CUDA_VISIBLE_DEVICES says; [] without NVML (no driver,
+    no nvidia-ml-py)."""
     try:
         import pynvml  # optional: without NVML no GPU can be named, and the run goes where CUDA puts it
         pynvml.nvmlInit()
@@ -45,7 +51,7 @@ def list_gpus() -> list[GpuInfo]:
             uuid = pynvml.nvmlDeviceGetUUID(handle)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
             gpus.append(GpuInfo(index, uuid.decode() if isinstance(uuid, bytes) else str(uuid), int(memory)))
-        return visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return gpus
     except Exception as exc:  # noqa: BLE001 - ImportError or any NVMLError: no GPU can be named
         log.info("NVML cannot list the GPUs: %s", exc)
         return []

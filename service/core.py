@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import statistics
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,6 +31,9 @@ from service.registry import Registry
 from service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
+# How often a running run that waits for the GPU it began on (held by another process) is tried again: each try
+# places an actor on its node, so not at every step.
+WAITING_RETRY_S = 10.0
 
 
 class LimitReached(Exception):
@@ -56,6 +60,7 @@ class Service:
         self.live: dict[str, LiveRun] = {}
         self.claims: dict[str, ServingClaim] = {}   # run id -> its GPU's serving claim
         self._opening: dict[str, anyio.Lock] = {}
+        self._retry_at: dict[str, float] = {}  # run id -> when a waiting run is tried again (time.monotonic)
         self.task_group: TaskGroup | None = None
 
     # -- runs made and queued ------------------------------------------------------------------------------------
@@ -181,12 +186,34 @@ class Service:
             if not claim.try_take():
                 return  # another process serves on it now; tried again at the next step
             self.claims[record.id] = claim
-        live = await self.live_run(record.id)
+        if time.monotonic() < self._retry_at.get(record.id, 0.0):
+            return
+        try:
+            live = await self.live_run(record.id)
+        except (lives.RunGpuBusy, lives.RunNodeGone) as exc:
+            self._not_resumed(record, exc)
+            return
+        if record.waiting is not None:
+            self.registry.update(record.id, waiting=None)
+            log.info("run %s resumed on the GPU it began on", record.id)
         if not live.admitted:
             gpu = self.slots.get(record.gpu_uuid or "")
             await anyio.to_thread.run_sync(lives.admit, live.run, self.registry.results_dir(record.id), gpu,
                                            self.make_executor)
             live.admitted = True
+
+    def _not_resumed(self, record: RunRecord, exc: Exception) -> None:
+        """A running run that cannot resume where it began: failed with the cause where its node is gone, else
+        waiting, the reason on its record (GET /api/runs/ID) and in the log once, tried again later."""
+        if isinstance(exc, lives.RunNodeGone):
+            log.warning("run %s failed: %s", record.id, exc)
+            self.registry.update(record.id, state=RunState.FAILED, error=str(exc), finished_at=now_iso())
+            self._release(record.id)
+            return
+        self._retry_at[record.id] = time.monotonic() + WAITING_RETRY_S
+        if record.waiting != str(exc):
+            log.warning("run %s waits: %s", record.id, exc)
+            self.registry.update(record.id, waiting=str(exc))
 
     async def _settle(self, record: RunRecord, live: LiveRun) -> None:
         """A run whose preparation failed, whose budget is spent or whose executor was lost lets its GPU go: its

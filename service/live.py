@@ -21,8 +21,9 @@ from harness.task import load_task
 from harness.task_model import Task
 from server.app import build_server
 from server.early_compiles import EarlyCompiles
-from server.executor import Executor
+from server.executor import Executor, ExecutorError
 from server.lifecycle import begin_new_run, resume_run
+from server.lock import read_lock
 from server.preparation import NotPrepared, Preparation, prepare_behind
 from server.run import Run, RunSettings
 from server.transport import transport_security
@@ -30,6 +31,14 @@ from service.auth import SCOPE, RunTokenVerifier
 from service.settings import ServiceSettings
 
 MakeExecutor = Callable[[Task, TimingSettings, GpuInfo | None], Executor]
+
+
+class RunGpuBusy(ExecutorError):
+    """The GPU a resumed run began on is held by another process now: the run waits, and is tried again."""
+
+
+class RunNodeGone(ExecutorError):
+    """The node a resumed run began on left the cluster, its GPU with it: the run cannot go on."""
 
 
 class Queued(Preparation):
@@ -110,7 +119,10 @@ def reopen(run_dir: Path, gpu: GpuInfo | None, make_executor: MakeExecutor) -> R
     """A run folder the service made before it stopped, resumed on its own GPU with its own budget."""
     task = load_task(run_dir / "task")
     executor = make_executor(task, RunSettings.of_run(run_dir).timing, gpu)
+    began_on = getattr(executor, "began_on", None)  # an executor on a cluster goes back to where the run began
     try:
+        if began_on is not None:
+            began_on(read_lock(run_dir).get("environment", {}))
         return resume_run(run_dir, executor)
     except BaseException:
         executor.close()

@@ -10,6 +10,13 @@ and an exit. An actor that dies (its node lost, its process killed) is an Execut
 one host; the run's later calls are refused with the same error, since its expected outputs and its GPU went with
 it. Closing the run closes the executor on the node, then kills the actor.
 
+A run resumed after the service restarted goes back where it began (service/live.py `reopen` hands `began_on` the
+`ray_node` facts its lock.json recorded): its actor asks Ray for that node by id (NodeAffinitySchedulingStrategy,
+soft=False), and for the GPU of that node it began on, by UUID (service/ray_node.py `take_gpu`: the GPU's serving
+claim, not Ray's GPU id, keeps two runs off one GPU). A node no longer in the cluster is RunNodeGone: Ray gives a
+node that rejoins a new id, and the run's GPU went with it, so the service fails the run with that cause. A
+recorded GPU another process holds is RunGpuBusy: the run waits, tried again later (service/core.py).
+
 Ray is an optional extra (`kernel-referee[fleet]`), imported here only inside functions: the service without
 `--ray` runs without it.
 """
@@ -22,12 +29,12 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from harness.call_limits import CallLimits
-from harness.gpus import list_gpus
+from harness.gpus import host_gpus
 from harness.placement import GpuInfo
 from harness.settings import TimingSettings
 from harness.task_model import Task
 from server.executor import ExecutorError, GpuExecutor
-from service.live import MakeExecutor
+from service.live import MakeExecutor, RunGpuBusy, RunNodeGone
 from service.ray_node import NodeExecutor, task_files
 
 GPU = "GPU"
@@ -67,7 +74,7 @@ class RayFleet:
     """The service's side of a Ray cluster: its slots, and each run's executor there."""
 
     def __init__(self, make_on_node: MakeExecutor, resource: str = GPU,
-                 node_gpus: Callable[[], list[GpuInfo]] = list_gpus, placement_timeout_s: float = PLACEMENT_TIMEOUT_S):
+                 node_gpus: Callable[[], list[GpuInfo]] = host_gpus, placement_timeout_s: float = PLACEMENT_TIMEOUT_S):
         self.make_on_node, self.resource, self.node_gpus = make_on_node, resource, node_gpus
         self.placement_timeout_s = placement_timeout_s
         self.options = actor_options(resource)
@@ -119,6 +126,7 @@ class RayExecutor:
         self.fleet, self.task, self.timing = fleet, task, timing
         self.actor = None
         self.facts: dict | None = None
+        self.home: dict | None = None  # the `ray_node` facts of where a resumed run began; None: anywhere
         self.lost: str | None = None  # why the actor is gone, once it is
         self.gpu_lease = RemoteLease(self)
         self._limits: CallLimits | None = None
@@ -134,21 +142,49 @@ class RayExecutor:
                 self.actor = self._place()
             return self.actor
 
+    def began_on(self, environment: dict) -> None:
+        """The run resumes: its actor goes to the node and GPU its locked environment names (none: anywhere)."""
+        self.home = environment.get("ray_node") or None
+
     def _place(self):
         import ray  # the optional extra kernel-referee[fleet], connected by RayFleet
 
         fleet = self.fleet
-        actor = ray.remote(**fleet.options)(NodeExecutor).remote(
-            task_files(self.task), self.task, self.timing, fleet.make_on_node, fleet.node_gpus, "service via Ray")
+        options, recorded_gpu = self._where()
+        actor = ray.remote(**options)(NodeExecutor).remote(
+            task_files(self.task), self.task, self.timing, fleet.make_on_node, fleet.node_gpus, "service via Ray",
+            recorded_gpu)
         try:
-            ray.get(actor.node.remote(), timeout=fleet.placement_timeout_s)
+            facts = ray.get(actor.node.remote(), timeout=fleet.placement_timeout_s)
         except ray.exceptions.GetTimeoutError:
             ray.kill(actor)
             raise ExecutorError(f"the Ray cluster found no free {fleet.resource} for the run within "
                                 f"{fleet.placement_timeout_s:g} s") from None
         except ray.exceptions.RayActorError as exc:
             raise ExecutorError(f"the run's executor could not start on the Ray cluster: {exc}") from None
+        if facts.get("refused"):
+            ray.kill(actor)
+            raise RunGpuBusy(f"{self._home_named()}: {facts['refused']}")
         return actor
+
+    def _where(self) -> tuple[dict, str | None]:
+        """(the actor's options, the GPU it must use): a resumed run's pinned to the node it began on."""
+        if self.home is None or not self.home.get("node_id"):
+            return self.fleet.options, None
+        import ray  # the optional extra kernel-referee[fleet], connected by RayFleet
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # the same optional extra
+
+        node_id = self.home["node_id"]
+        if not any(n.get("NodeID") == node_id and n.get("Alive") for n in ray.nodes()):
+            raise RunNodeGone(f"{self._home_named()} is no longer in the Ray cluster: the run's GPU went with it "
+                              "(a node that rejoins has a new id), and a run resumes only on the GPU it began on")
+        strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+        return {**self.fleet.options, "scheduling_strategy": strategy}, self.home.get("gpu_uuid")
+
+    def _home_named(self) -> str:
+        home = self.home or {}
+        return (f"the node the run began on ({home.get('hostname')}, {home.get('ip')}, Ray node "
+                f"{str(home.get('node_id'))[:12]})")
 
     def _on_node(self, method: str, *args, placing: bool = True) -> Any:
         """`method` of the actor with `args`, its answer or its own exception; a lost actor is an ExecutorError."""

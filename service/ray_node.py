@@ -7,11 +7,22 @@ GPU Ray gave it (harness/gpu_lease.py), and the executor takes that GPU's timing
 does on a single host, so a referee process outside Ray never times beside it. `start()`'s facts carry the node's
 name, address and GPU, recorded with the run's environment.
 
+The claim, not Ray's count, decides the GPU. Ray numbers a node's GPUs as free or reserved, not by what runs on
+them: after the service restarts, a resumed run's actor is placed on the node its run began on (service/ray_executor.py)
+but may be handed another of its GPU ids, while the run may resume only on the GPU it began on (server/lifecycle.py).
+So an actor given a recorded GPU uses that GPU when its serving claim is free, whatever id Ray handed it, and
+reports it held by another process otherwise (its run then waits); a new run's actor uses the GPU Ray handed it when
+that one's claim is free, else the first free one of the node (a resumed run may be on Ray's GPU, counted by Ray
+under another id). The node has as many actors as Ray's GPUs, so each finds one free. The workers see only their
+GPU (CUDA_VISIBLE_DEVICES set to its UUID, sandbox/environment.py), so the actor may drive any GPU of its node: it
+lists them all (harness/gpus.py `host_gpus`), not the one Ray's variable leaves it.
+
 Ray is imported inside the functions that run in the actor (the optional extra kernel-referee[fleet]).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import tempfile
@@ -58,9 +69,15 @@ class NodeExecutor:
     """The run's executor inside its Ray actor (threaded: an abort reaches a call in flight)."""
 
     def __init__(self, files: dict[str, bytes], sent: Task, timing: TimingSettings, make: MakeExecutor,
-                 node_gpus: Callable[[], list[GpuInfo]], what: str):
+                 node_gpus: Callable[[], list[GpuInfo]], what: str, recorded_gpu: str | None = None):
         self._scratch = tempfile.TemporaryDirectory(prefix="kernel-referee-service-")
-        self.gpu, self.claim = take_gpu(node_gpus(), _ray_gpu_ids(), what)
+        self.refused: str | None = None  # why the recorded GPU cannot be had; the actor then holds nothing
+        self.executor = None
+        try:
+            self.gpu, self.claim = take_gpu(node_gpus(), _ray_gpu_ids(), what, recorded_gpu)
+        except GpuNotFree as exc:
+            self.gpu, self.claim, self.refused = None, None, str(exc)
+            return
         try:
             task = _task_from(files, Path(self._scratch.name) / "task", sent)
             self.executor = make(task, timing, self.gpu)
@@ -74,10 +91,12 @@ class NodeExecutor:
         import ray  # the optional extra kernel-referee[fleet]: this runs in a Ray actor
 
         context = ray.get_runtime_context()
-        return {"node_id": context.get_node_id(), "ip": ray.util.get_node_ip_address(),
-                "hostname": socket.gethostname(), "pid": os.getpid(), "ray_gpu_ids": _ray_gpu_ids(),
-                "gpu_uuid": self.gpu.uuid if self.gpu else None,
-                "serving_claim": None if self.gpu is None else "held" if self.claim is not None else "shared"}
+        facts = {"node_id": context.get_node_id(), "ip": ray.util.get_node_ip_address(),
+                 "hostname": socket.gethostname(), "pid": os.getpid(), "ray_gpu_ids": _ray_gpu_ids(),
+                 "gpu_uuid": self.gpu.uuid if self.gpu else None,
+                 "gpu_index": self.gpu.index if self.gpu else None,
+                 "serving_claim": None if self.gpu is None else "held" if self.claim is not None else "shared"}
+        return {**facts, "refused": self.refused} if self.refused else facts
 
     def start(self) -> dict:
         return {**self.executor.start(), "ray_node": self.node()}
@@ -109,7 +128,8 @@ class NodeExecutor:
 
     def close(self) -> None:
         try:
-            self.executor.close()
+            if self.executor is not None:
+                self.executor.close()
         finally:
             self._let_go()
 
@@ -119,22 +139,48 @@ class NodeExecutor:
         self._scratch.cleanup()
 
 
-def take_gpu(gpus: list[GpuInfo], ray_ids: list[str], what: str) -> tuple[GpuInfo | None, ServingClaim | None]:
-    """(the node's GPU this actor runs on, its serving claim where this process holds it). The GPU Ray gave the
-    actor, by index or UUID; where Ray names none (a custom resource stands in for GPUs), the first of the node's
-    GPUs that no serving run claims. A GPU another process claims is shared, as a run placed there by hand shares
-    it; None: the node lists no GPU, the executor runs on the one CUDA numbers 0."""
-    if ray_ids:
-        given = [g for g in gpus if str(g.index) == ray_ids[0] or g.uuid.lower() == ray_ids[0].lower()]
-        if not given:
-            return None, None
-        claim = ServingClaim(given[0].uuid, what)
-        return given[0], claim if claim.try_take() else None
-    for gpu in sorted(gpus, key=lambda g: g.index):
+class GpuNotFree(Exception):
+    """The GPU a resumed run began on is not to be had on its node now: another process holds its claim, or the
+    node lists it no more."""
+
+
+def take_gpu(gpus: list[GpuInfo], ray_ids: list[str], what: str,
+             recorded: str | None = None) -> tuple[GpuInfo | None, ServingClaim | None]:
+    """(the node's GPU this actor runs on, its serving claim where this process holds it). `recorded`: the UUID of
+    the GPU a resumed run began on, used whatever Ray handed the actor, where its claim is free (GpuNotFree
+    otherwise). Else the GPU Ray handed the actor (by index or UUID) where its claim is free, then the first of the
+    node's GPUs that no serving run claims; where every one is claimed, Ray's (or the first) is shared, as a run
+    placed there by hand shares it. None: the node lists no GPU (or not Ray's), the executor runs on CUDA's 0."""
+    if recorded is not None:
+        return _recorded(gpus, recorded, what)
+    given = [g for g in gpus if ray_ids and (str(g.index) == ray_ids[0] or g.uuid.lower() == ray_ids[0].lower())]
+    if ray_ids and not given:
+        return None, None
+    for gpu in given + sorted((g for g in gpus if g not in given), key=lambda g: g.index):
         claim = ServingClaim(gpu.uuid, what)
         if claim.try_take():
             return gpu, claim
-    return (min(gpus, key=lambda g: g.index), None) if gpus else (None, None)
+    return (given or sorted(gpus, key=lambda g: g.index) or [None])[0], None
+
+
+def _recorded(gpus: list[GpuInfo], uuid: str, what: str) -> tuple[GpuInfo, ServingClaim]:
+    gpu = next((g for g in gpus if g.uuid.lower() == uuid.lower()), None)
+    if gpu is None:
+        raise GpuNotFree(f"the node lists no GPU {uuid} any more (it lists {', '.join(g.uuid for g in gpus) or 'none'})")
+    claim = ServingClaim(gpu.uuid, what)
+    if not claim.try_take():
+        raise GpuNotFree(f"GPU {gpu.index} ({gpu.uuid}) of the node, where the run began, is held by another "
+                         f"process{_holder(claim)}; the run waits until it is free")
+    return gpu, claim
+
+
+def _holder(claim: ServingClaim) -> str:
+    """Who holds the claim, as its file says (pid and what), for the message that names it."""
+    try:
+        held = json.loads(claim.path.read_text())
+        return f" (pid {held['pid']}: {held['what']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
 
 
 def _ray_gpu_ids() -> list[str]:

@@ -47,6 +47,7 @@ class RunRecord(BaseModel):
     finished_at: str | None = None
     gpu_uuid: str | None = None        # the GPU whose serving claim it holds (or held)
     error: str | None = None
+    waiting: str | None = None         # why a running run is not served now (its GPU held elsewhere); None: served
 
 
 class TokenRecord(BaseModel):

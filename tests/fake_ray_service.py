@@ -28,8 +28,9 @@ FAKE_NODE_GPUS = 4
 
 
 def on_node(task: Task, timing: TimingSettings, gpu: GpuInfo | None) -> FakeExecutor:
-    """The fake executor on the fake GPU the actor claimed, its GPU's name saying which process runs it."""
-    return FakeExecutor(task, gpu=f"Fake GPU in pid {os.getpid()}", placed=gpu)
+    """The fake executor on the fake GPU the actor claimed, its facts saying which process runs it (not its GPU's
+    name: a resumed run's is compared with the one it began with)."""
+    return FakeExecutor(task, placed=gpu, environment={"executor_pid": os.getpid()})
 
 
 def node_gpus() -> list[GpuInfo]:

@@ -232,7 +232,7 @@ def test_an_agent_records_attempts_through_the_actor_and_a_lost_actor_loses_no_b
         service.stop()
     node = described["device"]["ray_node"]
     assert node["serving_claim"] == "held" and node["pid"] != service.proc.pid
-    assert described["device"]["gpu"] == f"Fake GPU in pid {node['pid']}"  # the executor ran in the actor
+    assert described["device"]["executor_pid"] == node["pid"]  # the executor ran in the actor
     assert lost.startswith("Error executing tool record_attempt")  # a broken executor, as on one host
     # the attempt the lost node cut short counts, as interrupted: nothing lost, nothing given back
     assert (budget["attempts_used"], budget["attempts_left"]) == (2, 1), budget
