@@ -28,6 +28,7 @@ from service import api
 from service.auth import SCOPE, principal
 from service.core import Service
 from service.guards import Refused, host_and_origin_refusal, refused_response
+from service.live import RunGpuBusy, RunNodeGone
 from service.live import MakeExecutor
 from service.records import Role
 from service.registry import RUN_ID, UnknownRun
@@ -105,7 +106,13 @@ class ServiceGate:
             await response(scope, receive, send)
             return
         self._known(run_id)
-        live = await self.service.live_run(run_id)
+        waiting = self.service.registry.get(run_id).waiting
+        if waiting is not None and run_id not in self.service.live:  # the scheduler tries it again, not each call
+            raise Refused(503, f"the run is not served now: {waiting}")
+        try:
+            live = await self.service.live_run(run_id)
+        except (RunGpuBusy, RunNodeGone) as exc:  # a run on Ray that cannot resume where it began (yet)
+            raise Refused(503, f"the run is not served now: {exc}") from None
         await live.app({**scope, "path": "/mcp", "raw_path": b"/mcp"}, receive, send)
 
     def _known(self, run_id: str) -> None:

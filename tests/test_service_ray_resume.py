@@ -1,6 +1,7 @@
 """`kernel-referee service --ray` killed with kill -9 and started again: each running run's new actor goes back to the
 node and the stand-in GPU its run began on (not to the one Ray or the claims' order would hand it first), its budget
-exact and its folder verifying; a run whose node left the cluster is failed with that cause, said once in the log.
+exact and its folder verifying; one whose GPU another process took meanwhile waits, the holder named, until it is
+let go; a run whose node left the cluster is failed with that cause, said once in the log.
 
 A local cluster of two nodes (a head of two stand-in GPUs and a second node of one, both on this host), built once for
 the module: Ray's start is slow here."""
@@ -12,10 +13,13 @@ import time
 from pathlib import Path
 
 import anyio
+import httpx2
 import pytest
 
+from harness.gpu_lease import ServingClaim
 from server.lock import read_lock
 from server.verify import verify_run
+from service.core import WAITING_RETRY_S
 from tests.fake_ray_service import FAKE_GPU
 from tests.server_support import free_port, kernel
 from tests.service_support import agent
@@ -30,8 +34,11 @@ pytestmark = pytest.mark.timeout(400)
 @pytest.fixture(scope="module")
 def nodes():
     """(the cluster, its second node): three stand-in GPUs in all, the second node's one removable."""
+    # The object store refuses new objects once the disk is 95% full (Ray's default), which a shared test machine
+    # often is; these tests store only small messages.
     cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "resources": {FAKE_GPU: 2}, "include_dashboard": False})
+        "num_cpus": 2, "resources": {FAKE_GPU: 2}, "include_dashboard": False,
+        "_system_config": {"local_fs_capacity_threshold": 0.999}})
     second = cluster.add_node(num_cpus=1, resources={FAKE_GPU: 1})
     try:
         yield cluster, second
@@ -73,12 +80,33 @@ def _run_dir(service: RayServiceProcess, run: dict) -> Path:
     return next((service.root / "runs" / run["run"]["id"] / "results").glob("run-*"))
 
 
-def _restart(service: RayServiceProcess, runs: list[dict]) -> None:
+def _restart(service: RayServiceProcess, runs: list[dict], between=lambda: None) -> None:
     """kill -9, then started again once the old actors are gone (their node claims dropped with them)."""
     service.kill9()
     pids = [read_lock(_run_dir(service, r))["environment"]["ray_node"]["pid"] for r in runs]
     _until(lambda: all(_gone(pid) for pid in pids), timeout_s=60)
+    between()
     service.start()
+
+
+def _view(service: RayServiceProcess, run: dict) -> dict:
+    with service.api() as http:
+        return http.get(f"/api/runs/{run['run']['id']}").json()["run"]
+
+
+def _waits_then_resumes(service: RayServiceProcess, run: dict, by_hand: ServingClaim) -> tuple[dict, str]:
+    """The run whose GPU `by_hand` holds: waiting with the holder named, its endpoint answering 503 meanwhile, said
+    once in the log; resumed once the claim is let go. (its view while waiting, the agent's 503 answer)"""
+    waiting = _until(lambda: _view(service, run)["waiting"], timeout_s=60)
+    with httpx2.Client(timeout=30) as http:
+        refused = http.post(run["mcp_url"], json={}, headers={"Authorization": f"Bearer {run['agent_token']}"})
+    assert refused.status_code == 503, refused.text
+    time.sleep(WAITING_RETRY_S + 1.0)  # tried again once at least, and many scheduler steps
+    assert service.stderr().count(f"run {run['run']['id']} waits") == 1
+    view = _view(service, run)
+    by_hand.release()
+    _until(lambda: _view(service, run)["waiting"] is None, timeout_s=WAITING_RETRY_S + 30)
+    return {**view, "waiting": waiting}, refused.json()["error"]
 
 
 def test_running_runs_resume_on_the_node_and_gpu_they_began_on_after_kill_9(tmp_path, nodes):
@@ -96,8 +124,13 @@ def test_running_runs_resume_on_the_node_and_gpu_they_began_on_after_kill_9(tmp_
         left = [r for r in runs if r is not first]
         answer = anyio.run(_attempt, left[0], "latency_us=40")  # one run mid-way: an attempt recorded
         assert not answer["error"] and json.loads(answer["text"])["verdict"] == "valid-faster", answer
-        _restart(service, left)
-        resumed = [anyio.run(_resumed, r) for r in left]
+        # The second run's GPU taken by another process on its node meanwhile (a `serve` started by hand, say)
+        by_hand = ServingClaim(left[1]["device"]["ray_node"]["gpu_uuid"], "serve by hand",
+                               folder=tmp_path / "service-node-leases")
+        _restart(service, left, between=lambda: _until(by_hand.try_take, timeout_s=30))
+        resumed = [anyio.run(_resumed, left[0])]
+        waited, refused = _waits_then_resumes(service, left[1], by_hand)
+        resumed.append(anyio.run(_resumed, left[1]))
         with service.api() as http:
             views = [http.get(f"/api/runs/{r['run']['id']}").json()["run"] for r in left]
     finally:
@@ -109,6 +142,8 @@ def test_running_runs_resume_on_the_node_and_gpu_they_began_on_after_kill_9(tmp_
         assert device["ray_node"]["pid"] != began["pid"] and device["ray_node"]["serving_claim"] == "held"
         assert view["state"] == "running" and view["waiting"] is None
     assert [(b["attempts_used"], b["attempts_left"]) for _, b in resumed] == [(1, 2), (0, 3)]
+    assert waited["state"] == "running" and "held by another process" in waited["waiting"], waited
+    assert "serve by hand" in waited["waiting"] and "serve by hand" in refused
     for run in runs:
         report = verify_run(_run_dir(service, run))
         assert report.ok, report.problems
