@@ -128,6 +128,7 @@ class RayExecutor:
         self.facts: dict | None = None
         self.home: dict | None = None  # the `ray_node` facts of where a resumed run began; None: anywhere
         self.lost: str | None = None  # why the actor is gone, once it is
+        self._aborts: list = []  # aborts sent and not yet seen done (their ObjectRefs)
         self.gpu_lease = RemoteLease(self)
         self._limits: CallLimits | None = None
         self._placing = threading.Lock()
@@ -193,6 +194,7 @@ class RayExecutor:
         if not placing and self.actor is None:
             return None
         actor = self._placed()
+        self._settle_aborts()
         limits = self._limits
         timeout = None if limits is None or limits.deadline.at is None else (
             limits.deadline.remaining() + ANSWER_GRACE_S)
@@ -206,6 +208,15 @@ class RayExecutor:
         except ray.exceptions.GetTimeoutError:
             raise self._lose(f"the run's executor on the Ray cluster gave no answer {ANSWER_GRACE_S:g} s past the "
                              "call's deadline; its node is taken as lost") from None
+
+    def _settle_aborts(self) -> None:
+        """Wait for the aborts sent so far to be done on the node: the actor is threaded, so a later call (the
+        gate's resume of the lease above all) could otherwise run there before them and be undone by them."""
+        import ray  # the optional extra kernel-referee[fleet], connected by RayFleet
+
+        pending, self._aborts = self._aborts, []
+        if pending:
+            ray.wait(pending, num_returns=len(pending), timeout=ANSWER_GRACE_S)  # a lost actor is seen by the call
 
     def _lose(self, why: str) -> ExecutorError:
         import ray  # the optional extra kernel-referee[fleet], connected by RayFleet
@@ -280,7 +291,8 @@ class RayExecutor:
         """Sent beside the call in flight (the actor is threaded); nothing to abort where no actor was placed."""
         actor = self.actor
         if actor is not None and self.lost is None:
-            actor.abort.remote()  # not waited for: the call in flight answers once its job is killed
+            # Not waited for: the call in flight answers once its job is killed; the next call waits for it.
+            self._aborts.append(actor.abort.remote())
 
     def close(self) -> None:
         import ray  # the optional extra kernel-referee[fleet], connected by RayFleet

@@ -24,8 +24,11 @@ QUICK = VerdictSettings(min_rounds=8, step_rounds=4, max_rounds=12)
 @pytest.fixture(scope="module")
 def cluster():
     # Two CPUs and no dashboard: this machine is small and shared. Workers import the project from the checkout.
+    # Ray refuses to store objects on a disk fuller than 95%, as a shared test machine's often is: these tests
+    # store only small results.
     ray.init(num_cpus=2, resources=FAKE_GPUS, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+             runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}},
+             _system_config={"local_fs_capacity_threshold": 0.999})
     try:
         yield
     finally:

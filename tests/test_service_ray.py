@@ -48,8 +48,10 @@ def node_leases(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cluster(node_leases):
     # Two CPUs and no dashboard: this machine is small and shared. The actors reserve no CPU (ray_executor.py).
+    # Ray refuses to store objects on a disk fuller than 95%, as a shared test machine's often is: these tests
+    # store only small messages.
     ray.init(num_cpus=2, resources={FAKE_GPU: FAKE_NODE_GPUS}, include_dashboard=False, log_to_driver=False,
-             runtime_env=runtime_env(node_leases))
+             runtime_env=runtime_env(node_leases), _system_config={"local_fs_capacity_threshold": 0.999})
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
