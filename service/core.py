@@ -121,14 +121,15 @@ class Service:
             run_dir = self.registry.run_dir(run_id)
             if run_dir is not None:
                 gpu = self.slots.get(record.gpu_uuid or "")
-                run = await anyio.to_thread.run_sync(lives.reopen, run_dir, gpu, self.make_executor)
+                run = await anyio.to_thread.run_sync(lives.reopen, run_dir, gpu, self.make_executor,
+                                                     self.registry.compiles_journal(run_id))
             else:
                 def where() -> tuple[int, int, float]:
                     place = self.place(run_id)
                     return place.position, place.length, place.expected_wait_s
                 run = await anyio.to_thread.run_sync(
                     lives.open_queued, self.registry.task_dir(run_id), self.registry.results_dir(run_id),
-                    self.run_settings(record), self.make_executor, where)
+                    self.run_settings(record), self.make_executor, where, self.registry.compiles_journal(run_id))
             live = LiveRun(run, lives.mcp_app(run, run_id, self.settings, self.verifier))
             live.admitted = run_dir is not None
             await self.task_group.start(lives.serve_lifespan, live)

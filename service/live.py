@@ -46,10 +46,13 @@ class Queued(Preparation):
     (for `arch`, the arch of every GPU it may get; none where that is not known), every other tool that needs the
     run is refused at once."""
 
-    def __init__(self, where: Callable[[], tuple[int, int, float]], arch: str | None = None):
+    def __init__(self, where: Callable[[], tuple[int, int, float]], arch: str | None = None,
+                 journal: Path | None = None):
         super().__init__(lambda _progress: None, wait_s=0.0)
         self._where = where  # (position, queue length, expected wait in seconds)
-        self.early = EarlyCompiles(arch) if arch else None
+        # The compiles answered before the service last stopped are the run's still: read back from its journal
+        self.early = None if not arch else (EarlyCompiles(arch) if journal is None
+                                            else EarlyCompiles.reload(arch, journal))
 
     def _describe(self) -> str:
         position, length, wait_s = self._where()
@@ -83,13 +86,14 @@ class LiveRun:
 
 
 def open_queued(task_dir: Path, results: Path, run_settings: RunSettings, make_executor: MakeExecutor,
-                where: Callable[[], tuple[int, int, float]]) -> Run:
-    """A new run begun (its `.preparing-*` folder, its task copy and key; no GPU work), waiting in the queue."""
+                where: Callable[[], tuple[int, int, float]], journal: Path | None = None) -> Run:
+    """A new run begun (its `.preparing-*` folder, its task copy and key; no GPU work), waiting in the queue; the
+    compiles it answers meanwhile kept in `journal` until its run folder holds them."""
     executor = make_executor(load_task(task_dir), run_settings.timing, None)
     run = begin_new_run(task_dir, results, run_settings, executor)
     # An executor placed only when its run gets a GPU may not know the arch before: it answers no compile meanwhile
     arch = executor.compile_arch() if hasattr(executor, "compile_arch") else None
-    run.preparation = Queued(where, arch)
+    run.preparation = Queued(where, arch, journal)
     return run
 
 
@@ -115,15 +119,19 @@ def _carry_compiles(unplaced: Executor, placed: Executor) -> None:
         after.absorb(before)
 
 
-def reopen(run_dir: Path, gpu: GpuInfo | None, make_executor: MakeExecutor) -> Run:
-    """A run folder the service made before it stopped, resumed on its own GPU with its own budget."""
+def reopen(run_dir: Path, gpu: GpuInfo | None, make_executor: MakeExecutor, journal: Path | None = None) -> Run:
+    """A run folder the service made before it stopped, resumed on its own GPU with its own budget; compiles it
+    answered while queued and had not recorded yet (the service stopped just as it was prepared) recorded now."""
     task = load_task(run_dir / "task")
     executor = make_executor(task, RunSettings.of_run(run_dir).timing, gpu)
     began_on = getattr(executor, "began_on", None)  # an executor on a cluster goes back to where the run began
     try:
         if began_on is not None:
             began_on(read_lock(run_dir).get("environment", {}))
-        return resume_run(run_dir, executor)
+        run = resume_run(run_dir, executor)
+        if journal is not None and journal.exists():
+            EarlyCompiles.reload(run.environment.get("arch") or "", journal).record_into(run)
+        return run
     except BaseException:
         executor.close()
         raise

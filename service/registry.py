@@ -37,6 +37,10 @@ class Registry:
     def task_dir(self, run_id: str) -> Path:
         return self.folder(run_id) / "task"
 
+    def compiles_journal(self, run_id: str) -> Path:
+        """The compiles a queued run answered, kept until its run folder holds them (server/early_compiles.py)."""
+        return self.folder(run_id) / "queued-compiles.jsonl"
+
     def results_dir(self, run_id: str) -> Path:
         return self.folder(run_id) / "results"
 

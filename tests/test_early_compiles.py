@@ -46,3 +46,27 @@ async def test_a_run_that_waits_answers_compiles_only_and_records_them_once_prep
     report = verify_run(run.dir)
     assert report.ok, report.problems
     assert (run.dir / "compile-logs" / f"{good['candidate']}.log").read_text()
+
+
+def test_a_journal_gives_back_its_candidates_and_leaves_out_a_torn_or_foreign_line(tmp_path):
+    from harness.task_model import LaunchSpec
+    from server.candidates import Candidate, candidate_id
+    from server.early_compiles import _append, read_journal
+
+    launch = LaunchSpec.model_validate({"grid": ["ceil_div(n, 16)", "ceil_div(m, 16)"], "block": [16, 16]})
+    made = [Candidate(candidate_id(src, opts, launch), src, opts, launch)
+            for src, opts in ((kernel("latency_us=40"), ()), (kernel("latency_us=30"), ("-use_fast_math",)))]
+    journal = tmp_path / "queued-compiles.jsonl"
+    for candidate, log in zip(made, ("", "warning: something")):
+        _append(journal, candidate, log)
+    assert read_journal(journal) == [(made[0], ""), (made[1], "warning: something")]
+    whole = journal.read_text()
+    journal.write_text(whole + '{"source": "cut by a ki')  # a kill during the append
+    assert [c.id for c, _ in read_journal(journal)] == [c.id for c in made]
+    journal.write_text(whole.replace("latency_us=30", "latency_us=31") + '{"no": "candidate"}\n')
+    back = read_journal(journal)
+    assert back[0][0] == made[0] and back[1][0].id != made[1].id  # a line changed by hand is another candidate
+    assert len(back) == 2
+    assert read_journal(tmp_path / "none.jsonl") == []
+    early = EarlyCompiles.reload("sm_90", journal)
+    assert set(early.candidates) == {c.id for c, _ in back} and early.log(back[1][0].id) == "warning: something"

@@ -111,3 +111,55 @@ def test_a_queued_run_compiles_while_it_waits_and_spends_nothing(tmp_path):
     assert (run_dir / "candidates" / f"{cid}.json").is_file() and (run_dir / "compile-logs" / f"{cid}.log").is_file()
     kinds = [json.loads(line)["kind"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert kinds[0] == "run_created"
+
+
+async def _compile_queued(created: dict) -> dict:
+    async with agent(created["mcp_url"], created["agent_token"]) as client:
+        assert (await _described(client))["preparation"]["state"] == "queued"
+        failed, good = await _answer(client, "compile_kernel", source=kernel("latency_us=40", "kept"))
+        assert not failed and good["ok"] is True, good
+        return good
+
+
+async def _log_while_queued(created: dict, uri: str) -> str:
+    async with agent(created["mcp_url"], created["agent_token"]) as client:
+        assert (await _described(client))["preparation"]["state"] == "queued"
+        return (await client.read_resource(uri)).contents[0].text
+
+
+async def _uses_without_compiling(created: dict, cid: str) -> dict:
+    """The candidate compiled before the kill serves the GPU tools by its id, with no compile_kernel since."""
+    async with agent(created["mcp_url"], created["agent_token"]) as client:
+        await _until_prepared(client)
+        failed, attempt = await _answer(client, "record_attempt", candidate_id=cid, rationale="compiled while queued")
+        assert not failed and attempt["attempt"] == 1, attempt
+        return (await _described(client))["budget"]
+
+
+@pytest.mark.timeout(300)
+def test_a_compile_answered_while_queued_outlives_a_kill_of_the_service(tmp_path):
+    root = tmp_path / "service"
+    port = free_port()
+    service = ServiceProcess(root, port, gpus=1).start()
+    try:
+        first, second = service.create_run(max_attempts=3), service.create_run(max_attempts=3)
+        service.wait_state(first["run"]["id"], ("running",))
+        service.wait_state(second["run"]["id"], ("queued",))
+        good = anyio.run(_compile_queued, second)
+        journal = root / "runs" / second["run"]["id"] / "queued-compiles.jsonl"
+        assert journal.is_file()
+        service.kill9()
+        service = ServiceProcess(root, port, gpus=1).start()
+        service.wait_state(second["run"]["id"], ("queued",))
+        log = anyio.run(_log_while_queued, second, good["log_resource"])  # its compile log, before any compile
+        assert log is not None and good["log"] in log, (log, good["log"])
+        anyio.run(_finish, first)
+        service.wait_state(second["run"]["id"], ("running",))
+        budget = anyio.run(_uses_without_compiling, second, good["candidate"])
+    finally:
+        service.stop()
+    assert (budget["attempts_used"], budget["attempts_left"]) == (1, 2), budget
+    assert not journal.exists()  # the run folder holds the candidate now
+    run_dir = next((root / "runs" / second["run"]["id"] / "results").glob("run-*"))
+    assert verify_run(run_dir).ok
+    assert (run_dir / "candidates" / f"{good['candidate']}.json").is_file()
