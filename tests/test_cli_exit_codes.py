@@ -139,14 +139,16 @@ def test_replay_and_report_refusals_go_to_stderr_in_one_line(tmp_path, run_copy)
 
 
 # The real demo command, its scripted agent against a real stdio server that uses the fake executor (so it
-# plays on a CPU), interrupted as Ctrl-C does it.
+# plays on a CPU), interrupted as Ctrl-C does it. The server's preparation lasts a minute, so that the signal
+# lands while the session is open (the fake executor plays the whole plan in a second or two: on a loaded
+# machine the plan could end before a signal sent after its first compile arrives).
 DEMO = textwrap.dedent("""
-    import sys
+    import os, sys
     from mcp import StdioServerParameters
     from server import cli, demo
     demo.gpu_absent_reason = lambda: None
     demo.server_parameters = lambda task_dir, results, **options: StdioServerParameters(
-        command=sys.executable, args=[{server!r}, str(results)])
+        command=sys.executable, args=[{server!r}, str(results)], env={{**os.environ, "FAKE_SERVER_PREPARE_S": "60"}})
     sys.exit(cli.main(["demo", "--no-sandbox", "--results", sys.argv[1]]))
 """)
 
@@ -157,7 +159,7 @@ def test_ctrl_c_in_demo_is_one_line_and_exit_130(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         seen = ""
-        while "compile_kernel" not in seen:  # interrupted in the middle of the session
+        while "is being prepared" not in seen:  # interrupted in the middle of the session, waiting for its run
             line = demo.stdout.readline()
             assert line, demo.stderr.read()
             seen += line
