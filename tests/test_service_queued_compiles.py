@@ -31,7 +31,7 @@ async def _described(client) -> dict:
 
 async def _until_prepared(client, timeout_s: float = 120.0) -> dict:
     deadline = time.monotonic() + timeout_s
-    while (described := await _described(client)).get("preparation", {}).get("state", "ready") != "ready":
+    while ((described := await _described(client)).get("preparation") or {}).get("state", "ready") != "ready":
         assert described["preparation"]["state"] != "failed", described["preparation"]
         assert time.monotonic() < deadline, described["preparation"]
         await anyio.sleep(0.2)
