@@ -1,0 +1,53 @@
+"""The GPU job (.ci/gpu): the tests it names exist and carry the gpu marker, its two halves of tests/gpu cover
+every file once, and a stage run here (no GPU) leaves its log and its summary line."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+JOB = REPO / ".ci" / "gpu"
+
+
+def _new_tests() -> list[str]:
+    block = re.search(r"NEW_TESTS=\((.*?)\)", JOB.read_text(), re.S).group(1)
+    return block.split()
+
+
+def test_every_test_the_job_names_exists_and_is_a_gpu_test():
+    named = _new_tests()
+    assert len(named) >= 10 and all((REPO / path).is_file() for path in named), named
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "gpu",
+                           *named], cwd=REPO, capture_output=True, text=True, timeout=300)
+    collected = {line.split("::")[0] for line in done.stdout.splitlines() if "::" in line}
+    assert collected == set(named), set(named) - collected  # each file holds gpu-marked tests
+
+
+def _half(which: int) -> list[str]:
+    script = JOB.read_text()
+    function = script[script.index("half() {"):script.index("\n}\n", script.index("half() {")) + 3]
+    done = subprocess.run(["bash", "-c", f"{function}\nhalf {which}"], cwd=REPO, capture_output=True, text=True,
+                          check=True)
+    return done.stdout.split()
+
+
+def test_the_two_halves_of_tests_gpu_cover_every_file_once():
+    first, second = _half(0), _half(1)
+    every = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests" / "gpu").glob("test_*.py"))
+    assert sorted(first + second) == every and not set(first) & set(second)
+    assert abs(len(first) - len(second)) <= 1
+
+
+def test_a_stage_writes_its_log_and_its_summary_line(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(JOB), "rest"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    line = (tmp_path / "summary.txt").read_text().strip()
+    assert re.fullmatch(r"rest: \d+ (passed|skipped).* in [\d.]+s \(exit 0\)", line), line
+    assert (tmp_path / "rest.log").is_file()
+    refused = subprocess.run(["bash", str(JOB), "nonsense"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert refused.returncode == 2 and "unknown stage: nonsense" in refused.stderr
