@@ -142,6 +142,38 @@ def test_a_start_killed_during_the_preparation_leaves_no_run_and_the_next_start_
     assert read_json(results / "run-001" / "history.json")["attempts"][0]["verdict"] == "baseline"
 
 
+@pytest.mark.timeout(300)
+def test_starts_killed_at_many_moments_leave_only_leftovers_or_a_run_that_verifies(tmp_path):
+    """kill -9 at moments spread over a quick preparation and over the resumptions that follow it: each time, what
+    is left is a `.preparing-*` leftover or run-001 whole (it verifies); the next start goes on from there."""
+    from server.verify import verify_run
+
+    results = tmp_path / "results"
+    results.mkdir()
+    for delay_s in (0.0, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.8, 1.2, 2.0):
+        server = _start(results, 0)
+        time.sleep(delay_s)
+        server.kill()
+        server.wait(timeout=30)
+        left = _runs(results)
+        assert all(name.startswith(PREPARING) or name == "run-001" for name in left), (delay_s, left)
+        if "run-001" in left:
+            report = verify_run(results / "run-001")
+            assert report.ok, (delay_s, report.problems)
+    again = _start(results, 0)
+    try:
+        deadline = time.monotonic() + 60
+        while _runs(results) != ["run-001"]:
+            assert time.monotonic() < deadline and again.poll() is None, _runs(results)
+            time.sleep(0.1)
+    finally:
+        again.send_signal(signal.SIGTERM)
+        again.wait(timeout=30)
+    assert verify_run(results / "run-001").ok
+    attempts = read_json(results / "run-001" / "history.json")["attempts"]
+    assert [a["verdict"] for a in attempts] == ["baseline"]  # one baseline, however many starts
+
+
 def test_a_client_that_leaves_during_the_preparation_leaves_no_folder(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
