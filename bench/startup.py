@@ -3,7 +3,10 @@ client starts it (stdio), the time to its `initialize` answer (the server answer
 behind it: server/preparation.py), and the time to the first record_attempt that is answered rather than refused
 as "preparing" (a client calling it again as told). Also the preparation's own time, as describe_task says it.
 
-    python bench/startup.py [--repeat 3] [--json OUT]
+    python bench/startup.py [--repeat 3] [--json OUT] [--task FOLDER | --gemm N]
+
+`--gemm N` measures on matmul_f32 with one performance case of N x N x N (KernelBench's level-1 square GEMM is
+4096): a preparation long enough that a client which waited for it before `initialize` would give up.
 
 Exits 2, printing "no GPU", on a machine without one.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -32,10 +36,24 @@ SERVE = "import sys; from server.entry import main; sys.exit(main())"
 INITIALIZE_BOUND_S = 2.0
 
 
-async def one_start(results: Path) -> dict:
+def gemm_task(folder: Path, n: int) -> Path:
+    """matmul_f32 with its performance cases replaced by one of n x n x n (its correctness and holdout cases kept)."""
+    shutil.copytree(MATMUL, folder)
+    manifest = folder / "task.toml"
+    text = manifest.read_text(encoding="utf-8")
+    head, _, cases = text.partition("[[cases]]")
+    kept = [block for block in ("[[cases]]" + c for c in cases.split("[[cases]]") if c.strip())
+            if 'role = "performance"' not in block]
+    square = (f'[[cases]]\nname = "square-{n}"\nrole = "performance"\ndims = {{ m = {n}, n = {n}, k = {n} }}\n'
+              "seed = 2\n\n")
+    manifest.write_text(head + kept[0] + square + "".join(kept[1:]), encoding="utf-8")
+    return folder
+
+
+async def one_start(results: Path, task: Path = MATMUL) -> dict:
     """One server's start: seconds to `initialize`, to the first answered record_attempt, and its preparation's."""
     params = StdioServerParameters(command=sys.executable, cwd=str(ROOT), args=[
-        "-c", SERVE, "serve", "--task", str(MATMUL), "--results", str(results), "--new-run"])
+        "-c", SERVE, "serve", "--task", str(task), "--results", str(results), "--new-run"])
     started = time.monotonic()
     refusals = 0
     with open(results.parent / "server.err", "a") as errlog:
@@ -43,7 +61,7 @@ async def one_start(results: Path) -> dict:
             initialize_s = time.monotonic() - started
             first = (await c.call_tool("describe_task", {})).structured_content["preparation"]
             while True:
-                result = await c.call_tool("record_attempt", {"source": (MATMUL / "initial.cu").read_text(),
+                result = await c.call_tool("record_attempt", {"source": (task / "initial.cu").read_text(),
                                                               "rationale": "startup bench: the baseline again"})
                 text = result.content[0].text if result.content else ""
                 if not (result.is_error and "preparing, ready in about" in text):
@@ -61,6 +79,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--task", type=Path, default=MATMUL, help="the task folder (default cases/matmul_f32)")
+    which.add_argument("--gemm", type=int, metavar="N", help="matmul_f32 with one N x N x N performance case")
     args = parser.parse_args()
     absent = gpu_absent_reason()
     if absent is not None:
@@ -68,14 +89,17 @@ def main() -> int:
         return 2
     starts = []
     with tempfile.TemporaryDirectory() as scratch:
+        task = gemm_task(Path(scratch) / f"matmul_f32_{args.gemm}", args.gemm) if args.gemm else args.task.resolve()
+        print(f"task: {task.name}", flush=True)
         for index in range(args.repeat):
-            start = anyio.run(one_start, Path(scratch) / "results")
+            start = anyio.run(one_start, Path(scratch) / "results", task)
             starts.append(start)
             print(f"start {index + 1}: initialize {start['initialize_s']:.2f} s, first record_attempt "
                   f"{start['first_record_attempt_s']:.1f} s (preparation {start['preparation_s']:.1f} s, "
                   f"{start['preparing_refusals']} 'preparing' answers), verdict {start['verdict']}", flush=True)
     worst = max(s["initialize_s"] for s in starts)
-    summary = {"starts": starts, "initialize_s_max": worst,
+    summary = {"task": args.task.name if not args.gemm else f"matmul_f32, one {args.gemm}^3 performance case",
+               "starts": starts, "initialize_s_max": worst,
                "initialize_s_median": statistics.median(s["initialize_s"] for s in starts),
                "first_record_attempt_s_median": statistics.median(s["first_record_attempt_s"] for s in starts),
                "initialize_bound_s": INITIALIZE_BOUND_S, "within_bound": worst < INITIALIZE_BOUND_S}
