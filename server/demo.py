@@ -6,7 +6,8 @@ not compile, and two tile shapes of the register-blocked kernel. Each goes compi
 validate -> time_kernel -> record_attempt, which spends the budget of seven; the demo then prints
 one line per attempt (verdict, reasons, per-case median, speedup vs the baseline and vs cuBLAS) and
 the run folder. Without a GPU it compiles the candidates, shows what NVRTC reports and says that
-running them needs a GPU (exit 3, as `check`).
+running them needs a GPU (exit 3, as `check`). The same agent plays an audit service run over the run's
+streamable-HTTP endpoint with its agent token (`session_over_http`; bench/service_gpu.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 import anyio
+import httpx2
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 from harness.device import gpu_absent_reason
 from harness.task import load_task
@@ -36,6 +39,7 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD, EXIT_NO_GPU = 0, 1, 2, 3
 _PASSED_ENV = ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "PYTHONPATH")
 
 Say = Callable[[str], None]
+HTTP_TIMEOUT_S = 120.0  # one tool call over HTTP, beyond the longest a timing or an attempt takes (~45 s)
 
 
 def _tiles(size: int) -> dict:
@@ -224,17 +228,31 @@ def _pct(value: float | None) -> str:
 
 async def session(params: StdioServerParameters, plan: tuple[Step, ...], say: Say) -> Session:
     async with Client(params, cache=None) as client:  # describe_task is read twice: never from a cache
-        first = await _until_prepared(client, say)
-        left = first["budget"]["attempts_left"]
-        if left != len(plan):
-            raise DemoError(f"the run has {left} attempts left; the demo plays {len(plan)} (a new run was expected)")
-        say(f"describe_task: {first['name']}, cases {', '.join(c['name'] for c in first['cases'])}; "
-            f"baseline {ms_text(first.get('baseline_score_ms'))} ms (geometric mean); budget {left} attempts")
-        if first.get("profiling"):
-            await _profile(client, plan[0], say)
-        outcomes = await drive(client, plan, say)
-        description, _ = await _call(client, "describe_task", {})
-        summary = json.loads((await client.read_resource("referee://summary.json")).contents[0].text)
+        return await play(client, plan, say)
+
+
+async def session_over_http(mcp_url: str, token: str, plan: tuple[Step, ...], say: Say,
+                            patience_s: float = 900.0) -> Session:
+    """The same session on an audit service run's streamable-HTTP endpoint (`/runs/ID/mcp`), with the run's agent
+    token; a run still queued for a GPU is waited for, up to `patience_s`, as one being prepared."""
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=HTTP_TIMEOUT_S) as http:
+        async with Client(streamable_http_client(mcp_url, http_client=http), cache=None) as client:
+            return await play(client, plan, say, patience_s)
+
+
+async def play(client: Client, plan: tuple[Step, ...], say: Say, patience_s: float = 900.0) -> Session:
+    """The scripted agent's whole run on a connected client: the prepared run's task, the plan, its summary."""
+    first = await _until_prepared(client, say, patience_s=patience_s)
+    left = first["budget"]["attempts_left"]
+    if left != len(plan):
+        raise DemoError(f"the run has {left} attempts left; the demo plays {len(plan)} (a new run was expected)")
+    say(f"describe_task: {first['name']}, cases {', '.join(c['name'] for c in first['cases'])}; "
+        f"baseline {ms_text(first.get('baseline_score_ms'))} ms (geometric mean); budget {left} attempts")
+    if first.get("profiling"):
+        await _profile(client, plan[0], say)
+    outcomes = await drive(client, plan, say)
+    description, _ = await _call(client, "describe_task", {})
+    summary = json.loads((await client.read_resource("referee://summary.json")).contents[0].text)
     return Session(description, outcomes, summary)
 
 
