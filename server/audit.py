@@ -3,7 +3,8 @@
 `events.jsonl` holds one canonical JSON record per line; each record carries the hash of the one
 before it, so editing, removing or reordering a record breaks the chain at that line. A run's log is
 also signed (server/keys.py): each record's `sig` is the run key's Ed25519 signature of its hash, so a
-chain recomputed after an edit no longer verifies without the private key. Files the
+chain recomputed after an edit no longer verifies without the private key, and after each append the log
+writes its signed head, `events-head.json` (server/log_head.py), so that records cut from its end are seen. Files the
 run writes are recorded with their sha256; server/verify.py checks them, `lock.json` and
 `summary.json` against the log.
 """
@@ -22,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from server.log_head import HEAD_NAME, KEEPS_HEAD, LastRecord, end_fault, head_bytes, head_holds, read_head
 from server.records import EventKind
 
 log = logging.getLogger(__name__)
@@ -155,7 +157,9 @@ def inside_run(run_dir: Path, relative: str) -> Path | None:
 
 class AuditLog:
     """events.jsonl: one JSON object per line, each holding the hash of the previous one and, where the log
-    has a `signer` (the run's key, server/keys.py), the signature of its own hash."""
+    has a `signer` (the run's key, server/keys.py), the signature of its own hash; a signed log's end is
+    `events-head.json` (server/log_head.py), written after each append and checked, and repaired where a kill
+    left it one record behind, when the log is opened."""
 
     def __init__(self, path: Path, signer: Any = None):
         self.path = Path(path)
@@ -165,12 +169,16 @@ class AuditLog:
         self._broken: str | None = None
         self._seq, self._head = -1, GENESIS
         self._signed = False  # whether the log's last record is signed: then every new one must be
+        self._prev = GENESIS  # the last record's prev
+        self._head_behind = False  # the head names the record before the last (its write failed): written first
         created = not self.path.exists()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             if created:
                 _fsync_dir(self.run_dir)
             torn = self._load_tail()
+            if signer is not None:
+                self._check_head()
             if torn:
                 self._repair(torn)
         except BaseException:
@@ -191,8 +199,46 @@ class AuditLog:
         if not isinstance(seq, int) or isinstance(seq, bool) or not is_sha256(head):
             raise AuditError(f"{self.path.name}: the last record has no valid seq and hash")
         self._seq, self._head = seq, head
+        self._prev = last["prev"] if is_sha256(last.get("prev")) else GENESIS
         self._signed = "sig" in last
         return torn
+
+    def _check_head(self) -> None:
+        """The log's end against its signed head: a cut or a rewritten head is refused, a head a kill left one
+        record behind is written again; a signed log made before heads were kept gets one."""
+        head, why = read_head(self.run_dir)
+        if why:
+            raise AuditError(why)
+        if head is None:
+            if self._seq > 0 and KEEPS_HEAD in self._first_record().get("data", {}):
+                raise AuditError(f"{HEAD_NAME} is missing, though the run's first record says it keeps one "
+                                 "(removed: the log's end is not pinned)")
+            if self._seq >= 0:
+                self._write_head()
+            return
+        if not head_holds(head, self.signer.public_hex):
+            raise AuditError(f"{HEAD_NAME}: its signature does not verify (written without the run's key)")
+        behind, fault = end_fault(head, LastRecord(self._seq, self._head, self._prev), self.path.name)
+        if fault:
+            raise AuditError(fault)
+        if behind:
+            log.warning("%s: its head was one record behind (a kill between an append and the head's write); "
+                        "written again", self.path)
+            self._write_head()
+
+    def _first_record(self) -> dict:
+        with open(self.path, "rb") as f:
+            try:
+                first = json.loads(f.readline())
+            except ValueError:
+                return {}
+        return first if isinstance(first, dict) else {}
+
+    def _write_head(self) -> None:
+        """Write the head for the last record, atomically; until it is written, `_head_behind` holds."""
+        self._head_behind = True
+        write_bytes_atomic(self.path.with_name(HEAD_NAME), head_bytes(self._seq, self._head, self.signer))
+        self._head_behind = False
 
     def _repair(self, torn: bytes) -> None:
         """Set a torn last line aside, cut it off, and say so in the log."""
@@ -208,7 +254,9 @@ class AuditLog:
         self.append(EventKind.LOG_REPAIRED, {"path": aside.name, "sha256": digest, "bytes": len(torn)})
 
     def append(self, kind: EventKind, data: dict) -> dict:
-        """Append one record, durably; on failure the log is left as it was and the error raised.
+        """Append one record, durably, then the signed head naming it; on failure the log is left as it was and
+        the error raised. A head that cannot be written after its record is left one behind (which verify
+        accepts) and written before the next record, whose append fails, log unchanged, if it cannot.
 
         `kind` is written as its string: the log's own tests append kinds of their own."""
         with self._lock:
@@ -219,6 +267,8 @@ class AuditLog:
             if self._signed and self.signer is None:
                 raise AuditError(f"{self.path.name} is signed: a record added without the run's key would not "
                                  "verify")
+            if self._head_behind:
+                self._write_head()  # never two records past the head
             # A normalized copy: what is returned is exactly what reading the line back gives.
             record = {"seq": self._seq + 1, "time": _now(), "kind": str(kind),
                       "data": json.loads(canonical_json(json_safe(data))), "prev": self._head}
@@ -226,8 +276,13 @@ class AuditLog:
             if self.signer is not None:
                 record["sig"] = self.signer.sign(record["hash"])
             self._write_line(canonical_json(record) + b"\n")
-            self._seq, self._head = record["seq"], record["hash"]
+            self._seq, self._head, self._prev = record["seq"], record["hash"], record["prev"]
             self._signed = "sig" in record
+            if self.signer is not None:
+                try:
+                    self._write_head()
+                except OSError as e:  # the record is in the log: the head lags it by one until the next append
+                    log.error("%s: its head could not be written: %s", self.path, e)
             return record
 
     def _write_line(self, line: bytes) -> None:

@@ -21,12 +21,13 @@ from server.call import part
 from server.executor import Executor
 from server.folder_lock import FolderHeld, FolderLock
 from server.lease_waits import name_lease
+from server.log_head import HEAD_NAME, KEEPS_HEAD
 from server.records import EventKind
 from server.report_files import write_report_files
 from server.expected_files import load_expected, write_expected
 from server.run import Progress, Run, RunError, RunSettings, TaskDoesNotFit, now_iso
 from server.signed_log import run_key
-from server.verify import chain_break, signature_break
+from server.verify import chain_break, end_break, signature_break
 
 PREPARING = ".preparing-"  # a new run's folder until it is prepared and renamed to run-NNN
 # The share of a new run's preparation done once its GPU workers started, and once its expected outputs are written.
@@ -89,7 +90,7 @@ def _begin(run: Run, environment: dict, progress: Progress | None) -> None:
     """What a new run records before its first call: its creation, the expected outputs, the lock, the baseline."""
     settings = run.settings.model_dump(mode="json")
     run.audit.append(EventKind.RUN_CREATED, {"task": run.task.name, "settings": settings, **_device(environment),
-                                             "signing_key": run.key.anchor()})
+                                             "signing_key": run.key.anchor(), KEEPS_HEAD: HEAD_NAME})
     run.write_json("run.json", {"task": run.task.name, "created": now_iso(), "settings": settings})
     _write_expected(run, part(progress, START_SHARE, EXPECTED_END, 1.0))
     run.lock_record = locking.make_lock(run.dir, environment, run.key.anchor())
@@ -193,7 +194,7 @@ def _device(environment: dict) -> dict:
 def _checked_for_resume(run_dir: Path, executor: Executor) -> tuple[dict, dict]:
     """(lock.json, the environment now) of a run that may be resumed: its chain holds, its files are those
     it locked, the referee's code is the one that began it. Nothing is written before these hold."""
-    broken = chain_break(run_dir / LOG_NAME) or signature_break(run_dir)
+    broken = chain_break(run_dir / LOG_NAME) or signature_break(run_dir) or end_break(run_dir)
     if broken:
         raise RunError(f"{run_dir.name} cannot be resumed: its audit log does not verify (first broken record: "
                        f"{broken}); `kernel-referee verify {run_dir}` lists every problem")

@@ -23,6 +23,7 @@ from server.folder_lock import EXIT_HELD, FolderHeld, FolderLock
 from server.lifecycle import begin_new_run, resume_run
 from server.preparation import prepare_behind
 from server.lock import locked_gpu_uuid
+from server.log_head import HEAD_NAME
 from server.record_files import HISTORY, SUMMARY, read_summary
 from server.run import Run, RunError, RunSettings, TaskDoesNotFit
 from server.settings import RefereeSettings, sandbox_refusal
@@ -225,16 +226,23 @@ def latest_unfinished_run(results: Path, task_dir: Path) -> Path | None:
     return None
 
 
-EXIT_UNSIGNED = 5  # verify: the folder holds together, but its log was made before signing: anyone could remake it
+# verify: the folder holds together, but its log was made before signing (anyone could remake it), or signed before
+# its end was pinned (records cut from the end of an unfinished run would not be seen)
+EXIT_UNSIGNED = 5
 
 
 def verify(run_dir: Path, out: TextIO, public_key: str | None = None) -> int:
     """The command's report goes to `out` (the terminal); it is not part of any MCP stream."""
     report = verify_run(run_dir, public_key=public_key)
-    if report.ok and report.signed:
+    if report.ok and report.signed and report.end_pinned:
         print(f"{run_dir}: ok ({report.records} records, chain head {report.head}, signed by key "
               f"{report.fingerprint})", file=out)
         return 0
+    if report.ok and report.signed:
+        print(f"{run_dir}: end not pinned (signed before the log kept its signed head, {HEAD_NAME}): the chain, "
+              f"signatures and files hold ({report.records} records, chain head {report.head}, signed by key "
+              f"{report.fingerprint}), but records cut from the end of an unfinished run would not be seen", file=out)
+        return EXIT_UNSIGNED
     if report.ok:
         print(f"{run_dir}: unsigned (made before signing): the chain and files hold ({report.records} records, "
               f"chain head {report.head}), but anyone could have recomputed the chain", file=out)

@@ -1,6 +1,6 @@
 """Checking a run folder against its audit log (`kernel-referee verify`): the hash chain, the records'
 signatures (server/verify_signed.py), every recorded file, lock.json's files, summary.json's chain head, the
-log's end, and every file of the folder accounted for."""
+log's end (against its signed head, server/log_head.py), and every file of the folder accounted for."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pydantic import BaseModel
 from server.record_files import SUMMARY, read_summary
 from server.audit import (GENESIS, LOG_NAME, RECORD_FIELDS, SIGNED_FIELDS, canonical_json, inside_run, is_sha256,
                           record_hash, sha256_file)
-from server.verify_signed import derived_problems, end_problems, signature_problems, unaccounted_files
+from server.verify_signed import (derived_problems, end_problems, head_problems, signature_problems,
+                                  unaccounted_files)
 
 
 TORN = "torn (no trailing newline; reopening the log repairs it)"
@@ -26,6 +27,7 @@ class VerifyReport(BaseModel):
     problems: list[str]
     first_broken_line: int | None
     fingerprint: str | None = None  # of the key that signed the log; None: unsigned (made before signing)
+    end_pinned: bool = False  # a signed head names where the log ends; False: unsigned, or made before heads
 
     @property
     def signed(self) -> bool:
@@ -132,6 +134,19 @@ def signature_break(run_dir: Path) -> str | None:
     return problems[0] if problems else None
 
 
+def end_break(run_dir: Path) -> str | None:
+    """Why the log's end is not the one its signed head names ("events.jsonl ends at record 9, but its signed head
+    ... is record 12: 3 records missing from the end (cut)"), or None where it is, the head lags one record (a kill
+    between an append and the head's write: reopening the log writes it again), or the log is unsigned."""
+    _, parsed = _read_chain(Path(run_dir) / LOG_NAME)
+    # The key the first record names; signature_break holds the records to it (not checked twice here).
+    anchor = parsed[0][1]["data"].get("signing_key") if parsed and "sig" in parsed[0][1] else None
+    if not isinstance(anchor, dict) or not isinstance(anchor.get("public_key"), str):
+        return None
+    _, problems = head_problems(Path(run_dir), parsed, anchor["public_key"])
+    return problems[0] if problems else None
+
+
 def _file_state(run_dir: Path, relative: str, sha256: str) -> str | None:
     """None when run_dir/relative holds exactly `sha256`, else "outside", "missing" or "differs"."""
     target = inside_run(run_dir, relative)
@@ -211,8 +226,13 @@ def verify_run(run_dir: Path, *, public_key: str | None = None, derived: bool = 
     fingerprint, signing_problems = signature_problems(parsed, lock, public_key)
     problems += signing_problems + recorded_problems + lock_problems + summary_problems
     problems += end_problems(parsed, summary)
-    if derived and fingerprint is not None:  # a run made before signing did not list its report files
+    pinned = False
+    if fingerprint is not None:  # a run made before signing has no head and did not list its report files
+        public_hex = parsed[0][1]["data"]["signing_key"]["public_key"]
+        pinned, end = head_problems(run_dir, parsed, public_hex)
+        problems += end
         anchor = lock.get("signing_key") if lock is not None else None
-        problems += derived_problems(run_dir, anchor["public_key"]) if isinstance(anchor, dict) else []
+        problems += derived_problems(run_dir, anchor["public_key"]) if derived and isinstance(anchor, dict) else []
     problems += unaccounted_files(run_dir, recorded | (set(lock["files"]) if lock is not None else set()))
-    return report.model_copy(update={"ok": not problems, "problems": problems, "fingerprint": fingerprint})
+    return report.model_copy(update={"ok": not problems, "problems": problems, "fingerprint": fingerprint,
+                                      "end_pinned": pinned})

@@ -4,7 +4,8 @@ against summary.json and the run's finish, and every file of the run folder agai
 A hash chain alone can be recomputed by anyone who edits a record; the signatures cannot without the run's
 private key (server/keys.py). A log cut at a line boundary is a valid shorter chain; summary.json names the
 record it was written after (chain_seq, chain_head) and a finished run's log holds its finish, so a cut before
-either is refused. The derived files are held to derived.json (server/signed_log.py).
+either is refused; the log's signed head (events-head.json, server/log_head.py) names its last record, so a cut
+of any record it pins is refused too. The derived files are held to derived.json (server/signed_log.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from server import keys
 from server.audit import LOG_NAME
 from server.folder_lock import LOCK_NAME
+from server.log_head import HEAD_NAME, KEEPS_HEAD, LastRecord, end_fault, head_holds, read_head
 from server.records import EventKind
 from server.signed_log import MANIFEST, derived_files, is_derived, manifest_digest, read_manifest
 
@@ -91,6 +93,28 @@ def end_problems(parsed: Parsed, summary) -> list[str]:
     return problems
 
 
+def head_problems(run_dir: Path, parsed: Parsed, public_hex: str) -> tuple[bool, list[str]]:
+    """(whether the log's end is pinned by a signed head, the problems of its end against that head). A signed run
+    made before heads were kept has none (False, no problem); one whose first record says it keeps one must."""
+    if not parsed:
+        return False, []
+    head, why = read_head(run_dir)
+    if why:
+        return True, [why]
+    first, last = parsed[0][1], parsed[-1][1]
+    if head is None:
+        if KEEPS_HEAD not in first["data"]:
+            return False, []
+        if last["seq"] == 0:  # killed between the run's first record and its first head
+            return True, []
+        return True, [f"{HEAD_NAME}: missing, though the run's first record says it keeps one (removed: where the "
+                      f"log ends is unknown, {LOG_NAME} holds records 0 to {last['seq']})"]
+    if not head_holds(head, public_hex):
+        return True, [f"{HEAD_NAME}: its signature does not verify (written without the run's key)"]
+    _, fault = end_fault(head, LastRecord(last["seq"], last["hash"], last["prev"]), LOG_NAME)
+    return True, [fault] if fault else []
+
+
 def derived_problems(run_dir: Path, public_hex: str) -> list[str]:
     """The derived files (report, heatmaps, replays) against derived.json, whose signature must be the run key's."""
     manifest = read_manifest(run_dir)
@@ -109,7 +133,7 @@ def derived_problems(run_dir: Path, public_hex: str) -> list[str]:
 
 def unaccounted_files(run_dir: Path, accounted: set[str]) -> list[str]:
     """Files of the run folder that no record, no lock entry and no rule accounts for (an added file)."""
-    allowed = accounted | {LOG_NAME, LOCK_NAME, keys.KEY_FILE, MANIFEST}
+    allowed = accounted | {LOG_NAME, HEAD_NAME, LOCK_NAME, keys.KEY_FILE, MANIFEST}
     problems = []
     for path in sorted(Path(run_dir).rglob("*")):
         if path.is_dir() and not path.is_symlink():

@@ -17,6 +17,7 @@ from server import keys
 from server.audit import AuditError, AuditLog, canonical_json, record_hash, sha256_file
 from server.cli import main
 from server.lifecycle import resume_run
+from server.log_head import HEAD_NAME, head_digest
 from server.run import RunError
 from server.signed_log import manifest_digest
 from server.verify import verify_run
@@ -150,6 +151,10 @@ def test_a_log_signed_again_with_another_key_fails_against_the_fingerprint_held_
     manifest = json.loads((run_dir / "derived.json").read_text())
     manifest["sig"] = forger.sign(bytes.fromhex(manifest_digest(manifest["files"]))).hex()
     (run_dir / "derived.json").write_text(json.dumps(manifest))
+    last = json.loads(_lines(run_dir)[-1])  # and the log's head, where it ends
+    digest = head_digest(last["seq"], last["hash"])
+    (run_dir / HEAD_NAME).write_text(json.dumps({"seq": last["seq"], "hash": last["hash"],
+                                                 "sig": forger.sign(bytes.fromhex(digest)).hex()}))
 
     forged = verify_run(run_dir)
     assert forged.ok, forged.problems  # a whole forgery holds together: only the anchor held outside tells
