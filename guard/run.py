@@ -102,7 +102,7 @@ def guard_results(options: GuardOptions, loaded: list[LoadedApproval]) -> list[S
         absent = gpu_absent_reason()
         if absent is not None:
             raise NoGpu(absent)
-        refusal = sandbox_refusal() if options.confine else None
+        refusal = sandbox_refusal(options.confine)
         if refusal:
             raise SandboxRefused(refusal)
     make = options.make_executor or (lambda approval: local_executor(approval.name, options.confine, options.gpu))
