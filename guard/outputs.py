@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from guard.fingerprint import Fingerprint
 from guard.history import DiffLine
 from guard.verdict import CaseVerdict, Verdict, exit_status
+from harness.gpu_lease import LeaseWait
 
 
 class ApprovalResult(BaseModel):
@@ -31,6 +32,7 @@ class ApprovalResult(BaseModel):
     fingerprint: Fingerprint | None = None  # the machine the step ran on
     node: str | None = None  # the fleet's node, when fanned out
     seconds: float | None = None
+    lease_waits: list[LeaseWait] = []  # the step's waits for the GPU's lease, naming who held it
     trend_svg: str | None = None  # the trend picture's files, relative to the report's folder
     trend_png: str | None = None
 

@@ -150,7 +150,8 @@ def _recorded(store: Path, result: StepResult, accepted: bool, time: str,
         pictures, svg = {"trend_svg": trend.svg.name, "trend_png": trend.png.name}, trend.svg_text
     return outputs.ApprovalResult(approval=result.approval, verdicts=result.verdicts, diff=diff,
                                   environment_changes=result.environment_changes, fingerprint=result.fingerprint,
-                                  node=result.node, seconds=result.cost.total_s, **pictures), svg
+                                  node=result.node, seconds=result.cost.total_s, lease_waits=result.lease_waits,
+                                  **pictures), svg
 
 
 def _accept_key(options: GuardOptions) -> Path | None:
