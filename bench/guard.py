@@ -3,10 +3,12 @@ the guard's own decision code (guard/verdict.py `decide_with_repeats`) fed round
 noise of the recorded H100 and H200 runs (bench/guard_noise.py says which files and how).
 
     python bench/guard.py [--unchanged 1000] [--slower-trials 300] [--thresholds 0.01,0.015,0.02]
-                          [--launches model|h100-samples|h100-consecutive] [--json OUT]
+                          [--launches model|h100-samples|h100-consecutive] [--approval rounds|run] [--json OUT]
 
 For every recorded kernel and threshold: `--unchanged` guard runs of an unchanged kernel (each against a
-fresh approval, itself measured with the same noise over `--approval-rounds` rounds, 32 unless told) and
+fresh approval, itself measured with the same noise as `kernel-referee approve` measures it: over
+`--approval-rounds` interleaved rounds, 32 unless told, guard/accepted.py; or, with `--approval run`, as
+`approve --from-run` takes it: the run's two timing jobs per kernel merged, its speedup interval) and
 `--slower-trials` runs of a copy 2%, 3% and 5% slower. Prints false alarms per 1000 unchanged runs, the share
 of each slowdown flagged regressed, the share left inconclusive, and the rounds used (mean and 95th percentile).
 `--launches h100-samples` draws each round's launches from an H100 job's recorded launches instead of the
@@ -32,28 +34,46 @@ sys.path.insert(0, str(ROOT))
 from bench.guard_noise import (NoiseProfile, RoundMaker, load_profiles, model_round_ratio_sd,  # noqa: E402
                                recorded_aa_sd)
 from bench.guard_samples import load_consecutive_profiles, load_sample_profiles  # noqa: E402
+from guard import accepted  # noqa: E402
+from guard.approval import CaseLatency  # noqa: E402
 from guard.verdict import (CaseInput, Correctness, Verdict, VerdictSettings, decide,  # noqa: E402
                            decide_with_repeats, round_trouble)
+from harness.stats import speedup, summarize  # noqa: E402
+from server.run import RunSettings  # noqa: E402
 
 SLOWDOWNS = (0.02, 0.03, 0.05)
-# An approval's ratio measured as the guard measures, over 32 rounds: an approval is made once, and its
-# error would shift every later run (with 8 rounds, see the README's sensitivity rows).
-APPROVAL_ROUNDS = 32
+# An approval's ratio measured as the guard measures, over 32 rounds (approve's default): an approval is made
+# once, and its error would shift every later run (with 8 rounds, see the README's sensitivity rows).
+APPROVAL_ROUNDS = accepted.DEFAULT_ROUNDS
+# How an approval's ratio is taken: approve's interleaved rounds, or the run's own timing (approve --from-run).
+APPROVALS = ("rounds", "run")
 SIMPLER_RULES = ("point_rule_8_rounds", "strict_rule_8_rounds")
 CORRECT = Correctness(correct=True)
 PROFILES = {"model": load_profiles, "h100-samples": load_sample_profiles,
             "h100-consecutive": load_consecutive_profiles}
 
 
-def approved_ratio(maker: RoundMaker, settings: VerdictSettings, approval_rounds: int) -> dict:
-    """The ratio an approval records, with its interval: the guard's own estimate over its first rounds kept."""
-    rounds = []
-    while sum(round_trouble(r, None, settings.clock_floor) is None for r in rounds) < approval_rounds:
-        rounds.append(maker())
-    probe = CaseInput(approval="bench", case="approval", accepted_ratio=1.0)
-    ratio = decide(probe, rounds, CORRECT, settings.model_copy(update={"min_rounds": approval_rounds})).ratio
+def approved_ratio(maker: RoundMaker, settings: VerdictSettings, approval_rounds: int,
+                   approval: str = "rounds") -> dict:
+    """The ratio an approval records, with its interval, as the guard's CaseInput takes it (guard/accepted.py):
+    measured in interleaved rounds as approve does, or from the run's own timing as approve --from-run does."""
+    if approval == "run":
+        return run_approval(maker, RunSettings().timing_rounds)
+    ratio = accepted.measure(lambda only: {"approval": maker()}, ["approval"], approval_rounds, settings)["approval"]
     return {"accepted_ratio": ratio.estimate, "accepted_low": ratio.low, "accepted_high": ratio.high,
             "accepted_confidence": ratio.confidence}
+
+
+def run_approval(maker: RoundMaker, jobs: int) -> dict:
+    """The accepted ratio of an approval taken from its run: `jobs` timing jobs of the kernel and of its baseline
+    (the run's timing_rounds), each kernel's launches merged into one sample set, their medians' ratio with the
+    speedup interval the run records (harness/stats.py), read as the guard reads an approval without rounds.
+    Nothing is set aside: the run does not read NVML's readings."""
+    rounds = [maker() for _ in range(jobs)]
+    kernel = summarize([ms for r in rounds for ms in r.candidate_ms])
+    baseline = summarize([ms for r in rounds for ms in r.baseline_ms])
+    return accepted.accepted_fields(CaseLatency(case="approval", kernel=kernel, baseline=baseline,
+                                                speedup=speedup(baseline, kernel)))
 
 
 def simpler_rules(case: CaseInput, maker: RoundMaker, settings: VerdictSettings) -> dict[str, bool]:
@@ -70,7 +90,7 @@ def simpler_rules(case: CaseInput, maker: RoundMaker, settings: VerdictSettings)
 
 
 def guard_runs(profile: NoiseProfile, slower: float, trials: int, threshold: float, settings: VerdictSettings,
-               rng: np.random.Generator, approval_rounds: int = APPROVAL_ROUNDS) -> dict:
+               rng: np.random.Generator, approval_rounds: int = APPROVAL_ROUNDS, approval: str = "rounds") -> dict:
     """`trials` guard runs of a kernel `slower` times its approved self: verdict counts and rounds used, and how
     often the simpler rules would have called it slower."""
     verdicts: Counter = Counter()
@@ -78,8 +98,8 @@ def guard_runs(profile: NoiseProfile, slower: float, trials: int, threshold: flo
     simpler: Counter = Counter()
     rounds = []
     for _ in range(trials):
-        accepted = approved_ratio(RoundMaker(profile, 1.0, rng), settings, approval_rounds)
-        case = CaseInput(approval="bench", case=profile.label, threshold=threshold, **accepted)
+        held = approved_ratio(RoundMaker(profile, 1.0, rng), settings, approval_rounds, approval)
+        case = CaseInput(approval="bench", case=profile.label, threshold=threshold, **held)
         maker = RoundMaker(profile, slower, rng)
         verdict = decide_with_repeats(case, CORRECT, maker, settings)
         simpler.update(name for name, slower_called in simpler_rules(case, maker, settings).items() if slower_called)
@@ -97,10 +117,12 @@ def kernel_rows(profile: NoiseProfile, threshold: float, args: argparse.Namespac
     row = {"kernel": profile.label, "median_us": profile.median_ms * 1000.0, "launch_sd": profile.launch_sd,
            "job_sd": profile.job_sd, "job_sd_from": profile.job_sd_from or profile.label, "sources": profile.sources,
            "model_round_ratio_sd": model_round_ratio_sd(profile, rng),
-           "unchanged": guard_runs(profile, 1.0, args.unchanged, threshold, settings, rng, args.approval_rounds)}
+           "unchanged": guard_runs(profile, 1.0, args.unchanged, threshold, settings, rng, args.approval_rounds,
+                                   args.approval)}
     for slowdown in SLOWDOWNS:
         row[f"slower_{round(slowdown * 100)}pct"] = guard_runs(profile, 1.0 + slowdown, args.slower_trials,
-                                                              threshold, settings, rng, args.approval_rounds)
+                                                              threshold, settings, rng, args.approval_rounds,
+                                                              args.approval)
     return row
 
 
@@ -156,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-rounds", type=int, default=VerdictSettings().max_rounds)
     parser.add_argument("--confidence", type=float, default=VerdictSettings().confidence)
     parser.add_argument("--approval-rounds", type=int, default=APPROVAL_ROUNDS)
+    parser.add_argument("--approval", choices=APPROVALS, default="rounds",
+                        help="each approval's ratio from interleaved rounds (approve), or from the run's own "
+                             "timing (approve --from-run)")
     parser.add_argument("--launches", choices=sorted(PROFILES), default="model",
                         help="the model's launches, or an H100 job's recorded ones: drawn with replacement, "
                              "or as runs of consecutive launches")
@@ -165,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = VerdictSettings(max_rounds=args.max_rounds, confidence=args.confidence)
     profiles = sorted(PROFILES[args.launches](), key=lambda p: p.median_ms)
     report = {"settings": settings.model_dump(), "launches": args.launches, "launches_per_round": 100,
-              "approval_rounds": args.approval_rounds,
+              "approval": args.approval, "approval_rounds": args.approval_rounds if args.approval == "rounds" else None,
+              "approval_run_jobs": RunSettings().timing_rounds if args.approval == "run" else None,
               "recorded_aa_ratio_sd": recorded_aa_sd(), "by_threshold": {}}
     start = time.perf_counter()
     for threshold in (float(t) for t in args.thresholds.split(",")):

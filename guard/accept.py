@@ -3,7 +3,8 @@ again, so that a driver, toolkit or GPU change is taken on knowingly instead of 
 
 Only a run where every case passed (or improved) and the environment differs from the approval's is accepted.
 The new approval keeps the kernel, its baseline and the task (the same files, the same digests); its latencies
-are this run's (every round's samples, the kernel's and the baseline's), its fingerprint this node's, and its
+are this run's (every round's samples, the kernel's and the baseline's), each case's accepted ratio this run's
+rounds' (their estimate and signed-rank interval, as approve measures it), its fingerprint this node's, and its
 provenance says what was accepted and why. It is signed with a key the store trusts (guard/signing.py) and
 replaces approval.json and the envelope, the envelope last: an interrupted accept leaves the old signature
 over a changed approval.json, which the store check names.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import getpass
 from pathlib import Path
 
-from guard.approval import Approval, CaseLatency, Statement
+from guard.approval import AcceptedRatio, Approval, CaseLatency, RatioMeasurement, Statement
 from guard.signing import ApprovalKeyError, key_id, load_private, sign, trusted_keys
 from guard.step import StepResult
 from guard.store import ENVELOPE, READABLE, LoadedApproval, keys_dir
@@ -47,12 +48,19 @@ def accept(store: Path, loaded: LoadedApproval, result: StepResult, key: Path | 
 def accepted_approval(before: Approval, result: StepResult) -> Approval:
     """The approval with this run's latencies and fingerprint, its provenance saying what was accepted."""
     kernel, baseline = result.latencies.get("candidate", {}), result.latencies.get("baseline", {})
+    ratios = {v.case: AcceptedRatio(estimate=v.ratio.estimate, low=v.ratio.low, high=v.ratio.high,
+                                    confidence=v.ratio.confidence, rounds=v.rounds_kept, set_aside=v.set_aside)
+              for v in result.verdicts if v.ratio is not None}
     cases = [CaseLatency(case=case, kernel=stats, baseline=baseline.get(case),
                          speedup=speedup(baseline[case], stats) if case in baseline else None,
-                         clock=(before.case(case).clock if before.case(case) else None))
+                         clock=(before.case(case).clock if before.case(case) else None), ratio=ratios.get(case))
              for case, stats in sorted(kernel.items())]
+    measurement = RatioMeasurement(source="guard-rounds", rounds=max((r.rounds for r in ratios.values()), default=None),
+                                   gpu=result.fingerprint.gpu, gpu_uuid=result.fingerprint.gpu_uuid,
+                                   measured_at=now_iso(), why=f"the rounds of the guard run accepted on {result.node}")
     note = (f"accepted by `guard --accept` on {result.node} after a passing run on a new environment: "
             f"{'; '.join(result.environment_changes)}")
     provenance = before.provenance.model_copy(update={"approver": getpass.getuser(), "approved_at": now_iso(),
                                                       "note": note})
-    return before.model_copy(update={"cases": cases, "fingerprint": result.fingerprint, "provenance": provenance})
+    return before.model_copy(update={"cases": cases, "fingerprint": result.fingerprint, "provenance": provenance,
+                                     "ratio_measurement": measurement})

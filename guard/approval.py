@@ -49,6 +49,31 @@ class TaskCopy(_Frozen):
     sha256: str  # of the sorted "path sha256" lines: the task as one digest
 
 
+class AcceptedRatio(_Frozen):
+    """One case's accepted ratio, the kernel's latency over its baseline's, measured as the guard measures it:
+    interleaved rounds of a timing job of each, the Hodges-Lehmann estimate of the rounds' log ratios and its
+    signed-rank interval (guard/verdict.py). Its interval counts the shift between jobs, which the run's speedup
+    interval (the samples of its jobs merged) leaves out."""
+
+    estimate: float = Field(gt=0.0)
+    low: float = Field(gt=0.0)
+    high: float = Field(gt=0.0)
+    confidence: float = Field(gt=0.0, lt=1.0)
+    rounds: int = Field(ge=1)  # the rounds kept, each one job of the kernel and one of its baseline
+    set_aside: dict[str, int] = {}  # rounds not counted, by reason (another process, throttling)
+
+
+class RatioMeasurement(_Frozen):
+    """Where the accepted ratios the guard holds later runs to come from."""
+
+    source: Literal["guard-rounds", "run"]  # guard-rounds: each case's `ratio`; run: the run's own timing
+    rounds: int | None = None  # the rounds asked for per case (guard-rounds)
+    gpu: str | None = None  # the GPU that measured them (guard-rounds)
+    gpu_uuid: str | None = None
+    measured_at: str | None = None
+    why: str | None = None  # why the run's were taken (approve --from-run), or what made these rounds
+
+
 class CaseLatency(_Frozen):
     """One performance case's accepted latency: the kernel's and the baseline's distributions and their ratio."""
 
@@ -58,6 +83,8 @@ class CaseLatency(_Frozen):
     speedup: Speedup | None = None  # baseline median / kernel median, with its interval
     samples_ms: list[float] = []  # the kernel's accepted samples, as the run recorded them
     clock: str | None = None  # which clock timed them (harness/settings.py TimingSettings.clock)
+    # The ratio the guard holds later runs to, from interleaved rounds; None: the run's medians and speedup interval
+    ratio: AcceptedRatio | None = None
 
 
 class ReplayDecision(_Frozen):
@@ -99,6 +126,8 @@ class Approval(_Frozen):
     speedup: Speedup | None = None  # the geometric mean over the cases, as the run recorded it
     timing: dict = {}  # the run's TimingSettings as JSON: the protocol the latencies were taken with
     timing_rounds: int | None = None
+    # Where the cases' accepted ratios come from; None: an approval made before approve measured them (the run's)
+    ratio_measurement: RatioMeasurement | None = None
     regression_threshold: float | None = None  # a slowdown share the guard tolerates; None: the guard's default
     fingerprint: Fingerprint
     provenance: Provenance

@@ -5,6 +5,12 @@ The run must verify (server/verify.py) and a replay of the kernel must have said
 replay recorded in the run for this state of it, or one made now on this machine's GPU. `--force` approves
 past either, and the approval records what it overrode. The approval is written to the store only after it
 is signed with a key the store trusts, so a store never holds an approval its own guard would refuse.
+
+Each case's accepted ratio (the kernel's latency over its baseline's, which the guard holds later runs to) is
+measured here, on this machine's GPU, as the guard measures a run's: `--ratio-rounds` interleaved rounds (32)
+through the guard step's own timing (guard/measure.py, guard/accepted.py), their interval counting the shift
+between jobs. `--from-run` takes the run's own timing instead (two jobs per kernel, merged: an interval that
+leaves that shift out); the approval records which (`ratio_measurement`).
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from guard.approval import (BASELINE_FILE, KERNEL_FILE, TASK_FOLDER, Approval, ApprovedKernel, CaseLatency,
-                            Provenance, ReplayDecision, Statement, TaskCopy)
+from guard import accepted
+from guard.approval import (BASELINE_FILE, KERNEL_FILE, TASK_FOLDER, AcceptedRatio, Approval, ApprovedKernel,
+                            CaseLatency, Provenance, RatioMeasurement, ReplayDecision, Statement, TaskCopy)
 from guard.fingerprint import referee_fingerprint, run_fingerprint
+from guard.measure import LABELS, GuardStep, GuardSubject, TimingRefused, local_executor
 from guard.run_evidence import RecordedReplay, RunEvidence, read_run, replay_gpu
 from guard.signing import ApprovalKeyError, key_id, load_private, sign, trusted_keys
 from guard.store import approval_dir, keys_dir, write_approval
@@ -30,6 +38,7 @@ from server.lock import digest
 from server.replay import MakeExecutor, replay
 from server.replay_record import Subject
 from server.run import now_iso
+from server.settings import sandbox_refusal
 
 EXIT_APPROVED, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_NO_GPU = 0, 1, 2, 3
 
@@ -47,7 +56,9 @@ class ApproveOptions:
     confine: bool = True
     gpu: str | None = None
     approver: str = field(default_factory=getpass.getuser)
-    make_executor: MakeExecutor | None = None  # the replay's executor; None: a GpuExecutor on this GPU
+    ratio_rounds: int = accepted.DEFAULT_ROUNDS  # the accepted ratio's interleaved rounds per case
+    from_run: bool = False  # take the accepted ratio from the run's own timing instead (recorded)
+    make_executor: MakeExecutor | None = None  # the replay's and the rounds' executor; None: a GpuExecutor on this GPU
     gpu_absent: Callable[[], str | None] | None = None  # None: harness/device.py's probe
 
 
@@ -71,21 +82,26 @@ def approve(options: ApproveOptions, out: TextIO) -> int:
         evidence = read_run(options.run, options.attempt)
         _hold_verified(evidence, options, overrides)
         decision = _replay_decision(evidence, options, out, overrides)
+        measurement, ratios = _accepted_ratios(evidence, options, out, overrides)
     except Refused as refused:
         print(f"kernel-referee approve: refused: {refused}", file=sys.stderr)
         return EXIT_REFUSED
     except _NoGpu as none:
         print(f"kernel-referee approve: {none}", file=sys.stderr)
         return EXIT_NO_GPU
-    approval, files = build_approval(read_run(options.run, options.attempt), options, decision, overrides)
+    approval, files = build_approval(read_run(options.run, options.attempt), options, decision, overrides,
+                                     measurement, ratios)
     statement = Statement.of(approval)
     folder = write_approval(options.store, statement, sign(statement.to_json(), private), files)
     print(f"approved attempt {approval.kernel.attempt} of {approval.provenance.run} as {options.name}: {folder}"
           + (f" (forced past: {'; '.join(overrides)})" if overrides else ""), file=out)
     for case in approval.cases:
         ratio = f", {case.speedup.ratio:.3g}x the baseline" if case.speedup else ""
+        held = case.ratio
+        rounds = (f"; accepted ratio {held.estimate:.4g} [{held.low:.4g}, {held.high:.4g}] over {held.rounds} "
+                  "rounds" if held else "; accepted ratio from the run's timing")
         print(f"  {case.case}: median {case.kernel.median_ms:.4g} ms [{case.kernel.ci_low_ms:.4g}, "
-              f"{case.kernel.ci_high_ms:.4g}]{ratio}", file=out)
+              f"{case.kernel.ci_high_ms:.4g}]{ratio}{rounds}", file=out)
     return EXIT_APPROVED
 
 
@@ -146,8 +162,62 @@ def _replay_now(evidence: RunEvidence, options: ApproveOptions, out: TextIO,
     return None
 
 
-def build_approval(evidence: RunEvidence, options: ApproveOptions, decision: ReplayDecision,
-                   overrides: list[str]) -> tuple[Approval, dict[str, bytes]]:
+def _accepted_ratios(evidence: RunEvidence, options: ApproveOptions, out: TextIO,
+                     overrides: list[str]) -> tuple[RatioMeasurement, dict[str, AcceptedRatio]]:
+    """Each case's accepted ratio in interleaved rounds on this GPU (or the injected executor), or, with
+    --from-run, the run's own timing; what was done, for the approval. With --force, a ratio that cannot be
+    measured here falls back to the run's, as an override."""
+    if options.from_run:
+        return RatioMeasurement(source="run", why="approve --from-run: the run's timing jobs merged, an interval "
+                                                  "that leaves out the shift between jobs"), {}
+    try:
+        return _measured_ratios(evidence, options, out)
+    except (_NoGpu, Refused) as failed:
+        if not options.force:
+            raise
+        why = f"the accepted ratio was not measured in rounds ({failed}); the run's timing was taken"
+        overrides.append(why)
+        return RatioMeasurement(source="run", why=why), {}
+
+
+def _measured_ratios(evidence: RunEvidence, options: ApproveOptions,
+                     out: TextIO) -> tuple[RatioMeasurement, dict[str, AcceptedRatio]]:
+    make = options.make_executor
+    if make is None:
+        absent = (options.gpu_absent or gpu_absent_reason)()
+        if absent:
+            raise _NoGpu(f"the accepted ratio is measured on a GPU ({options.ratio_rounds} interleaved rounds) and "
+                         f"this machine has none ({absent}): approve on a GPU, or give --from-run to take the run's "
+                         "own timing (recorded in the approval)")
+        refusal = sandbox_refusal(options.confine)
+        if refusal:
+            raise Refused(f"{refusal} (or approve with --no-sandbox, or --from-run)")
+        make = local_executor(options.name, options.confine, options.gpu)
+    record = evidence.record
+    subject = GuardSubject(name=options.name, task=record.task, kernel=record.kernel, baseline=record.baseline,
+                           timing=record.settings.timing)
+    say = lambda message: print(message, file=out)  # noqa: E731
+    try:
+        with GuardStep(subject, make, say) as step:
+            if set(step.kernels) != set(LABELS):
+                raise Refused("the kernels do not compile here to measure the accepted ratio: "
+                              + "; ".join(r for c in step.compile_failures for r in c.reasons)[:500])
+            ratios = accepted.measure(step.round, step.performance_cases, options.ratio_rounds, say=say)
+    except TimingRefused as refused:
+        raise Refused(f"measuring the accepted ratio: {refused}") from None
+    except accepted.RatioUnmeasured as short:
+        raise Refused(f"the accepted ratio could not be measured: {short}; approve on a GPU no other process uses, "
+                      "or with --from-run") from None
+    measurement = RatioMeasurement(
+        source="guard-rounds", rounds=options.ratio_rounds, gpu=step.environment.get("gpu"),
+        gpu_uuid=step.environment.get("gpu_uuid"), measured_at=now_iso(),
+        why=f"{step.cost.rounds} rounds of the guard's timing, {step.cost.timing_s:.1f} s of it")
+    return measurement, ratios
+
+
+def build_approval(evidence: RunEvidence, options: ApproveOptions, decision: ReplayDecision, overrides: list[str],
+                   measurement: RatioMeasurement | None = None,
+                   ratios: dict[str, AcceptedRatio] | None = None) -> tuple[Approval, dict[str, bytes]]:
     """The approval of the run's kernel and the files it names (kernel, baseline, task copy), by relative path."""
     record = evidence.record
     task_files = {f"{TASK_FOLDER}/{p.relative_to(record.dir / 'task').as_posix()}": p.read_bytes()
@@ -162,7 +232,7 @@ def build_approval(evidence: RunEvidence, options: ApproveOptions, decision: Rep
         name=options.name, task=TaskCopy(name=record.task.name, files=task_hashes, sha256=digest(task_hashes)),
         kernel=_kernel(KERNEL_FILE, hashes[KERNEL_FILE], record.kernel),
         baseline=_kernel(BASELINE_FILE, hashes[BASELINE_FILE], record.baseline),
-        cases=_cases(evidence),
+        cases=_cases(evidence, ratios or {}), ratio_measurement=measurement,
         speedup=Speedup.model_validate(evidence.entry.speedup_vs_baseline.to_json())
         if _complete(evidence.entry.speedup_vs_baseline) else None,
         timing=record.settings.timing.model_dump(mode="json"), timing_rounds=record.settings.timing_rounds,
@@ -180,8 +250,9 @@ def _kernel(file: str, sha256: str, subject: Subject) -> ApprovedKernel:
                           launch=subject.launch.model_dump(mode="json"))
 
 
-def _cases(evidence: RunEvidence) -> list[CaseLatency]:
-    """Each performance case's accepted latency, as the run timed it side by side with the baseline."""
+def _cases(evidence: RunEvidence, ratios: dict[str, AcceptedRatio]) -> list[CaseLatency]:
+    """Each performance case's accepted latency, as the run timed it side by side with the baseline, and its
+    accepted ratio where measured in rounds."""
     cases = []
     for name, row in sorted((evidence.entry.timing or {}).items()):
         if not _complete(row.stats):
@@ -191,7 +262,7 @@ def _cases(evidence: RunEvidence) -> list[CaseLatency]:
             baseline=LatencyStats.model_validate(row.baseline_stats.to_json()) if _complete(row.baseline_stats) else None,
             speedup=Speedup.model_validate(row.speedup_vs_baseline.to_json())
             if _complete(row.speedup_vs_baseline) else None,
-            samples_ms=list(row.samples_ms or []), clock=row.clock))
+            samples_ms=list(row.samples_ms or []), clock=row.clock, ratio=ratios.get(name)))
     return cases
 
 

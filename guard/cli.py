@@ -10,16 +10,18 @@ import os
 import sys
 from pathlib import Path
 
+from guard import accepted
 from guard import run as guard_run
 from guard.approve import EXIT_APPROVED, ApproveOptions, approve
 from guard.signing import ApprovalKeyError, generate
 from guard.store import StoreRefused, check_name
-from server.cli_args import ATTEMPT_NUMBER, REPEATS, Parser, UsageError
+from server.cli_args import ATTEMPT_NUMBER, REPEATS, Parser, UsageError, whole_number
 from server.cli_errors import failed
 
 COMMANDS = ("approve", "keygen", "guard")
 EXIT_STORE_REFUSED = 2  # a store that does not verify (also the usage code: both mean "fix the input")
 KEY_VARIABLE = "KERNEL_REFEREE_APPROVAL_KEY"  # approve's --key when none is given
+RATIO_ROUNDS = whole_number(accepted.FEWEST_ROUNDS, 1000)
 NO_SANDBOX_HELP = "run compile and GPU workers without Landlock, network namespace and rlimits"
 
 
@@ -44,7 +46,13 @@ def parser() -> argparse.ArgumentParser:
                      "verify; recorded in the approval with what it overrode")
     add.add_argument("--repeats", type=REPEATS, default=3, help="the replay's timings, where none is recorded (default 3)")
     add.add_argument("--no-sandbox", action="store_true", help=NO_SANDBOX_HELP + " (the replay, where one is run)")
-    add.add_argument("--gpu", metavar="N|UUID", help="the GPU the replay runs on, where one is run")
+    add.add_argument("--gpu", metavar="N|UUID", help="the GPU the replay and the accepted ratio's rounds run on")
+    add.add_argument("--ratio-rounds", type=RATIO_ROUNDS, default=accepted.DEFAULT_ROUNDS, metavar="N",
+                     help="interleaved rounds of the kernel beside its baseline that measure each case's accepted "
+                     f"ratio on this GPU, as the guard measures (default {accepted.DEFAULT_ROUNDS}, at least "
+                     f"{accepted.FEWEST_ROUNDS})")
+    add.add_argument("--from-run", action="store_true", help="take the accepted ratio from the run's own timing "
+                     "instead (no GPU needed; its interval leaves out the shift between jobs); recorded")
 
     keygen = commands.add_parser("keygen", help="make an approval key pair in DIR: NAME.key (private) and NAME.pub "
                                  "(copy it into STORE/keys/ to trust it)")
@@ -75,7 +83,7 @@ def _approve(args) -> int:
                          "(`kernel-referee keygen DIR` makes one)")
     options = ApproveOptions(run=args.run, store=args.store, name=args.name, key=key, attempt=args.attempt,
                              note=args.note, force=args.force, repeats=args.repeats, confine=not args.no_sandbox,
-                             gpu=args.gpu)
+                             gpu=args.gpu, ratio_rounds=args.ratio_rounds, from_run=args.from_run)
     return approve(options, sys.stdout)
 
 

@@ -11,13 +11,12 @@ as a run would refuse it). The result names this node and its fingerprint beside
 
 from __future__ import annotations
 
-import math
 import socket
 from collections.abc import Callable
 
 from pydantic import BaseModel
 
-from guard.approval import CaseLatency
+from guard.accepted import accepted_fields
 from guard.fingerprint import Fingerprint, capture
 from guard.measure import GuardStep, MakeExecutor, StepCost, TimingRefused, subject_of
 from guard.store import LoadedApproval
@@ -84,45 +83,23 @@ def guard_approval(loaded: LoadedApproval, make_executor: MakeExecutor, settings
 
 
 def _case_input(loaded: LoadedApproval, case: str, now: Fingerprint, changes: list[str], comparable: bool) -> CaseInput:
-    """What the approval accepted for this case: the kernel's latency over its baseline's, the accepted latency
-    where this environment is the approval's (the referee's own version aside), and the clock it ran at."""
+    """What the approval accepted for this case: the kernel's latency over its baseline's with its interval
+    (guard/accepted.py: measured in rounds at approval, else the run's), the accepted latency where this
+    environment is the approval's (the referee's own version aside), and the clock it ran at."""
     approval = loaded.approval
     accepted = approval.case(case)
     if accepted is None:
         raise ValueError(f"the approval {loaded.name} records no latency for the performance case {case}")
-    if accepted.baseline is not None:
-        ratio = accepted.kernel.median_ms / accepted.baseline.median_ms
-    elif accepted.speedup is not None:
-        ratio = 1.0 / accepted.speedup.ratio
-    else:
+    fields = accepted_fields(accepted)
+    if not fields:
         raise ValueError(f"the approval {loaded.name} records no baseline latency for the case {case}")
-    interval = _accepted_interval(accepted)
     fingerprint = approval.fingerprint
     clock = fingerprint.application_sm_clock_mhz or fingerprint.max_sm_clock_mhz or (
         fingerprint.sm_clock_khz // 1000 if fingerprint.sm_clock_khz else None)
-    return CaseInput(approval=loaded.name, case=case, accepted_ratio=ratio, **interval,
+    return CaseInput(approval=loaded.name, case=case, **fields,
                      accepted_latency_ms=accepted.kernel.median_ms if comparable else None,
                      approval_sm_clock_mhz=clock, threshold=approval.regression_threshold or DEFAULT_THRESHOLD,
                      environment_changes=changes)
-
-
-def _accepted_interval(accepted: CaseLatency) -> dict[str, float]:
-    """The accepted ratio's interval (the kernel's latency over its baseline's) and its confidence, for the verdict
-    to widen the change's by: an approval timed a little fast by chance would otherwise make every later run look
-    slower. From the recorded speedup's (baseline over kernel, so turned around), else from the two medians'
-    intervals paired at opposite ends, as the speedup's are; none where an end is not a positive finite number."""
-    kernel, baseline = accepted.kernel, accepted.baseline
-    if accepted.speedup is not None:
-        if not accepted.speedup.low > 0.0:
-            return {}
-        low, high = 1.0 / accepted.speedup.high, 1.0 / accepted.speedup.low
-    elif baseline is not None and baseline.ci_low_ms > 0.0:
-        low, high = kernel.ci_low_ms / baseline.ci_high_ms, kernel.ci_high_ms / baseline.ci_low_ms
-    else:
-        return {}
-    if not (0.0 < low <= high and math.isfinite(high)):
-        return {}
-    return {"accepted_low": low, "accepted_high": high, "accepted_confidence": kernel.confidence}
 
 
 def _correctness(checks: list[CheckResult]) -> Correctness:

@@ -152,11 +152,16 @@ async def review(request: Request) -> Response:
     form = await check_csrf(request)
     run_dir = await _finished_dir(service, record)
     note, action = str(form.get("note") or "")[:2000], str(form.get("action") or "")
+
+    def make_executor(task, timing):  # the accepted ratio's rounds, on the service's GPU as the replay's timing
+        return service.make_executor(task, timing, None)
+
     try:
         if action == "approve":
             approver = service_approver(service.settings.root)
             name = approval_name(record.task_name, record.id)
-            await anyio.to_thread.run_sync(lambda: approve_run(run_dir, approver, name, caller.owner, note))
+            await anyio.to_thread.run_sync(lambda: approve_run(run_dir, approver, name, caller.owner, note,
+                                                               make_executor))
         elif action == "reject":
             await anyio.to_thread.run_sync(lambda: reject_run(run_dir, caller.owner, note))
         else:

@@ -71,11 +71,15 @@ def test_approve_makes_a_signed_approval_of_the_best_with_its_accepted_latency(f
 
 def test_a_replay_recorded_in_the_run_is_used_where_this_machine_has_no_gpu(fresh_run, tmp_path):
     assert replay(fresh_run, io.StringIO(), repeats=1, make_executor=fake) == 0
-    code, store, _, _ = approved(tmp_path, fresh_run, make_executor=None, gpu_absent=no_gpu)
+    code, store, _, _ = approved(tmp_path, fresh_run, make_executor=None, gpu_absent=no_gpu, from_run=True)
     assert code == 0
-    replay_record = load_store(store)[0].approval.provenance.replay
+    approval = load_store(store)[0].approval
+    replay_record = approval.provenance.replay
     assert (replay_record.decision, replay_record.document) == ("GO", "replay.json")
     assert replay_record.document_sha256 == hashlib.sha256((fresh_run / "replay.json").read_bytes()).hexdigest()
+    # --from-run: no GPU needed, the accepted ratio is the run's, and the approval says so
+    assert approval.ratio_measurement.source == "run" and "--from-run" in approval.ratio_measurement.why
+    assert all(case.ratio is None for case in approval.cases) and not approval.provenance.forced
 
 
 def test_without_a_replay_nor_a_gpu_approve_exits_3_unless_forced_and_force_is_recorded(run_dir, tmp_path, capsys):
@@ -86,8 +90,13 @@ def test_without_a_replay_nor_a_gpu_approve_exits_3_unless_forced_and_force_is_r
     assert code == 0, out
     provenance = load_store(store)[0].approval.provenance
     assert provenance.forced and provenance.replay.decision == "none"
-    assert provenance.forced_over == [f"no replay of attempt 1 is recorded for this state of the run, and none can "
-                                      f"be made here ({no_gpu()})"]
+    assert provenance.forced_over[0] == (f"no replay of attempt 1 is recorded for this state of the run, and none "
+                                         f"can be made here ({no_gpu()})")
+    # nor can the accepted ratio be measured here: the run's is taken, as an override
+    assert provenance.forced_over[1].startswith("the accepted ratio was not measured in rounds (the accepted ratio "
+                                                "is measured on a GPU (32 interleaved rounds)")
+    assert len(provenance.forced_over) == 2
+    assert load_store(store)[0].approval.ratio_measurement.source == "run"
 
 
 def test_a_replay_that_says_no_go_refuses_the_approval_unless_forced(run_dir, tmp_path, capsys):

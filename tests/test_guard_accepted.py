@@ -81,7 +81,7 @@ def test_the_html_page_shows_a_trend_picture_per_approval(tmp_path):
 
 def test_a_speedup_interval_reaching_zero_gives_the_verdict_no_accepted_interval(tmp_path):
     """A speedup's low end of 0 (a baseline timed at nothing) has no ratio interval: the step goes on without one."""
-    from guard.step import _accepted_interval
+    from guard.accepted import run_interval as _accepted_interval
     from harness.stats import Speedup
 
     store, key = new_store(tmp_path)

@@ -37,9 +37,11 @@ def test_replay_then_approve_writes_a_signed_approval_and_logs_both(run_dir, tmp
     approver = service_approver(tmp_path / "service")
     replayed = replay_for_review(run_dir, "rita", fake, repeats=1)
     assert replayed.outcome == "GO"
-    made = approve_run(run_dir, approver, approval_name("matmul_f32", "r0001"), "rita", "looks <b>right</b>")
+    made = approve_run(run_dir, approver, approval_name("matmul_f32", "r0001"), "rita", "looks <b>right</b>", fake)
     assert made.outcome == "approved", made.detail
     loaded = load_approval(approver.store, "matmul_f32-r0001")
+    # its accepted ratio measured in interleaved rounds through the service's executor, as the guard measures
+    assert loaded.approval.ratio_measurement.source == "guard-rounds"
     assert loaded.approval.provenance.approver == "rita"
     assert loaded.approval.provenance.note == "looks <b>right</b>"
     assert loaded.approval.provenance.replay.decision == "GO"
@@ -78,7 +80,7 @@ def test_an_edited_review_breaks_the_runs_chain(run_dir):
 def test_an_approval_refused_by_the_store_names_why(run_dir, tmp_path):
     approver = service_approver(tmp_path / "service")
     replay_for_review(run_dir, "rita", fake, repeats=1)
-    assert approve_run(run_dir, approver, "dup", "rita", "").outcome == "approved"
-    again = approve_run(run_dir, approver, "dup", "rita", "")
+    assert approve_run(run_dir, approver, "dup", "rita", "", fake).outcome == "approved"
+    again = approve_run(run_dir, approver, "dup", "rita", "", fake)
     assert again.outcome == "refused" and "exists" in again.detail
     assert load_approval(approver.store, "dup").approval.name == "dup"  # the first is kept, and still opens

@@ -1,5 +1,5 @@
-"""`kernel-referee approve` on the GPU: a real run's best, replayed on this GPU by approve itself, approved into a
-store that verifies, with the GPU's fingerprint."""
+"""`kernel-referee approve` on the GPU: a real run's best, replayed on this GPU by approve itself, its accepted ratio
+measured here in interleaved rounds, approved into a store that verifies, with the GPU's fingerprint."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_approve_replays_a_real_runs_best_on_this_gpu_and_signs_an_approval_that
     shutil.copy(public, keys_dir(store))
     (run_dir / "replay.json").unlink(missing_ok=True)  # approve makes its own replay on this GPU
     code = main(["approve", str(run_dir), "--store", str(store), "--name", "matmul-tiled", "--key", str(private),
-                 "--repeats", "2", "--note", "the shipped tiled kernel"])
+                 "--repeats", "2", "--ratio-rounds", "8", "--note", "the shipped tiled kernel"])
     out, err = capsys.readouterr()
     assert code == 0, err
     [loaded] = load_store(store)
@@ -42,3 +42,12 @@ def test_approve_replays_a_real_runs_best_on_this_gpu_and_signs_an_approval_that
     assert all(c.speedup.ratio > 1 and c.speedup.beyond_noise and c.samples_ms and c.kernel.n > 0
                for c in approval.cases)
     assert "approved attempt 1" in out
+    # The accepted ratio, measured on this GPU as the guard measures: 8 rounds kept per case (none set aside on a
+    # GPU the test has to itself), near the run's own ratio, its interval counting the shift between jobs.
+    measured = approval.ratio_measurement
+    assert measured.source == "guard-rounds" and measured.rounds == 8 and measured.gpu == lock["environment"]["gpu"]
+    for case in approval.cases:
+        ratio = case.ratio
+        assert ratio.rounds == 8 and ratio.low <= ratio.estimate <= ratio.high, ratio
+        assert ratio.estimate == pytest.approx(1.0 / case.speedup.ratio, rel=0.05), (ratio, case.speedup)
+    assert out.count("over 8 rounds") == 2

@@ -51,6 +51,9 @@ def guard(store: Path, name: str) -> tuple[int, dict, str]:
 
 def test_an_unchanged_approval_passes_and_its_guard_step_costs_at_most_twice_its_timing(approved):
     store, _ = approved
+    # approve measured the accepted ratios the guard holds its runs to here, in 32 interleaved rounds per case
+    approval = load_approval(store, APPROVED).approval
+    assert approval.ratio_measurement.source == "guard-rounds" and {c.ratio.rounds for c in approval.cases} == {32}
     code, document, out = guard(store, APPROVED)
     assert code == 0, out
     assert [v["verdict"] for v in document["results"][0]["verdicts"]] == ["pass", "pass"], out
