@@ -32,6 +32,7 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Callable
 
 import anyio
 import httpx2
@@ -223,11 +224,14 @@ def compare_spread(shared: list[dict], alone: dict, tolerance: dict = CV_TOLERAN
     return rows
 
 
-def measure(service: ServiceUnderTest, plan: tuple[Step, ...], say: Say,
-            patience_s: float = QUEUE_PATIENCE_S) -> dict:
-    """Two runs together, then one alone, on the started service; the report's JSON."""
+def measure(service: ServiceUnderTest, plan: tuple[Step, ...], say: Say, patience_s: float = QUEUE_PATIENCE_S,
+            keep: Callable[[dict], None] | None = None) -> dict:
+    """Two runs together, then one alone, on the started service; the report's JSON. `keep` is handed the shared
+    runs' part as soon as they are done, so a slot that ends during the alone run still leaves them."""
     together = anyio.run(play_together, service, ("shared-1", "shared-2"), plan, say, patience_s)
     shared = [run_report(service, entry, plan) for entry in together]
+    if keep is not None:
+        keep({"plan": [step.label for step in plan], "incomplete": "the alone run had not finished", "runs": shared})
     alone = run_report(service, anyio.run(play_together, service, ("alone",), plan, say, patience_s)[0], plan)
     first, second = shared
     spread = compare_spread(shared, alone)
@@ -290,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                                    env={"CUDA_VISIBLE_DEVICES": args.gpu})
         try:
             with service:
-                report = measure(service, PLAN, say)
+                report = measure(service, PLAN, say, keep=lambda part: args.out.write_text(json.dumps(part, indent=2)))
         except Exception:
             print(f"service_gpu: the service's stderr ends:\n{service.stderr_tail()}", file=sys.stderr)
             raise

@@ -50,8 +50,11 @@ def report(tmp_path_factory):
     env = {LEASE_DIR_ENV: str(work / "gpu-leases")}
     lines: list[str] = []
     command = [sys.executable, str(REPO / "tests" / "fake_service.py"), str(root), str(port), "1"]
+    kept: list[dict] = []
     with ServiceUnderTest(command, root, port, env=env) as service:
-        measured = measure(service, FAKE_PLAN, lines.append, patience_s=400)
+        measured = measure(service, FAKE_PLAN, lines.append, patience_s=400, keep=kept.append)
+    assert [[r["role"] for r in part["runs"]] for part in kept] == [["shared-1", "shared-2"]]  # before the alone run
+    assert kept[0]["incomplete"] and kept[0]["runs"] == measured["runs"][:2]
     return measured, lines
 
 
