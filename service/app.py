@@ -1,6 +1,6 @@
-"""The service's one ASGI app: the JSON API (service/api.py), one MCP endpoint per run (/runs/{id}/mcp, the run's
-own MCP server: service/live.py) and, added by the pages' module, the web UI. `build_app` is the factory; the
-command line (service/cli.py) serves it with uvicorn.
+"""The service's one ASGI app: the JSON API (service/openapi.py's routes: service/api.py, service/submit.py), one MCP
+endpoint per run (/runs/{id}/mcp, the run's own MCP server: service/live.py) and, added by the pages' module, the web
+UI. `build_app` is the factory; the command line (service/cli.py) serves it with uvicorn.
 
 Every request is checked for its Host and Origin first; every route then checks its bearer token's principal
 (service/guards.py). A run's MCP endpoint takes only that run's agent token: refused here before the run is
@@ -24,7 +24,7 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from harness.placement import GpuInfo
-from service import api
+from service import openapi
 from service.auth import SCOPE, principal
 from service.core import Service
 from service.guards import Refused, host_and_origin_refusal, refused_response
@@ -55,7 +55,7 @@ def build_app(settings: ServiceSettings, make_executor: MakeExecutor, gpus: list
                 await service.close()
                 group.cancel_scope.cancel()
 
-    app = Starlette(routes=[*api.ROUTES, *routes], lifespan=lifespan,
+    app = Starlette(routes=[*openapi.ROUTES, *routes], lifespan=lifespan,
                     middleware=[Middleware(ServiceGate, service=service)],
                     exception_handlers={Refused: lambda _request, exc: refused_response(exc)})
     app.state.service = service

@@ -73,14 +73,15 @@ class Service:
         budget = max_attempts or self.settings.default_max_attempts
         task = load_task(task_dir)
         if limited:
-            self._check_limits(team, budget)
+            self.check_limits(team, budget)
         record = self.registry.create(task_dir, team, task.name, budget, note)
         token = self.tokens.issue(Role.AGENT, team, record.id)
         if queue:
             record = self.registry.enqueue(record.id)
         return record, token
 
-    def _check_limits(self, team: str, budget: int) -> None:
+    def check_limits(self, team: str, budget: int) -> None:
+        """LimitReached where a new run of `budget` attempts for `team` would pass one of its limits."""
         limits = self.settings.limits
         mine = [r for r in self.registry.all() if r.team == team]
         queued = sum(r.state in (RunState.CREATED, RunState.QUEUED) for r in mine)

@@ -1,6 +1,9 @@
 """Intake: what a team submits (a task archive, or new-task's fields), made into a task folder and linted before
 anything is queued; and the lines that connect an agent to the run once it is created.
 
+A third source, the admin's `POST /api/runs {task_dir}`, is a folder on the service's disk: copied as an archive is
+unpacked (plain files and folders only, the same limits) and linted the same way.
+
 A refusal here is a typed `IntakeRefused` whose `causes` are the lines to show the team as they are: an archive
 rule broken (service/archive.py), new-task's one-line error, a manifest that does not load, or lint's error
 findings in lint's own words (harness/lint.py). Nothing is registered or queued before `prepare_task` returns.
@@ -9,8 +12,10 @@ findings in lint's own words (harness/lint.py). Nothing is registered or queued 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +26,7 @@ from harness.lint_findings import Finding, errors
 from harness.new_task import Sources, create_task
 from harness.new_task_spec import NewTaskError
 from harness.task_model import Task, TaskError
-from service.archive import ArchiveLimits, ArchiveRefused, task_root, unpack_archive
+from service.archive import ArchiveLimits, ArchiveRefused, ArchiveRule, task_root, unpack_archive
 
 MAX_NOTE_CHARS = 2000
 MAX_FIELD_BYTES = 1 << 20  # a kernel's source or a cases file typed into the form
@@ -41,10 +46,12 @@ class NewTaskFields(BaseModel):
 
 
 class Submission(BaseModel):
-    """One submission: exactly one of an archive's bytes or new-task's fields, the budget and a note."""
+    """One submission: exactly one of an archive's bytes, new-task's fields or a task folder on the service's disk
+    (the admin's only: service/submit.py), the budget and a note."""
 
     archive: bytes | None = None
     fields: NewTaskFields | None = None
+    task_dir: Path | None = None
     max_attempts: int = Field(ge=1, le=100)
     note: str = Field(default="", max_length=MAX_NOTE_CHARS)
 
@@ -52,8 +59,8 @@ class Submission(BaseModel):
 class IntakeRefused(ValueError):
     """The submission cannot become a run; `causes` are the lines that say why, to show as they are."""
 
-    def __init__(self, summary: str, causes: list[str]):
-        self.summary, self.causes = summary, causes
+    def __init__(self, summary: str, causes: list[str], status: int = 422):
+        self.summary, self.causes, self.status = summary, causes, status   # status: the HTTP answer's
         super().__init__(f"{summary}: {causes[0]}" if causes else summary)
 
 
@@ -74,6 +81,53 @@ def _from_archive(data: bytes, work: Path, limits: ArchiveLimits) -> Path:
         return task_root(work / "unpacked")
     except ArchiveRefused as refusal:
         raise IntakeRefused("the archive is refused", [str(refusal)]) from None
+
+
+def _copy_plain_file(source: Path, target: Path, budget: int) -> int:
+    """`source`'s bytes into `target`, opened without following a link (one swapped in after the walk looked); its
+    length, refused past `budget` bytes."""
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a fifo opened, then refused
+    with os.fdopen(fd, "rb") as src, target.open("xb") as out:
+        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+            raise ArchiveRefused(str(source), ArchiveRule.SPECIAL_FILE, "only plain files and folders")
+        data = src.read(budget + 1)
+        if len(data) > budget:
+            raise ArchiveRefused(str(source), ArchiveRule.MEMBER_SIZE, f"more than {budget} bytes")
+        out.write(data)
+        return len(data)
+
+
+def _from_folder(task_dir: Path, work: Path, limits: ArchiveLimits) -> Path:
+    """A copy of the task folder `task_dir` under `work`: plain files and folders only (a link could name any file of
+    the host), within the archive's limits on files and bytes."""
+    target, files, total = work / "task", 0, 0
+    try:
+        if task_dir.is_symlink() or not (task_dir / "task.toml").is_file():
+            raise ArchiveRefused(str(task_dir), ArchiveRule.FORMAT, "not a task folder (with task.toml), or a link")
+        for folder, subfolders, names in os.walk(task_dir, followlinks=False):
+            here = Path(folder)
+            (target / here.relative_to(task_dir)).mkdir(parents=True, exist_ok=True)
+            subfolders[:] = [d for d in subfolders if d != "__pycache__"]
+            for name in [*subfolders, *names]:
+                mode = os.lstat(here / name).st_mode
+                if stat.S_ISLNK(mode):
+                    raise ArchiveRefused(str(here / name), ArchiveRule.LINK, "a symbolic link")
+                if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                    raise ArchiveRefused(str(here / name), ArchiveRule.SPECIAL_FILE, "only plain files and folders")
+            for name in names:
+                if name.endswith(".pyc"):
+                    continue
+                files += 1
+                if files > limits.max_files:
+                    raise ArchiveRefused(str(here / name), ArchiveRule.FILE_COUNT, f"more than {limits.max_files} files")
+                total += _copy_plain_file(here / name, target / here.relative_to(task_dir) / name,
+                                          min(limits.max_member_bytes, limits.max_total_bytes - total))
+    except ArchiveRefused as refusal:
+        raise IntakeRefused("the task folder is refused", [f"{refusal.member} refused ({refusal.rule.value}): "
+                                                           f"{refusal.detail}"]) from None
+    except OSError as exc:
+        raise IntakeRefused("the task folder is refused", [f"{exc.filename}: {exc.strerror}"]) from None
+    return target
 
 
 def _from_fields(fields: NewTaskFields, work: Path) -> Path:
@@ -110,13 +164,15 @@ def prepare_task(submission: Submission, work: Path, limits: ArchiveLimits | Non
     """The submitted task as a linted folder under the empty folder `work`, or IntakeRefused.
 
     Slow (lint compiles the kernels and runs the oracle): call it from a worker thread."""
-    if (submission.archive is None) == (submission.fields is None):
-        raise IntakeRefused("a submission is an archive or new-task's fields",
-                            ["give exactly one of the two"])
+    given = [submission.archive, submission.fields, submission.task_dir]
+    if sum(source is not None for source in given) != 1:
+        raise IntakeRefused("a submission is an archive or new-task's fields", ["give exactly one of the two"])
     work.mkdir(parents=True, exist_ok=True)
     try:
         if submission.archive is not None:
             folder = _from_archive(submission.archive, work, limits or ArchiveLimits())
+        elif submission.task_dir is not None:
+            folder = _from_folder(submission.task_dir, work, limits or ArchiveLimits())
         else:
             folder = _from_fields(submission.fields, work)
         task, found = _lint(folder)

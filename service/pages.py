@@ -134,7 +134,7 @@ async def submit_task(request: Request) -> Response:
     try:
         made = await submit(service, caller, await _submission(form))
     except IntakeRefused as refused:
-        return render(request, "submit.html", 422, refusal=refused, form=kept,
+        return render(request, "submit.html", refused.status, refusal=refused, form=kept,
                       default_attempts=service.settings.default_max_attempts)
     return render(request, "created.html", 201, run=made.run, connection=made.connection,
                   warnings=made.lint_warnings, caller=caller)

@@ -30,6 +30,11 @@ class ServiceSettings(BaseModel):
     def base_url(self) -> str:
         return base_url(self.host, self.port)
 
+    @property
+    def intake_dir(self) -> Path:
+        """Submissions being unpacked and linted (service/submit.py); nothing there outlives a restart."""
+        return self.root / "intake"
+
     def mcp_url(self, run_id: str) -> str:
         """A run's MCP endpoint: the audience its agent token is bound to."""
         return f"{self.base_url}/runs/{run_id}/mcp"

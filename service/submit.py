@@ -1,6 +1,12 @@
-"""A submission made into a queued run, shared by the form (service/pages.py) and the API's twin of it,
-`POST /api/submissions`: the task prepared and linted off the event loop (service/intake.py), then the run created,
-queued and its agent token issued (service/core.py), so a refused task never reaches the queue."""
+"""A submission made into a queued run, shared by the form (service/pages.py), the API's twin of it,
+`POST /api/submissions`, and the admin's `POST /api/runs {task_dir}`: the task prepared and linted off the event loop
+(service/intake.py), then the run created, queued and its agent token issued (service/core.py), so a refused task
+never reaches the queue.
+
+`POST /api/runs` names a folder on the service's disk, so it is the admin's alone (a reviewer naming a path could read
+any folder the service can, another team's `ROOT/runs/ID/task` among them), and a folder under ROOT is refused even
+to the admin: what is there is the service's own (runs, intake), not a task to submit. The folder is copied as an
+archive is unpacked (no links, no special files, the same limits) and linted as a submission is."""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import base64
 import binascii
 import secrets
 import shutil
+from pathlib import Path
 
 import anyio
 from pydantic import BaseModel, Field, ValidationError
@@ -17,7 +24,7 @@ from starlette.routing import Route
 
 from harness.task_model import TaskError
 from server.run import RunError
-from service.api import view
+from service.api import CreatedRun, NewRun, read_body, view
 from service.auth import Principal
 from service.core import LimitReached, Service
 from service.guards import Refused, who
@@ -34,18 +41,21 @@ class Submitted(BaseModel):
     lint_warnings: list[str]
 
 
-async def submit(service: Service, caller: Principal, submission: Submission) -> Submitted:
-    """Prepare and lint the task, then create the run, queued; IntakeRefused with the causes to show."""
-    work = service.settings.root / "intake" / secrets.token_hex(8)
+async def submit(service: Service, caller: Principal, submission: Submission, team: str | None = None,
+                 limited: bool = True) -> Submitted:
+    """Prepare and lint the task, then create the run for `team` (the caller's by default), queued; IntakeRefused
+    with the causes to show. `limited`: the team's limits apply."""
+    work = service.settings.intake_dir / secrets.token_hex(8)
     try:
+        if limited:  # before lint's compiles; checked again as the run is made
+            service.check_limits(team or caller.owner, submission.max_attempts)
         prepared = await anyio.to_thread.run_sync(prepare_task, submission, work)
-        try:
-            record, token = service.create_run(prepared.folder, caller.owner, submission.max_attempts,
-                                               submission.note)
-        except LimitReached as exc:
-            raise IntakeRefused("the team's limit refuses a new run", [str(exc)]) from None
-        except (TaskError, RunError) as exc:
-            raise IntakeRefused("the task cannot be run", [str(exc)]) from None
+        record, token = service.create_run(prepared.folder, team or caller.owner, submission.max_attempts,
+                                           submission.note, limited=limited)
+    except LimitReached as exc:
+        raise IntakeRefused("the team's limit refuses a new run", [str(exc)], status=429) from None
+    except (TaskError, RunError) as exc:
+        raise IntakeRefused("the task cannot be run", [str(exc)]) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return Submitted(run=record, connection=connection(record.id, service.settings.mcp_url(record.id), token),
@@ -80,9 +90,35 @@ async def api_submit(request: Request) -> JSONResponse:
     try:
         made = await submit(service, caller, _decoded(asked))
     except IntakeRefused as refused:
-        return JSONResponse({"error": refused.summary, "causes": refused.causes}, status_code=422)
+        return JSONResponse({"error": refused.summary, "causes": refused.causes}, status_code=refused.status)
     body = made.model_dump(mode="json") | {"view": view(service, made.run).model_dump(mode="json")}
     return JSONResponse(body, status_code=201)
 
 
-ROUTES = [Route("/api/submissions", api_submit, methods=["POST"])]
+async def api_create_run(request: Request) -> JSONResponse:
+    """The admin's run of a task folder on the service's disk (none under ROOT), linted as a submission is."""
+    service: Service = request.app.state.service
+    caller = who(request, service, Role.ADMIN)
+    asked = await read_body(request, NewRun)
+    task_dir = Path(asked.task_dir)
+    if "\0" in asked.task_dir or not task_dir.is_absolute():
+        raise Refused(422, "task_dir must be an absolute path to a task folder (with task.toml) on the service's disk")
+    root = service.settings.root.resolve()
+    if task_dir.resolve().is_relative_to(root):
+        raise Refused(422, f"task_dir is under the service's own folder {root}: its runs and intake are not tasks "
+                      "to submit")
+    submission = Submission(task_dir=task_dir, max_attempts=asked.max_attempts or service.settings.default_max_attempts,
+                            note=asked.note)
+    try:
+        made = await submit(service, caller, submission, team=asked.team, limited=False)
+    except IntakeRefused as refused:
+        return JSONResponse({"error": refused.summary, "causes": refused.causes}, status_code=refused.status)
+    created = CreatedRun(**view(service, made.run).model_dump(), agent_token=made.connection.token,
+                         lint_warnings=made.lint_warnings)
+    return JSONResponse(created.model_dump(mode="json"), status_code=201)
+
+
+ROUTES = [
+    Route("/api/runs", api_create_run, methods=["POST"]),
+    Route("/api/submissions", api_submit, methods=["POST"]),
+]

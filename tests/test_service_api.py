@@ -1,26 +1,32 @@
 """The audit service's JSON API and its gate, in process with the fake executor: every route refuses a token that is
-not allowed there (a foreign run's agent, another team's reviewer, no token), Host and Origin are checked, the queue
-orders runs over the GPUs, the team limits refuse, and the state on disk is what a restart reads."""
+not allowed there (a foreign run's agent, another team's reviewer, no token), a task folder is the admin's to name
+and is linted, Host and Origin are checked, the queue orders runs over the GPUs, the team limits refuse, the OpenAPI
+description names every API route, and the state on disk is what a restart reads."""
 
 from __future__ import annotations
 
+import base64
+import shutil
 import time
 
 import anyio
 import pytest
 from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend
 from starlette.requests import HTTPConnection
+from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from harness.gpu_lease import lease_folder
 from service.app import build_app
 from service.auth import ADMIN_TOKEN_ENV
+from service.openapi import ROUTES, describe, route_operations
 from service.registry import Registry
 from service.settings import ServiceSettings, TeamLimits
 from server.attempt import record_attempt
 from tests.fake_executor import FAKE_GPU_UUID, FakeExecutor, fake_gpus
 from tests.server_support import kernel
 from tests.service_support import ADMIN, MATMUL
+from tests.test_service_intake import TRANSPOSE, ZERO_ORACLE, task_archive
 
 BASE = "http://127.0.0.1:8000"
 
@@ -61,11 +67,17 @@ def _wait_state(client: TestClient, run_id: str, state: str) -> dict:
         time.sleep(0.05)
 
 
+def _submitted(client: TestClient, token: str, **fields) -> dict:
+    """A run submitted as a team submits one (POST /api/submissions: the task's archive)."""
+    archive = base64.b64encode(task_archive(MATMUL)).decode()
+    return client.post("/api/submissions", json={"archive_base64": archive, **fields}, headers=_auth(token))
+
+
 @pytest.fixture
 def two_teams(tmp_path):
     with _client(tmp_path) as client:
         red, blue = _reviewer(client, "red"), _reviewer(client, "blue")
-        red_run, blue_run = _run(client, red), _run(client, blue)
+        red_run, blue_run = _run(client, ADMIN, team="red"), _run(client, ADMIN, team="blue")
         yield client, {"red": red, "blue": blue, "red_agent": red_run["agent_token"],
                        "blue_agent": blue_run["agent_token"]}, red_run["run"]["id"], blue_run["run"]["id"]
 
@@ -86,17 +98,51 @@ def test_a_run_is_seen_by_the_admin_its_team_and_its_agent_only(two_teams):
     assert client.get("/api/runs").status_code == 401
 
 
-def test_only_the_admin_issues_tokens_and_agents_create_no_runs(two_teams):
-    client, tokens, _, _ = two_teams
+def test_only_the_admin_issues_tokens_and_names_a_task_folder(two_teams):
+    client, tokens, red_id, blue_id = two_teams
     for token in (tokens["red"], tokens["red_agent"]):
         assert client.post("/api/tokens", json={"owner": "red"}, headers=_auth(token)).status_code == 403
     assert client.post("/api/tokens", json={"owner": "red"}).status_code == 401
-    asked = {"task_dir": str(MATMUL)}
-    assert client.post("/api/runs", json=asked, headers=_auth(tokens["red_agent"])).status_code == 403
-    assert client.post("/api/runs", json=asked).status_code == 401
-    # a reviewer's run is its own team's, whatever team it names
-    made = _run(client, tokens["red"], team="blue")
-    assert made["run"]["team"] == "red"
+    root = client.app.state.service.settings.root
+    for task_dir in (str(MATMUL), str(root / "runs" / blue_id / "task")):  # a folder anywhere; another team's task
+        asked = {"task_dir": task_dir, "team": "red"}
+        for token in (tokens["red"], tokens["red_agent"], tokens["blue_agent"]):
+            refused = client.post("/api/runs", json=asked, headers=_auth(token))
+            assert refused.status_code == 403 and "admin" in refused.json()["error"]
+        assert client.post("/api/runs", json=asked).status_code == 401
+    assert [r.id for r in client.app.state.service.registry.all()] == [red_id, blue_id]  # nothing made
+
+
+def test_the_admins_task_folder_is_refused_under_root_copied_without_links_and_linted(two_teams, tmp_path):
+    client, _, red_id, blue_id = two_teams
+    root = client.app.state.service.settings.root
+
+    def asked(task_dir) -> dict:
+        answer = client.post("/api/runs", json={"task_dir": str(task_dir), "team": "red"}, headers=_auth(ADMIN))
+        return answer.status_code, answer.json()
+
+    status, refused = asked(root / "runs" / blue_id / "task")  # another team's run's task, read through the service
+    assert status == 422 and "under the service's own folder" in refused["error"]
+    (tmp_path / "alias").symlink_to(root / "runs" / blue_id / "task")
+    status, refused = asked(tmp_path / "alias")  # a link outside that resolves there
+    assert status == 422 and "under the service's own folder" in refused["error"]
+    assert asked("relative/task")[0] == 422
+    linked = tmp_path / "linked"
+    shutil.copytree(MATMUL, linked, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (linked / "notes.txt").symlink_to("/etc/passwd")
+    status, refused = asked(linked)
+    assert status == 422 and refused["causes"] == [f"{linked / 'notes.txt'} refused (link): a symbolic link"]
+    unlinted = tmp_path / "unlinted"
+    shutil.copytree(TRANSPOSE, unlinted, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (unlinted / "oracle.py").write_text(ZERO_ORACLE)
+    status, refused = asked(unlinted)
+    assert status == 422 and refused["error"] == "lint refuses task transpose_f32"
+    assert refused["causes"] and all(c.startswith("error: ") for c in refused["causes"])
+    assert [r.id for r in client.app.state.service.registry.all()] == [red_id, blue_id]  # nothing made
+    assert not list(root.glob("intake/*"))  # nor left behind
+    status, made = asked(TRANSPOSE)
+    assert status == 201 and made["run"]["state"] == "queued" and made["run"]["team"] == "red"
+    assert any(line.startswith("warning: too-small:") for line in made["lint_warnings"])
 
 
 def test_a_runs_mcp_endpoint_takes_its_own_agent_token_only(two_teams):
@@ -168,6 +214,9 @@ def test_a_finished_run_closes_its_executor_before_the_next_run_gets_its_gpu(tmp
         view = _wait_state(client, second, "running")
         assert view["run"]["gpu_uuid"] == FAKE_GPU_UUID
         assert run.executor.closed.is_set()  # closed before its claim was let go, so before the second ran
+        while second not in service.live:  # marked running first, then its live side opened
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         assert not service.live[second].run.executor.closed.is_set()
         assert _wait_state(client, first, "finished")["run"]["finished_at"]
 
@@ -175,16 +224,16 @@ def test_a_finished_run_closes_its_executor_before_the_next_run_gets_its_gpu(tmp
 def test_team_limits_refuse_with_their_cause(tmp_path):
     with _client(tmp_path, gpus=1, limits=TeamLimits(max_queued_runs=2, max_attempts_per_day=10)) as client:
         red = _reviewer(client, "red")
-        first = _run(client, red, max_attempts=3)["run"]["id"]
+        first = _submitted(client, red, max_attempts=3).json()["run"]["id"]
         assert _wait_state(client, first, "running")["run"]["state"] == "running"  # it holds the GPU: not waiting
-        _run(client, red, max_attempts=3)
-        _run(client, red, max_attempts=3)
-        too_many = client.post("/api/runs", json={"task_dir": str(MATMUL), "max_attempts": 1}, headers=_auth(red))
-        assert too_many.status_code == 429 and "waiting" in too_many.json()["error"]
+        for _ in range(2):
+            assert _submitted(client, red, max_attempts=3).status_code == 201
+        too_many = _submitted(client, red, max_attempts=1)
+        assert too_many.status_code == 429 and "waiting" in too_many.json()["causes"][0]
         blue = _reviewer(client, "blue")
-        _run(client, blue, max_attempts=7)
-        over = client.post("/api/runs", json={"task_dir": str(MATMUL), "max_attempts": 4}, headers=_auth(blue))
-        assert over.status_code == 429 and "24 hours" in over.json()["error"]
+        assert _submitted(client, blue, max_attempts=7).status_code == 201
+        over = _submitted(client, blue, max_attempts=4)
+        assert over.status_code == 429 and "24 hours" in over.json()["causes"][0]
 
 
 def test_tokens_are_stored_hashed_and_the_openapi_names_every_route(two_teams, tmp_path):
@@ -192,4 +241,12 @@ def test_tokens_are_stored_hashed_and_the_openapi_names_every_route(two_teams, t
     stored = (tmp_path / "service" / "tokens.json").read_text()
     assert all(tokens[k] not in stored for k in tokens)
     paths = client.get("/api/openapi.json", headers=_auth(ADMIN)).json()["paths"]
-    assert set(paths) == {"/api/runs", "/api/runs/{run_id}", "/api/tokens"}
+    described = sorted((method.upper(), path) for path, methods in paths.items() for method in methods)
+    assert described == route_operations(client.app.routes)  # the served app's own routes, whichever they are
+    assert ("POST", "/api/submissions") in described and ("POST", "/api/runs") in described
+
+
+def test_an_api_route_without_an_operation_fails_the_description():
+    unknown = Route("/api/unknown", lambda _request: None, methods=["GET"])
+    with pytest.raises(KeyError, match="GET /api/unknown has no OpenAPI operation"):
+        describe([*ROUTES, unknown])
