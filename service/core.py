@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import statistics
 import time
 from collections.abc import Mapping
@@ -62,6 +63,23 @@ class Service:
         self._opening: dict[str, anyio.Lock] = {}
         self._retry_at: dict[str, float] = {}  # run id -> when a waiting run is tried again (time.monotonic)
         self.task_group: TaskGroup | None = None
+        self._settle_interrupted()
+
+    def _settle_interrupted(self) -> None:
+        """What a kill -9 leaves between a submission's steps, settled before anything is served: its intake folder
+        (swept), a run folder without its state file (its task half copied: no run, swept), and a run registered but
+        never queued. That last one is failed with the cause, not queued: the kill came before the answer that shows
+        its agent token, so no agent could ever drive it, and queued it would hold a GPU for good. Failed before it
+        had a GPU, it counts against no team limit (`check_limits`)."""
+        shutil.rmtree(self.settings.intake_dir, ignore_errors=True)
+        for folder in self.registry.unregistered_folders():
+            log.warning("removing %s: a run folder whose registration a stop cut short", folder)
+            shutil.rmtree(folder, ignore_errors=True)
+        for record in self.registry.in_state(RunState.CREATED):
+            log.warning("run %s failed: the service stopped before it was queued", record.id)
+            self.registry.update(record.id, state=RunState.FAILED, finished_at=now_iso(), error=(
+                "the service stopped between registering this run and queueing it, before its agent token was "
+                "shown: nothing was spent; submit the task again"))
 
     # -- runs made and queued ------------------------------------------------------------------------------------
 
@@ -85,6 +103,7 @@ class Service:
         limits = self.settings.limits
         mine = [r for r in self.registry.all() if r.team == team]
         queued = sum(r.state in (RunState.CREATED, RunState.QUEUED) for r in mine)
+        mine = [r for r in mine if not (r.state is RunState.FAILED and r.started_at is None)]  # never had a GPU
         if queued >= limits.max_queued_runs:
             raise LimitReached(f"team {team!r} has {queued} runs waiting (at most {limits.max_queued_runs})")
         now = datetime.now().astimezone()

@@ -17,11 +17,11 @@ Model = TypeVar("Model", bound=BaseModel)
 
 
 class RunState(str, enum.Enum):
-    CREATED = "created"    # registered, its task copied; not yet in the queue (intake may still refuse it)
+    CREATED = "created"    # registered, its task copied and linted; queued next (failed at a start that finds it)
     QUEUED = "queued"      # waiting for a GPU: describe_task answers, GPU tools say the run is queued
     RUNNING = "running"    # holds a GPU's serving claim; its run folder is prepared or served
     FINISHED = "finished"  # the run folder's summary says finished; its GPU went to the next run
-    FAILED = "failed"      # its preparation failed (the reason in `error`); nothing was spent
+    FAILED = "failed"      # its preparation failed, or a kill left it created (the reason in `error`); nothing spent
 
 
 class Role(str, enum.Enum):

@@ -64,6 +64,10 @@ class Registry:
             self._records[run_id] = record
         return record
 
+    def unregistered_folders(self) -> list[Path]:
+        """Run folders without a state file: a `create` cut short while it copied the task."""
+        return sorted(f for f in self.runs_dir.iterdir() if RUN_ID.fullmatch(f.name) and not (f / STATE).exists())
+
     def get(self, run_id: str) -> RunRecord:
         if not RUN_ID.fullmatch(run_id or ""):
             raise UnknownRun(run_id)

@@ -11,6 +11,7 @@ import time
 import anyio
 import pytest
 
+from server.run import RunSettings
 from server.transport import KEEP_ALIVE_S
 from server.verify import verify_run
 from tests.server_support import free_port, kernel
@@ -18,6 +19,8 @@ from tests.service_support import ServiceProcess, agent
 
 AGENTS = 20
 ATTEMPTS = 2  # recorded by each agent, of a budget of 3
+PROBES = 3    # spent by the probing run of the kill test
+PROBES_PER_WINDOW = RunSettings().probes_per_window
 
 
 async def _described(client) -> dict:
@@ -80,13 +83,31 @@ def test_twenty_agents_on_twenty_runs_at_once(tmp_path):
     assert played_s < 400, played_s
 
 
+async def _probe(created: dict, probes: int) -> None:
+    """`probes` probes (run_cases) spent on the run, no attempt."""
+    async with agent(created["mcp_url"], created["agent_token"]) as client:
+        await _until_prepared(client)
+        for _ in range(probes):
+            answer = await client.call_tool("run_cases", {"source": kernel("latency_us=45", "probed")})
+            assert not answer.is_error, answer.content[0].text
+
+
+async def _budget(created: dict) -> dict:
+    async with agent(created["mcp_url"], created["agent_token"]) as client:
+        return (await _until_prepared(client))["budget"]
+
+
 @pytest.mark.timeout(600)
 def test_a_service_killed_mid_attempt_resumes_every_run_with_its_budget_and_place(tmp_path):
+    """Two GPUs: the first run killed mid-attempt, the second after spending probes, two more queued behind."""
     root, port = tmp_path / "service", free_port()
-    service = ServiceProcess(root, port, gpus=1).start()
+    service = ServiceProcess(root, port, gpus=2).start()
     try:
-        first, second, third = (service.create_run(max_attempts=3) for _ in range(3))
-        service.wait_state(first["run"]["id"], ("running",))
+        first, second, third, fourth = (service.create_run(max_attempts=3) for _ in range(4))
+        for running in (first, second):
+            service.wait_state(running["run"]["id"], ("running",))
+        anyio.run(_probe, second, PROBES)
+        assert anyio.run(_budget, second)["probes_left_in_window"] == PROBES_PER_WINDOW - PROBES
 
         async def attempt_then_kill() -> None:
             async with agent(first["mcp_url"], first["agent_token"]) as client:
@@ -109,25 +130,27 @@ def test_a_service_killed_mid_attempt_resumes_every_run_with_its_budget_and_plac
             pass
         assert service.proc.returncode == -9
         service.start()
-        view = service.wait_state(first["run"]["id"], ("running",))
-        assert view["run"]["gpu_uuid"] is not None
-        places = [service.wait_state(r["run"]["id"], ("queued",)) for r in (second, third)]
+        views = [service.wait_state(r["run"]["id"], ("running",)) for r in (first, second)]
+        assert all(v["run"]["gpu_uuid"] is not None for v in views)
+        assert views[0]["run"]["gpu_uuid"] != views[1]["run"]["gpu_uuid"]
+        places = [service.wait_state(r["run"]["id"], ("queued",)) for r in (third, fourth)]
         assert [p["queue_position"] for p in places] == [1, 2]
-
-        async def budget_after() -> dict:
-            async with agent(first["mcp_url"], first["agent_token"]) as client:
-                return (await _until_prepared(client))["budget"]
-
-        budget = anyio.run(budget_after)
+        budget = anyio.run(_budget, first)
         # the attempt cut short counts once, as interrupted: nothing lost, nothing given back
         assert (budget["attempts_used"], budget["attempts_left"]) == (2, 1), budget
+        budget = anyio.run(_budget, second)
+        # the probes spent before the kill still count in their window
+        assert (budget["attempts_used"], budget["probes_left_in_window"]) == (0, PROBES_PER_WINDOW - PROBES), budget
     finally:
         service.stop()
-    run_dir = next((root / "runs" / first["run"]["id"] / "results").glob("run-*"))
-    events = (run_dir / "events.jsonl").read_text()
+    events = (next((root / "runs" / first["run"]["id"] / "results").glob("run-*")) / "events.jsonl").read_text()
     assert "attempt_interrupted" in events
-    assert verify_run(run_dir).ok, verify_run(run_dir).problems
-    assert not list((root / "runs" / second["run"]["id"] / "results").glob("run-*"))  # a queued run spent nothing
+    run_dirs = sorted(root.glob("runs/*/results/run-*"))
+    # every run folder verifies; the queued runs spent nothing and have none
+    assert {d.parents[1].name for d in run_dirs} == {first["run"]["id"], second["run"]["id"]}
+    for run_dir in run_dirs:
+        report = verify_run(run_dir)
+        assert report.ok, (run_dir, report.problems)
 
 
 def test_an_idle_connection_outlives_the_clients_own_keep_alive(tmp_path):
