@@ -60,7 +60,7 @@ def read_head(run_dir: Path) -> tuple[Head | None, str | None]:
     except (OSError, ValueError) as e:
         return None, f"{HEAD_NAME}: unreadable ({e})"
     ok = (isinstance(value, dict) and set(value) == {"seq", "hash", "sig"} and type(value["seq"]) is int
-          and value["seq"] >= 0 and isinstance(value["hash"], str) and len(value["hash"]) == 64
+          and 0 <= value["seq"] < 1 << 64 and isinstance(value["hash"], str) and len(value["hash"]) == 64
           and set(value["hash"]) <= _HEX and isinstance(value["sig"], str))
     return (Head(**value), None) if ok else (None, f"{HEAD_NAME}: not a log head (rewritten)")
 

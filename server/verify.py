@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from server.log_head import read_head
 from server.record_files import SUMMARY, read_summary
 from server.audit import (GENESIS, LOG_NAME, RECORD_FIELDS, SIGNED_FIELDS, canonical_json, inside_run, is_sha256,
                           record_hash, sha256_file)
@@ -218,6 +219,9 @@ def verify_run(run_dir: Path, *, public_key: str | None = None, derived: bool = 
     `derived` False leaves the report files out (`kernel-referee report`, which writes them again, checks the rest).
     A log made before signing is checked as it was then: ok, with no fingerprint."""
     run_dir = Path(run_dir)
+    # The head before the log: a record appended meanwhile (a read-only call is logged without the run's mutex)
+    # then leaves the head one behind, which holds, rather than one past the log read, which is a cut.
+    head = read_head(run_dir)
     report, parsed = _read_chain(run_dir / LOG_NAME)
     problems = list(report.problems)
     recorded_problems, recorded = _recorded_files(run_dir, parsed)
@@ -229,7 +233,7 @@ def verify_run(run_dir: Path, *, public_key: str | None = None, derived: bool = 
     pinned = False
     if fingerprint is not None:  # a run made before signing has no head and did not list its report files
         public_hex = parsed[0][1]["data"]["signing_key"]["public_key"]
-        pinned, end = head_problems(run_dir, parsed, public_hex)
+        pinned, end = head_problems(run_dir, parsed, public_hex, head)
         problems += end
         anchor = lock.get("signing_key") if lock is not None else None
         problems += derived_problems(run_dir, anchor["public_key"]) if derived and isinstance(anchor, dict) else []

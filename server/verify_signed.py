@@ -16,7 +16,7 @@ from pathlib import Path
 from server import keys
 from server.audit import LOG_NAME
 from server.folder_lock import LOCK_NAME
-from server.log_head import HEAD_NAME, KEEPS_HEAD, LastRecord, end_fault, head_holds, read_head
+from server.log_head import HEAD_NAME, KEEPS_HEAD, Head, LastRecord, end_fault, head_holds, read_head
 from server.records import EventKind
 from server.signed_log import MANIFEST, derived_files, is_derived, manifest_digest, read_manifest
 
@@ -93,12 +93,14 @@ def end_problems(parsed: Parsed, summary) -> list[str]:
     return problems
 
 
-def head_problems(run_dir: Path, parsed: Parsed, public_hex: str) -> tuple[bool, list[str]]:
+def head_problems(run_dir: Path, parsed: Parsed, public_hex: str,
+                  read: tuple[Head | None, str | None] | None = None) -> tuple[bool, list[str]]:
     """(whether the log's end is pinned by a signed head, the problems of its end against that head). A signed run
-    made before heads were kept has none (False, no problem); one whose first record says it keeps one must."""
+    made before heads were kept has none (False, no problem); one whose first record says it keeps one must.
+    `read`: the head as read before the log was (read_head), where appends may go on meanwhile."""
     if not parsed:
         return False, []
-    head, why = read_head(run_dir)
+    head, why = read if read is not None else read_head(run_dir)
     if why:
         return True, [why]
     first, last = parsed[0][1], parsed[-1][1]

@@ -241,3 +241,26 @@ def test_a_signed_run_made_before_heads_were_kept_verifies_with_exit_5_until_it_
     resumed.close()
     assert read_head(run.dir)[0].seq == _last_seq(run.dir)
     assert main(["verify", str(run.dir)]) == 0
+
+
+def test_a_head_whose_seq_no_digest_can_hold_is_refused_not_a_crash(run_dir):
+    (run_dir / HEAD_NAME).write_text(json.dumps({"seq": 1 << 64, "hash": "0" * 64, "sig": "00"}))
+    assert "events-head.json: not a log head (rewritten)" in verify_run(run_dir).problems
+    with pytest.raises(RunError, match="events-head.json: not a log head"):
+        resume_run(run_dir, executor())
+
+
+def test_a_record_appended_while_verify_reads_the_folder_is_no_cut(run_dir, monkeypatch):
+    """A read-only call (describe_task) is logged without the run's mutex, so verify (the finished run's report)
+    may read the log and then the head a concurrent append wrote: that is a longer log, not a shorter one."""
+    from server import verify as verify_module
+    real = verify_module._recorded_files
+
+    def append_meanwhile(folder, parsed):  # after the log was read
+        with AuditLog(folder / "events.jsonl", signer=run_key(folder)) as log:
+            log.append(EventKind.CALL, {"tool": "describe_task"})
+        return real(folder, parsed)
+
+    monkeypatch.setattr(verify_module, "_recorded_files", append_meanwhile)
+    report = verify_run(run_dir)
+    assert report.ok and report.end_pinned, report.problems
