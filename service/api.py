@@ -56,9 +56,21 @@ def view(service: Service, record: RunRecord) -> RunView:
     if live is not None and (live.run.preparation is None or live.run.preparation.ready):
         budget = live.run.budget().model_dump()
     else:
-        budget = read_summary(run_dir).budget if run_dir is not None and (run_dir / "summary.json").exists() else None
+        budget = _summary_budget(run_dir) if run_dir is not None and (run_dir / "summary.json").exists() else None
     return RunView(run=record, queue_position=place.position, queue_length=place.length,
                    expected_wait_s=place.expected_wait_s, budget=budget, mcp_url=service.settings.mcp_url(record.id))
+
+
+def _summary_budget(run_dir) -> dict | None:
+    """The budget of a run not served now, from its summary.json, in the shape a served run's has (server/models.py
+    `Budget`): its probe window is not kept there, so those two are null."""
+    summary = read_summary(run_dir)
+    held = summary.budget
+    if not held:
+        return None
+    return {"max_attempts": held["max_attempts"], "attempts_used": held["used"], "attempts_left": held["left"],
+            "probes_left_in_window": None, "probe_gpu_seconds_left_in_window": None,
+            "finished": summary.status == "finished", "stop_reason": summary.stop_reason}
 
 
 async def read_body(request: Request, model: type[BaseModel]) -> BaseModel:

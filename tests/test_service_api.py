@@ -250,3 +250,26 @@ def test_an_api_route_without_an_operation_fails_the_description():
     unknown = Route("/api/unknown", lambda _request: None, methods=["GET"])
     with pytest.raises(KeyError, match="GET /api/unknown has no OpenAPI operation"):
         describe([*ROUTES, unknown])
+
+
+def test_a_runs_budget_has_one_shape_served_or_read_from_its_folder(tmp_path):
+    with _client(tmp_path, gpus=1) as client:
+        run_id = _run(client, ADMIN, max_attempts=2)["run"]["id"]
+        _wait_state(client, run_id, "running")
+        service = client.app.state.service
+        deadline = time.monotonic() + 60
+        while not (run_id in service.live and service.live[run_id].admitted):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        run = service.live[run_id].run
+        assert run.preparation.wait(60) and run.preparation.ready
+        record_attempt(run, run.candidate(None, kernel("latency_us=50")), "one attempt", None, None)
+        served = client.get(f"/api/runs/{run_id}", headers=_auth(ADMIN)).json()["budget"]
+        live = service.live.pop(run_id)  # as after a restart, before anything opens the run again: from its folder
+        folder = client.get(f"/api/runs/{run_id}", headers=_auth(ADMIN)).json()["budget"]
+        service.live[run_id] = live  # closed with the service
+    assert set(folder) == set(served), (folder, served)
+    same = ("max_attempts", "attempts_used", "attempts_left", "finished")
+    assert {k: folder[k] for k in same} == {k: served[k] for k in same} == {
+        "max_attempts": 2, "attempts_used": 1, "attempts_left": 1, "finished": False}
+    assert folder["probes_left_in_window"] is None and served["probes_left_in_window"] is not None
