@@ -18,6 +18,7 @@ from __future__ import annotations
 import getpass
 import hashlib
 import io
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from guard.signing import ApprovalKeyError, key_id, load_private, sign, trusted_
 from guard.store import approval_dir, keys_dir, write_approval
 from harness.device import gpu_absent_reason
 from harness.stats import LatencyStats, Speedup
+from server.cli_errors import one_line
 from server.lock import digest
 from server.replay import MakeExecutor, replay
 from server.replay_record import Subject
@@ -41,6 +43,7 @@ from server.run import now_iso
 from server.settings import sandbox_refusal
 
 EXIT_APPROVED, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_NO_GPU = 0, 1, 2, 3
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -203,11 +206,18 @@ def _measured_ratios(evidence: RunEvidence, options: ApproveOptions,
                 raise Refused("the kernels do not compile here to measure the accepted ratio: "
                               + "; ".join(r for c in step.compile_failures for r in c.reasons)[:500])
             ratios = accepted.measure(step.round, step.performance_cases, options.ratio_rounds, say=say)
+    except Refused:
+        raise
     except TimingRefused as refused:
         raise Refused(f"measuring the accepted ratio: {refused}") from None
     except accepted.RatioUnmeasured as short:
         raise Refused(f"the accepted ratio could not be measured: {short}; approve on a GPU no other process uses, "
                       "or with --from-run") from None
+    except Exception as failed:  # noqa: BLE001 - the executor's start, a worker, a lease wait: refused, as in replay
+        # One line names it (the command's refusal, the service's review record); its traceback only at debug level.
+        log.debug("the accepted ratio could not be measured", exc_info=True)
+        raise Refused(f"the accepted ratio could not be measured, its executor failed: {type(failed).__name__}: "
+                      f"{one_line(failed)}; or approve with --from-run") from None
     measurement = RatioMeasurement(
         source="guard-rounds", rounds=options.ratio_rounds, gpu=step.environment.get("gpu"),
         gpu_uuid=step.environment.get("gpu_uuid"), measured_at=now_iso(),

@@ -16,13 +16,14 @@ import contextlib
 import enum
 import io
 import json
+import logging
 import shutil
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from guard.approve import EXIT_APPROVED, ApproveOptions, approve
-from guard.signing import generate
+from guard.signing import ApprovalKeyError, generate
 from guard.store import approval_dir, check_name, keys_dir
 from server.audit import AuditLog
 from server.folder_lock import FolderLock
@@ -33,6 +34,7 @@ from server.signed_log import run_key
 
 KEY_NAME = "service-approver"
 MAX_NOTE_CHARS = 2000
+log = logging.getLogger(__name__)
 
 
 class ReviewAction(str, enum.Enum):
@@ -121,15 +123,20 @@ def approval_name(task_name: str, run_id: str) -> str:
 
 def approve_run(run_dir: Path, approver: Approver, name: str, reviewer: str, note: str,
                 make_executor: MakeExecutor | None = None) -> ReviewEvent:
-    """The guard's approval of the run's best, signed with the service's key; logged whether made or refused."""
+    """The guard's approval of the run's best, signed with the service's key; logged whether made or refused (a
+    failure the guard does not answer itself, its executor's or a bug's, is a refusal naming it, its traceback in
+    the service's log)."""
     options = ApproveOptions(run=run_dir, store=approver.store, name=name, key=approver.key, note=note or None,
                              approver=reviewer, make_executor=make_executor)
     said, errors = io.StringIO(), io.StringIO()
     with contextlib.redirect_stderr(errors):
         try:
             status = approve(options, said)
-        except (FileExistsError, FileNotFoundError, ValueError) as exc:
+        except (FileExistsError, FileNotFoundError, ValueError, ApprovalKeyError) as exc:
             status, errors = -1, io.StringIO(str(exc))
+        except Exception as exc:  # noqa: BLE001 - the review is logged all the same, as a refusal
+            log.exception("the approval of %s failed", run_dir)
+            status, errors = -1, io.StringIO(f"the approval failed: {type(exc).__name__}: {exc}")
     if status == EXIT_APPROVED:
         event = ReviewEvent(action=ReviewAction.APPROVE, reviewer=reviewer, note=note, outcome="approved",
                             detail=str(approval_dir(approver.store, name)))
