@@ -12,7 +12,8 @@ import os
 import shutil
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -39,6 +40,11 @@ WAITING_RETRY_S = 10.0
 
 class LimitReached(Exception):
     """A team's limit (queued runs, attempts a day) refuses a new run; nothing was made."""
+
+
+class GpusBusy(Exception):
+    """Every GPU of the service is held (a run serving on it, another review action): a review action that needs
+    one is refused at once rather than queued or measured beside a run's timing."""
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,29 @@ class Service:
                 break
             record = self.registry.update(record.id, state=RunState.RUNNING, gpu_uuid=gpu_uuid, started_at=now_iso())
             await self._admit(record)
+
+    # -- review actions on a GPU -----------------------------------------------------------------------------------
+
+    @contextmanager
+    def review_gpu(self, run_id: str, what: str) -> Iterator[GpuInfo | None]:
+        """A free GPU for a review action on run `run_id` (its replay, an approval's rounds), taken as a queued run
+        takes one: that GPU's serving claim, held for the block and let go after it, also when the block fails, so
+        the scheduler admits no run onto it meanwhile and no run's timing shares it. Yields the GPU the action's
+        executor is placed on (None: the one slot of a host NVML names no GPU of, CUDA's device 0). GpusBusy where
+        every GPU is held, or another review action of this run holds one: nothing was spent. Taken and let go from
+        the event loop's thread, as the scheduler takes and lets go its runs' claims."""
+        key = f"review {run_id}"
+        if key in self.claims:
+            raise GpusBusy(f"another review action of run {run_id} holds a GPU now: {what} was not started, "
+                           "nothing was spent; ask again once it has ended")
+        uuid = self._free_slot(key)
+        if uuid is None:
+            raise GpusBusy(f"every GPU of the service is serving a run or another review action ({len(self.slots)} "
+                           f"in all): {what} was not started, nothing was spent; ask again once a run has finished")
+        try:
+            yield self.slots[uuid]
+        finally:
+            self._release(key)
 
     def _free_slot(self, run_id: str) -> str | None:
         held = {claim.gpu for claim in self.claims.values()}

@@ -2,12 +2,16 @@
 
 Who sees a run is the API's rule (service/guards.py `run_for`: an agent its own run, a reviewer its team's, the
 admin all; a run one may not see is answered 404). Replaying, approving and rejecting need the reviewer or admin
-role; each is logged in the run's audit log by service/review.py.
+role; each is logged in the run's audit log by service/review.py. A replay and an approval measure on a GPU of
+their own, taken as a queued run takes one (a free GPU's serving claim, held while they run): where every GPU is
+busy they are answered 503 with the reason at once, neither queued nor timed beside a run.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -19,10 +23,11 @@ from starlette.routing import Route
 from server.cost import CostError, CostInputs, cost_sheet, render as render_cost, run_hours
 from server.decision import REQUIRED_CHECKS
 from server.folder_lock import FolderHeld
+from server.replay import MakeExecutor
 from server.report_files import REPORT_NAME, write_report_held
 from server.report_html import CSP as REPORT_CSP
 from service.api import view
-from service.core import Service, _close_run as close_run
+from service.core import GpusBusy, Service, _close_run as close_run
 from service.guards import Refused
 from service.pages import page, render
 from service.records import Role, RunRecord, RunState
@@ -49,12 +54,18 @@ def _visible(request: Request, service: Service) -> tuple[object, RunRecord]:
     return caller, record
 
 
-async def _finished_dir(service: Service, record: RunRecord) -> Path:
-    """The finished run's folder, let go by its live side: a replay and a review hold the folder while they write
-    (server/folder_lock.py), and the run's own MCP server holds it while open."""
+def _finished(service: Service, record: RunRecord) -> Path:
+    """The finished run's folder; 409 for a run not finished."""
     run_dir = service.registry.run_dir(record.id)
     if run_dir is None or record.state is not RunState.FINISHED:
         raise Refused(409, f"run {record.id} is {record.state.value}: only a finished run is replayed or reviewed")
+    return run_dir
+
+
+async def _finished_dir(service: Service, record: RunRecord) -> Path:
+    """The finished run's folder, let go by its live side: a replay and a review hold the folder while they write
+    (server/folder_lock.py), and the run's own MCP server holds it while open."""
+    run_dir = _finished(service, record)
     live = service.live.pop(record.id, None)
     if live is not None:
         await anyio.to_thread.run_sync(close_run, live)
@@ -126,21 +137,31 @@ def _back(record: RunRecord) -> RedirectResponse:
     return RedirectResponse(f"/ui/runs/{record.id}#review", status_code=303)
 
 
+@contextmanager
+def _review_gpu(service: Service, record: RunRecord, what: str) -> Iterator[MakeExecutor]:
+    """A GPU for a review action, taken as a run takes one (service/core.py `review_gpu`): the action's executors
+    placed on it, its claim let go when the action ends or fails. 503 with the reason where every GPU is busy:
+    the action is neither queued nor measured beside a run's timing, and nothing of it is logged."""
+    try:
+        with service.review_gpu(record.id, what) as gpu:
+            yield lambda task, timing: service.make_executor(task, timing, gpu)
+    except GpusBusy as busy:
+        raise Refused(503, str(busy)) from None
+
+
 @page
 async def replay(request: Request) -> Response:
     service: Service = request.app.state.service
     caller, record = _visible(request, service)
     viewer(request, service, *REVIEWERS)
     await check_csrf(request)
-    run_dir = await _finished_dir(service, record)
-
-    def make_executor(task, timing):
-        return service.make_executor(task, timing, None)
-
-    try:
-        await anyio.to_thread.run_sync(lambda: replay_for_review(run_dir, caller.owner, make_executor))
-    except (ReviewRefused, FolderHeld) as exc:
-        raise Refused(409, f"the replay was not made: {exc}") from None
+    _finished(service, record)
+    with _review_gpu(service, record, "the replay") as make_executor:  # on a GPU no run serves on, or 503
+        run_dir = await _finished_dir(service, record)
+        try:
+            await anyio.to_thread.run_sync(lambda: replay_for_review(run_dir, caller.owner, make_executor))
+        except (ReviewRefused, FolderHeld) as exc:
+            raise Refused(409, f"the replay was not made: {exc}") from None
     return _back(record)
 
 
@@ -150,19 +171,19 @@ async def review(request: Request) -> Response:
     caller, record = _visible(request, service)
     viewer(request, service, *REVIEWERS)
     form = await check_csrf(request)
-    run_dir = await _finished_dir(service, record)
+    _finished(service, record)
     note, action = str(form.get("note") or "")[:2000], str(form.get("action") or "")
-
-    def make_executor(task, timing):  # the accepted ratio's rounds, on the service's GPU as the replay's timing
-        return service.make_executor(task, timing, None)
-
     try:
         if action == "approve":
-            approver = service_approver(service.settings.root)
-            name = approval_name(record.task_name, record.id)
-            await anyio.to_thread.run_sync(lambda: approve_run(run_dir, approver, name, caller.owner, note,
-                                                               make_executor))
+            # Its replay (where none is recorded) and its accepted ratio's rounds on a GPU no run serves on, or 503.
+            with _review_gpu(service, record, "the approval") as make_executor:
+                run_dir = await _finished_dir(service, record)
+                approver = service_approver(service.settings.root)
+                name = approval_name(record.task_name, record.id)
+                await anyio.to_thread.run_sync(lambda: approve_run(run_dir, approver, name, caller.owner, note,
+                                                                   make_executor))
         elif action == "reject":
+            run_dir = await _finished_dir(service, record)
             await anyio.to_thread.run_sync(lambda: reject_run(run_dir, caller.owner, note))
         else:
             raise Refused(422, "the review's action is approve or reject")

@@ -77,12 +77,13 @@ def _served(app) -> set[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    """The app with the pages, two teams' runs (red's finished), and every caller's token."""
+    """The app with the pages, two teams' runs (red's finished), and every caller's token. Two GPUs: blue's run
+    serves on one, and red's replay takes the other (on one GPU it would be refused as busy)."""
     root = tmp_path_factory.mktemp("routes")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(LEASE_DIR_ENV, str(root / "gpu-leases"))
         settings = ServiceSettings(root=root / "service", scheduler_period_s=0.05)
-        app = build_app(settings, lambda task, timing, gpu: FakeExecutor(task, placed=gpu), fake_gpus(1),
+        app = build_app(settings, lambda task, timing, gpu: FakeExecutor(task, placed=gpu), fake_gpus(2),
                         routes=web_routes(), env={ADMIN_TOKEN_ENV: ADMIN})
         with TestClient(app, base_url=BASE) as client:
             admin = {"Authorization": f"Bearer {ADMIN}"}
