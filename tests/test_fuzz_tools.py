@@ -31,7 +31,7 @@ FUZZ = settings(max_examples=60, deadline=None,  # derandomized, no database: th
 BARE = re.compile(r"Error executing tool [A-Za-z0-9_]*:?\s*")
 MAX_MESSAGE_CHARS = 20_000
 # What the run may hold: anything else (a traversal, a stray temporary or claim file) is a finding.
-RUN_FILES = re.compile(r"(run|lock|history|summary)\.json|events\.jsonl|best\.cu|best-case-\d+\.json"
+RUN_FILES = re.compile(r"(run|lock|history|summary|events-head)\.json|events\.jsonl|best\.cu|best-case-\d+\.json"
                        r"|attempts/\d{3}\.cu|candidates/c[0-9a-f]{15}\.json|compile-logs/c[0-9a-f]{15}\.log"
                        r"|expected/[^/]+/\d+/[a-z_]+\.npy|task/.+|\.serving\.lock|signing\.key")
 
@@ -216,7 +216,7 @@ def _outside_files(roots: list[Path], skip: Path) -> set[str]:
 
 
 REFEREE_WRITES = re.compile(r"(^|/)(\d{3}\.(cu|claim)|best\.cu|best-case-\d+\.json|c[0-9a-f]{15}\.(json|log)"
-                            r"|(run|lock|history|summary)\.json|events\.jsonl.*|[^/]*\.npy|\.[^/]*\.tmp)$")
+                            r"|(run|lock|history|summary|events-head)\.json|events\.jsonl.*|[^/]*\.npy|\.[^/]*\.tmp)$")
 
 
 def _git_status() -> set[str]:
