@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import Awaitable, Callable, TextIO, TypeVar
 
 import anyio
 import httpx2
@@ -39,6 +40,7 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD, EXIT_NO_GPU = 0, 1, 2, 3
 _PASSED_ENV = ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "PYTHONPATH")
 
 Say = Callable[[str], None]
+T = TypeVar("T")
 HTTP_TIMEOUT_S = 120.0  # one tool call over HTTP, beyond the longest a timing or an attempt takes (~45 s)
 
 
@@ -226,6 +228,36 @@ def _pct(value: float | None) -> str:
     return "?" if value is None else f"{value:.0f}%"
 
 
+async def interruptible(main: Callable[..., Awaitable[T]], *args) -> T:
+    """`main(*args)`, ended by Ctrl-C (SIGINT) as a cancel of the scope it runs in, then KeyboardInterrupt.
+
+    asyncio's own Ctrl-C cancels the main task once: a library call that takes that one cancellation for its own
+    (a timeout's scope, a stream's cleanup) lets the demo play on, or end as if nothing happened. A cancelled
+    anyio scope cancels every await inside it until it is left, so nothing inside can swallow it."""
+    interrupted = False
+    try:
+        async with anyio.create_task_group() as group:
+            async def watch(*, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+                nonlocal interrupted
+                with anyio.open_signal_receiver(signal.SIGINT) as signals:
+                    task_status.started()
+                    async for _ in signals:
+                        interrupted = True
+                        group.cancel_scope.cancel()
+                        return
+
+            await group.start(watch)  # the signal is ours before `main` starts
+            result = await main(*args)
+            group.cancel_scope.cancel()
+    except BaseException:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    if interrupted:
+        raise KeyboardInterrupt
+    return result
+
+
 async def session(params: StdioServerParameters, plan: tuple[Step, ...], say: Say) -> Session:
     async with Client(params, cache=None) as client:  # describe_task is read twice: never from a cache
         return await play(client, plan, say)
@@ -339,7 +371,7 @@ def run_demo(settings: RefereeSettings, out: TextIO, task: Path | None = None) -
     params = server_parameters(task_dir, settings.results, no_sandbox=not settings.confine,
                                iterations=timing.iterations, warmups=timing.warmups, profile=settings.run.profile)
     try:
-        result = anyio_run(session, params, PLAN, say)
+        result = anyio_run(interruptible, session, params, PLAN, say)
     except Exception as exc:  # noqa: BLE001 - a refusal, or the server stopped or never started
         error = _innermost(exc)
         why = str(error) if isinstance(error, DemoError) else (

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -187,3 +188,35 @@ def test_an_error_inside_the_referee_is_one_line_naming_it(capsys):
         failed("kernel-referee check", SystemExit(2))
     assert failed("kernel-referee demo", BaseExceptionGroup("g", [KeyboardInterrupt()])) == EXIT_INTERRUPTED
 
+
+
+def test_ctrl_c_ends_the_demo_even_where_a_call_takes_a_cancellation_for_its_own():
+    """asyncio's Ctrl-C cancels the main task once; a call that swallows that cancellation would let the demo play
+    on. The demo's scope is cancelled for good: every later await is cancelled too, and KeyboardInterrupt follows."""
+    import os
+
+    import anyio
+
+    from server.demo import interruptible
+
+    swallowed: list[int] = []
+
+    async def plays_on() -> str:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(3):
+            try:
+                await anyio.sleep(5)
+            except anyio.get_cancelled_exc_class():
+                swallowed.append(1)  # taken for its own, as a timeout's scope or a stream's cleanup may
+        return "played on"
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        anyio.run(interruptible, plays_on)
+    assert len(swallowed) == 3 and time.monotonic() - started < 4.5  # every sleep cancelled, none slept out
+    assert anyio.run(interruptible, _answer) == 42  # not interrupted: its answer, the signal's handler restored
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+async def _answer() -> int:
+    return 42
