@@ -6,6 +6,8 @@ import io
 import shutil
 from pathlib import Path
 
+import pytest
+
 from guard.approve import ApproveOptions, approve
 from guard.signing import generate
 from guard.store import keys_dir
@@ -44,3 +46,15 @@ def approved(root: Path, run_dir: Path, **options) -> tuple[int, Path, Path, str
     options = {"make_executor": fake, "repeats": 1, **options}
     code = approve(ApproveOptions(run=run_dir, store=store, name=NAME, key=key, **options), out)
     return code, store, key, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A finished run with a faster attempt (`good_run`), made once per test module."""
+    return good_run(tmp_path_factory.mktemp("run"))
+
+
+@pytest.fixture
+def fresh_run(run_dir, tmp_path):
+    """A copy of the module's run, for a test that adds to it."""
+    return shutil.copytree(run_dir, tmp_path / "run-001")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -95,3 +97,23 @@ async def agent(mcp_url: str, token: str):
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as http:
         async with Client(streamable_http_client(mcp_url, http_client=http)) as client:
             yield client
+
+
+async def described(client) -> dict:
+    """describe_task's answer, which must not be an error."""
+    answer = await client.call_tool("describe_task", {})
+    assert not answer.is_error, answer.content[0].text
+    return json.loads(answer.content[0].text)
+
+
+async def until_prepared(client, timeout_s: float = 120.0) -> dict:
+    """describe_task once the run is prepared (a resumed run's preparation is null), failing on a failed one."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = await described(client)
+        preparation = answer.get("preparation")
+        if preparation is None or preparation["state"] == "ready":
+            return answer
+        assert preparation["state"] != "failed", preparation
+        assert time.monotonic() < deadline, preparation
+        await anyio.sleep(0.2)

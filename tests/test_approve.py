@@ -17,21 +17,10 @@ from guard.store import ENVELOPE, READABLE, approval_dir, load_store
 from server import entry
 from server.replay import replay
 from server.verify import verify_run
-from tests.approval_support import NAME, approved, fake, good_run, new_store, no_gpu
+from tests.approval_support import NAME, approved, fake, fresh_run, new_store, no_gpu, run_dir  # noqa: F401 - fixtures
 from server.attempt import record_attempt
 from tests.server_support import HOLDOUT, kernel, new_run, read_json
 from tests.test_replay import HoldoutFailsHere, make_run
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    return good_run(tmp_path_factory.mktemp("run"))
-
-
-@pytest.fixture
-def fresh_run(run_dir, tmp_path):
-    """A copy of the module's run, for a test that adds a replay to it."""
-    return shutil.copytree(run_dir, tmp_path / "run-001")
 
 
 def test_approve_makes_a_signed_approval_of_the_best_with_its_accepted_latency(fresh_run, tmp_path):

@@ -6,7 +6,6 @@ both ways."""
 from __future__ import annotations
 
 import io
-import shutil
 
 import numpy as np
 import pytest
@@ -21,23 +20,13 @@ from guard.store import approval_dir, load_approval, load_store
 from guard.verdict import TimingRound, Verdict, VerdictSettings
 from harness.nvml import GpuState, GpuWatch
 from server.replay import replay
-from tests.approval_support import NAME, approved, fake, good_run, no_gpu
+from tests.approval_support import NAME, approved, fake, fresh_run, no_gpu, run_dir  # noqa: F401 - fixtures
 from tests.fake_executor import FakeExecutor
 from tests.guard_fake_store import add_approval, fake_fingerprint, new_store
 
 QUICK = VerdictSettings(min_rounds=8, step_rounds=4, max_rounds=12)
 CLEAR = GpuState(sm_clock_mhz=1980, max_sm_clock_mhz=1980)
 BUSY = GpuWatch(before=CLEAR, after=CLEAR, other_processes=[4242])
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    return good_run(tmp_path_factory.mktemp("run"))
-
-
-@pytest.fixture
-def fresh_run(run_dir, tmp_path):
-    return shutil.copytree(run_dir, tmp_path / "run-001")
 
 
 class SharedGpu(FakeExecutor):

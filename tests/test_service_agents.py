@@ -15,7 +15,7 @@ from server.run import RunSettings
 from server.transport import KEEP_ALIVE_S
 from server.verify import verify_run
 from tests.server_support import free_port, kernel
-from tests.service_support import ServiceProcess, agent
+from tests.service_support import ServiceProcess, agent, described, until_prepared
 
 AGENTS = 20
 ATTEMPTS = 2  # recorded by each agent, of a budget of 3
@@ -23,34 +23,17 @@ PROBES = 3    # spent by the probing run of the kill test
 PROBES_PER_WINDOW = RunSettings().probes_per_window
 
 
-async def _described(client) -> dict:
-    answer = await client.call_tool("describe_task", {})
-    assert not answer.is_error, answer.content[0].text
-    return json.loads(answer.content[0].text)
-
-
-async def _until_prepared(client, timeout_s: float = 240.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        described = await _described(client)
-        preparation = described.get("preparation")
-        if preparation is None or preparation["state"] == "ready":
-            return described
-        assert preparation["state"] != "failed", preparation
-        assert time.monotonic() < deadline, preparation
-        await anyio.sleep(0.5)
-
 
 async def _play(created: dict, index: int, seen: dict) -> None:
     """One agent: its run's task, then ATTEMPTS attempts marked with its index, then its budget as the run says."""
     async with agent(created["mcp_url"], created["agent_token"]) as client:
-        await _until_prepared(client)
+        await until_prepared(client, 240.0)
         for attempt in range(ATTEMPTS):
             source = kernel(f"latency_us={40 + index % 7}", f"agent-{index}-attempt-{attempt}")
             answer = await client.call_tool("record_attempt", {"source": source, "rationale": f"agent {index}"})
             assert not answer.is_error, answer.content[0].text
             assert json.loads(answer.content[0].text)["attempt"] == attempt + 1
-        seen[index] = (await _described(client))["budget"]
+        seen[index] = (await described(client))["budget"]
 
 
 @pytest.mark.timeout(600)
@@ -86,7 +69,7 @@ def test_twenty_agents_on_twenty_runs_at_once(tmp_path):
 async def _probe(created: dict, probes: int) -> None:
     """`probes` probes (run_cases) spent on the run, no attempt."""
     async with agent(created["mcp_url"], created["agent_token"]) as client:
-        await _until_prepared(client)
+        await until_prepared(client, 240.0)
         for _ in range(probes):
             answer = await client.call_tool("run_cases", {"source": kernel("latency_us=45", "probed")})
             assert not answer.is_error, answer.content[0].text
@@ -94,7 +77,7 @@ async def _probe(created: dict, probes: int) -> None:
 
 async def _budget(created: dict) -> dict:
     async with agent(created["mcp_url"], created["agent_token"]) as client:
-        return (await _until_prepared(client))["budget"]
+        return (await until_prepared(client, 240.0))["budget"]
 
 
 @pytest.mark.timeout(600)
@@ -111,7 +94,7 @@ def test_a_service_killed_mid_attempt_resumes_every_run_with_its_budget_and_plac
 
         async def attempt_then_kill() -> None:
             async with agent(first["mcp_url"], first["agent_token"]) as client:
-                await _until_prepared(client)
+                await until_prepared(client, 240.0)
                 answer = await client.call_tool("record_attempt", {"source": kernel("latency_us=40", "kept"),
                                                                    "rationale": "the first"})
                 assert not answer.is_error, answer.content[0].text

@@ -6,14 +6,13 @@ verified."""
 from __future__ import annotations
 
 import json
-import time
 
 import anyio
 import pytest
 
 from server.verify import verify_run
 from tests.server_support import free_port, kernel
-from tests.service_support import ServiceProcess, agent
+from tests.service_support import ServiceProcess, agent, described, until_prepared
 
 BROKEN = kernel("broken") + "\n__global__ void matmul_f32(int oops) { undeclared_name = 1; }\n"
 
@@ -23,25 +22,10 @@ async def _answer(client, tool: str, **arguments) -> tuple[bool, dict | str]:
     return result.is_error, (result.content[0].text if result.is_error else json.loads(result.content[0].text))
 
 
-async def _described(client) -> dict:
-    failed, described = await _answer(client, "describe_task")
-    assert not failed, described
-    return described
-
-
-async def _until_prepared(client, timeout_s: float = 120.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while ((described := await _described(client)).get("preparation") or {}).get("state", "ready") != "ready":
-        assert described["preparation"]["state"] != "failed", described["preparation"]
-        assert time.monotonic() < deadline, described["preparation"]
-        await anyio.sleep(0.2)
-    return described
-
-
 async def _while_queued(created: dict) -> dict:
     """The queued run's agent: two compiles answered, the GPU tools refused; what it saw."""
     async with agent(created["mcp_url"], created["agent_token"]) as client:
-        before = await _described(client)
+        before = await described(client)
         assert before["preparation"]["state"] == "queued", before["preparation"]
         failed, broken = await _answer(client, "compile_kernel", source=BROKEN)
         assert not failed, broken
@@ -58,14 +42,14 @@ async def _while_queued(created: dict) -> dict:
             failed, refusals[tool] = await _answer(client, tool, **arguments)
             assert failed, refusals[tool]
             assert "queued for a GPU: position 1 of 1" in refusals[tool] and "nothing was spent" in refusals[tool]
-        after = await _described(client)
+        after = await described(client)
         assert after["budget"] == before["budget"], (before["budget"], after["budget"])  # nothing spent
         return {"good": good, "budget": before["budget"]}
 
 
 async def _finish(created: dict) -> None:
     async with agent(created["mcp_url"], created["agent_token"]) as client:
-        await _until_prepared(client)
+        await until_prepared(client)
         failed, answer = await _answer(client, "finish", reason="makes way for the queued run")
         assert not failed, answer
 
@@ -73,7 +57,7 @@ async def _finish(created: dict) -> None:
 async def _once_admitted(created: dict, good: dict) -> dict:
     """The same compile answers the same from the cache; the id compiled while queued serves the GPU tools."""
     async with agent(created["mcp_url"], created["agent_token"]) as client:
-        await _until_prepared(client)
+        await until_prepared(client)
         failed, again = await _answer(client, "compile_kernel", source=kernel("latency_us=40", "queued"))
         assert not failed, again
         assert again["cache_hit"] is True, again
@@ -83,7 +67,7 @@ async def _once_admitted(created: dict, good: dict) -> dict:
         assert not failed and checked["passed"], checked
         failed, attempt = await _answer(client, "record_attempt", candidate_id=good["candidate"], rationale="ok")
         assert not failed and attempt["attempt"] == 1, attempt
-        return (await _described(client))["budget"]
+        return (await described(client))["budget"]
 
 
 @pytest.mark.timeout(300)
@@ -115,7 +99,7 @@ def test_a_queued_run_compiles_while_it_waits_and_spends_nothing(tmp_path):
 
 async def _compile_queued(created: dict) -> dict:
     async with agent(created["mcp_url"], created["agent_token"]) as client:
-        assert (await _described(client))["preparation"]["state"] == "queued"
+        assert (await described(client))["preparation"]["state"] == "queued"
         failed, good = await _answer(client, "compile_kernel", source=kernel("latency_us=40", "kept"))
         assert not failed and good["ok"] is True, good
         return good
@@ -123,17 +107,17 @@ async def _compile_queued(created: dict) -> dict:
 
 async def _log_while_queued(created: dict, uri: str) -> str:
     async with agent(created["mcp_url"], created["agent_token"]) as client:
-        assert (await _described(client))["preparation"]["state"] == "queued"
+        assert (await described(client))["preparation"]["state"] == "queued"
         return (await client.read_resource(uri)).contents[0].text
 
 
 async def _uses_without_compiling(created: dict, cid: str) -> dict:
     """The candidate compiled before the kill serves the GPU tools by its id, with no compile_kernel since."""
     async with agent(created["mcp_url"], created["agent_token"]) as client:
-        await _until_prepared(client)
+        await until_prepared(client)
         failed, attempt = await _answer(client, "record_attempt", candidate_id=cid, rationale="compiled while queued")
         assert not failed and attempt["attempt"] == 1, attempt
-        return (await _described(client))["budget"]
+        return (await described(client))["budget"]
 
 
 @pytest.mark.timeout(300)

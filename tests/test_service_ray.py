@@ -33,7 +33,7 @@ from service.settings import ServiceSettings
 from tests.fake_executor import fake_gpus
 from tests.fake_ray_service import FAKE_GPU, FAKE_NODE_GPUS, REPO, fleet, runtime_env
 from tests.server_support import free_port, kernel
-from tests.service_support import ADMIN, MATMUL, ServiceProcess, agent
+from tests.service_support import ADMIN, MATMUL, ServiceProcess, agent, described, until_prepared
 
 ray = pytest.importorskip("ray", reason="Ray is the optional extra kernel-referee[fleet]: not installed here")
 
@@ -187,23 +187,6 @@ class RayServiceProcess(ServiceProcess):
                 self.address]
 
 
-async def _described(client) -> dict:
-    answer = await client.call_tool("describe_task", {})
-    assert not answer.is_error, answer.content[0].text
-    return json.loads(answer.content[0].text)
-
-
-async def _until_prepared(client, timeout_s: float = 120.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        described = await _described(client)
-        preparation = described.get("preparation")
-        if preparation is None or preparation["state"] == "ready":
-            return described
-        assert preparation["state"] != "failed", preparation
-        assert time.monotonic() < deadline, preparation
-        await anyio.sleep(0.5)
-
 
 def test_an_agent_records_attempts_through_the_actor_and_a_lost_actor_loses_no_budget(tmp_path, cluster):
     service = RayServiceProcess(tmp_path / "service", free_port(), cluster).start()
@@ -212,7 +195,7 @@ def test_an_agent_records_attempts_through_the_actor_and_a_lost_actor_loses_no_b
 
         async def play() -> tuple[dict, str, dict]:
             async with agent(created["mcp_url"], created["agent_token"]) as client:
-                described = await _until_prepared(client)
+                ready = await until_prepared(client, 120.0)
                 first = await client.call_tool("record_attempt", {"source": kernel("latency_us=40"),
                                                                   "rationale": "faster"})
                 assert not first.is_error, first.content[0].text
@@ -224,17 +207,17 @@ def test_an_agent_records_attempts_through_the_actor_and_a_lost_actor_loses_no_b
                 assert lost.is_error
                 again = await client.call_tool("record_attempt", {"candidate_id": kept, "rationale": "after the loss"})
                 assert again.is_error  # refused before it claims a slot: nothing more is spent
-                return described, lost.content[0].text, (await _described(client))["budget"]
+                return ready, lost.content[0].text, (await described(client))["budget"]
 
-        described, lost, budget = anyio.run(play)
+        ready, lost, budget = anyio.run(play)
         # the run's slot goes to the next run: the run is failed, its error the lost executor's
         failed = service.wait_state(created["run"]["id"], ("failed",), timeout_s=30)
         assert "on the Ray cluster was lost" in failed["run"]["error"]
     finally:
         service.stop()
-    node = described["device"]["ray_node"]
+    node = ready["device"]["ray_node"]
     assert node["serving_claim"] == "held" and node["pid"] != service.proc.pid
-    assert described["device"]["executor_pid"] == node["pid"]  # the executor ran in the actor
+    assert ready["device"]["executor_pid"] == node["pid"]  # the executor ran in the actor
     assert lost.startswith("Error executing tool record_attempt")  # a broken executor, as on one host
     # the attempt the lost node cut short counts, as interrupted: nothing lost, nothing given back
     assert (budget["attempts_used"], budget["attempts_left"]) == (2, 1), budget

@@ -22,8 +22,8 @@ from server.verify import verify_run
 from service.core import WAITING_RETRY_S
 from tests.fake_ray_service import FAKE_GPU
 from tests.server_support import free_port, kernel
-from tests.service_support import agent
-from tests.test_service_ray import RayServiceProcess, _gone, _until, _until_prepared
+from tests.service_support import agent, until_prepared
+from tests.test_service_ray import RayServiceProcess, _gone, _until
 
 ray = pytest.importorskip("ray", reason="Ray is the optional extra kernel-referee[fleet]: not installed here")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
@@ -55,7 +55,7 @@ def _three_runs_prepared(service: RayServiceProcess) -> list[dict]:
         facts = []
         for run in made:
             async with agent(run["mcp_url"], run["agent_token"]) as client:
-                facts.append((await _until_prepared(client))["device"])
+                facts.append((await until_prepared(client))["device"])
         return facts
 
     for run, device in zip(made, anyio.run(prepared)):
@@ -72,7 +72,7 @@ async def _attempt(run: dict, marks: str) -> dict:
 async def _resumed(run: dict) -> tuple[dict, dict]:
     """(the device facts, the budget) of a run served again after the restart."""
     async with agent(run["mcp_url"], run["agent_token"]) as client:
-        described = await _until_prepared(client)
+        described = await until_prepared(client)
         return described["device"], described["budget"]
 
 
