@@ -208,9 +208,9 @@ class TimedLoop:
         kernel_ms, gpu_busy_ms, records = utilities.finish_with_records(tags)
         if not self.clocked:
             kernel_ms = records = None
-        records = self.evidence.download(self.counters.ptr, self.counters.nbytes).view(np.uint64).reshape(-1, 4)
-        unwritten, changed = records[:iterations, 0], records[:iterations, 1]
-        tampered = self.seal.verify(records[:iterations], self.snapshot_parts())  # before any snapshot is handed on
+        counts = self.evidence.download(self.counters.ptr, self.counters.nbytes).view(np.uint64).reshape(-1, 4)
+        unwritten, changed = counts[:iterations, 0], counts[:iterations, 1]
+        tampered = self.seal.verify(counts[:iterations], self.snapshot_parts())  # before any snapshot is handed on
         held = self.hold_snapshots() if self.header.get("hold_outputs") and self.fresh_key is not None else {}
         if held.get("held_outputs") is not None:  # judged on the device: only the inputs' evidence is read back
             inputs_host, blobs, slots = self.utilities.staging.take(self.job.input_bytes()), [], []
