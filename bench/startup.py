@@ -8,6 +8,10 @@ as "preparing" (a client calling it again as told). Also the preparation's own t
 `--gemm N` measures on matmul_f32 with one performance case of N x N x N (KernelBench's level-1 square GEMM is
 4096): a preparation long enough that a client which waited for it before `initialize` would give up.
 
+Before the starts, the parts of a start are timed each in a fresh interpreter (`start_parts`): the interpreter
+itself, importing the command line's modules, the GPU probe (a child of its own: harness/device.py) and NVML's list
+of GPUs, so that an `initialize` over its bound names its cause.
+
 Exits 2, printing "no GPU", on a machine without one.
 """
 
@@ -17,6 +21,7 @@ import argparse
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +39,25 @@ from harness.device import gpu_absent_reason  # noqa: E402
 MATMUL = ROOT / "cases" / "matmul_f32"
 SERVE = "import sys; from server.entry import main; sys.exit(main())"
 INITIALIZE_BOUND_S = 2.0
+
+
+PARTS = {  # what each fresh interpreter imports first, then times (its own start is "interpreter")
+    "imports": ("pass", "import server.cli"),
+    "gpu_probe": ("from harness.device import gpu_absent_reason", "gpu_absent_reason()"),
+    "nvml_list": ("from harness.gpus import list_gpus", "list_gpus()"),
+}
+
+
+def start_parts() -> dict[str, float]:
+    """Seconds of each part of a server's start before `initialize`, each in a fresh interpreter."""
+    began = time.monotonic()
+    subprocess.run([sys.executable, "-c", "pass"], cwd=ROOT, check=True)
+    parts = {"interpreter": round(time.monotonic() - began, 3)}
+    for name, (first, code) in PARTS.items():
+        timed = f"import time; {first}; t = time.monotonic(); {code}; print(time.monotonic() - t)"
+        done = subprocess.run([sys.executable, "-c", timed], cwd=ROOT, check=True, capture_output=True, text=True)
+        parts[name] = round(float(done.stdout.strip().splitlines()[-1]), 3)
+    return parts
 
 
 def gemm_task(folder: Path, n: int) -> Path:
@@ -87,6 +111,8 @@ def main() -> int:
     if absent is not None:
         print(f"no GPU to measure on: {absent}")
         return 2
+    parts = start_parts()
+    print("parts of a start, each alone: " + ", ".join(f"{k} {v:.2f} s" for k, v in parts.items()), flush=True)
     starts = []
     with tempfile.TemporaryDirectory() as scratch:
         task = gemm_task(Path(scratch) / f"matmul_f32_{args.gemm}", args.gemm) if args.gemm else args.task.resolve()
@@ -99,7 +125,7 @@ def main() -> int:
                   f"{start['preparing_refusals']} 'preparing' answers), verdict {start['verdict']}", flush=True)
     worst = max(s["initialize_s"] for s in starts)
     summary = {"task": args.task.name if not args.gemm else f"matmul_f32, one {args.gemm}^3 performance case",
-               "starts": starts, "initialize_s_max": worst,
+               "parts_s": parts, "starts": starts, "initialize_s_max": worst,
                "initialize_s_median": statistics.median(s["initialize_s"] for s in starts),
                "first_record_attempt_s_median": statistics.median(s["first_record_attempt_s"] for s in starts),
                "initialize_bound_s": INITIALIZE_BOUND_S, "within_bound": worst < INITIALIZE_BOUND_S}

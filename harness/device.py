@@ -12,19 +12,37 @@ import subprocess
 import sys
 
 _PROBE = "import json, harness.device as d; print(json.dumps({'absent': d.probe_in_this_process()}))"
+_started: subprocess.Popen | None = None  # the probe start_probe began, answered by gpu_absent_reason
+
+
+def start_probe() -> None:
+    """Begin the probe now and take its answer later: a command that checks for a GPU right after importing its
+    modules (serve, demo) starts it first, so that the child's driver start runs while the parent imports."""
+    global _started
+    if _started is None:
+        _started = _probe()
+
+
+def _probe() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)
 
 
 @functools.cache
 def gpu_absent_reason() -> str | None:
     """None when a CUDA device is usable; otherwise the reason, e.g. no driver library."""
+    global _started
+    child, _started = _started or _probe(), None
     try:
-        done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120)
+        stdout, stderr = child.communicate(timeout=120)
     except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
         return "the CUDA driver did not answer within 120 s"
     try:
-        return json.loads(done.stdout.strip().splitlines()[-1])["absent"]
+        return json.loads(stdout.strip().splitlines()[-1])["absent"]
     except (IndexError, ValueError, KeyError):
-        return f"the GPU probe failed: {done.stderr.strip()[-500:] or 'no output'}"
+        return f"the GPU probe failed: {stderr.strip()[-500:] or 'no output'}"
 
 
 def probe_in_this_process() -> str | None:

@@ -13,10 +13,14 @@ from server.cli_args import EXIT_INTERRUPTED
 
 GUARD_COMMANDS = ("approve", "keygen", "guard")  # guard/cli.py COMMANDS
 SERVICE_COMMANDS = ("service",)  # service/cli.py COMMANDS
+PROBED_COMMANDS = ("serve", "demo")  # each asks for a GPU first thing (harness/device.py start_probe)
 
 
 def main() -> int:
     try:
+        if len(sys.argv) > 1 and sys.argv[1] in PROBED_COMMANDS:
+            from harness import device
+            device.start_probe()  # the GPU probe runs while the command's modules import
         if len(sys.argv) > 1 and sys.argv[1] in SERVICE_COMMANDS:
             from service.cli import main as command_line  # the door: service/ sits above guard/; Ctrl-C here is caught
         elif len(sys.argv) > 1 and sys.argv[1] in GUARD_COMMANDS:

@@ -28,3 +28,11 @@ def test_without_a_gpu_it_says_so_and_exits_2(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["startup.py", "--gemm", "4096"])
     assert startup.main() == 2
     assert capsys.readouterr().out == "no GPU to measure on: no NVIDIA driver library here\n"
+
+
+def test_the_parts_of_a_start_are_timed_each_in_a_fresh_interpreter():
+    parts = startup.start_parts()
+    assert list(parts) == ["interpreter", "imports", "gpu_probe", "nvml_list"]
+    assert all(0 < seconds < 60 for seconds in parts.values())
+    # importing the command line's modules costs more than importing nothing (a part that did not run reads ~0)
+    assert parts["imports"] > 0.05
