@@ -39,10 +39,33 @@ class PeerClosed(EOFError):
     """The other end of the pipe closed (the process exited)."""
 
 
+class Unsendable(TypeError):
+    """A header holds a value JSON cannot carry; the message names where. Nothing was written."""
+
+
+def unsendable(value: Any, path: str = "") -> list[str]:
+    """Where `value` holds what JSON cannot carry, as `key.key[index]: type` (empty when all of it can)."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return []
+    if isinstance(value, dict):
+        found = []
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            found += unsendable(item, where) if isinstance(key, (str, int, float, bool)) else [
+                f"{where} (its key): {type(key).__name__}"]
+        return found
+    if isinstance(value, (list, tuple)):
+        return [found for i, v in enumerate(value) for found in unsendable(v, f"{path}[{i}]")]
+    return [f"{path or 'the header'}: {type(value).__name__}"]
+
+
 def encode(header: dict[str, Any], blobs: list[bytes | memoryview] = ()) -> list[bytes | memoryview]:
     """The frames of one message, ready to be written in order."""
     header = dict(header, blobs=len(blobs))
-    head = json.dumps(header, separators=(",", ":"), allow_nan=True).encode()
+    try:
+        head = json.dumps(header, separators=(",", ":"), allow_nan=True).encode()
+    except TypeError:
+        raise Unsendable("a message holds what JSON cannot carry: " + "; ".join(unsendable(header)[:5])) from None
     frames: list[bytes | memoryview] = [_LENGTH.pack(len(head)), head]
     for blob in blobs:
         view = memoryview(blob).cast("B")

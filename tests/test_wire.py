@@ -1,9 +1,11 @@
 """Framing over a pipe and through shared regions: round trips, fallbacks, malformed messages."""
 
+import io
 import os
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from sandbox import wire
@@ -85,3 +87,20 @@ def test_region_blobs_count_against_the_answer_limit(region):
 def test_a_message_in_a_region_the_reader_does_not_have_is_refused(region):
     with pytest.raises(wire.WireError, match="not given"):
         _through(region, {"op": "x"}, [b"abc"], None)
+
+
+def test_a_header_json_cannot_carry_is_refused_by_name_and_nothing_is_written():
+    stream = io.BytesIO()
+    answer = {"status": "ok", "samples_ms": [0.5, 0.6], "launch_records": np.zeros((2, 4), np.uint64),
+              "phases": {"read_back": 0.1, "when": object()}}
+    with pytest.raises(wire.Unsendable) as refused:
+        wire.send(stream, answer, [b"x" * 8])
+    assert str(refused.value) == ("a message holds what JSON cannot carry: launch_records: ndarray; "
+                                  "phases.when: object")
+    assert stream.getvalue() == b""
+
+
+def test_what_json_carries_is_found_sendable_to_its_depth():
+    assert wire.unsendable({"a": [1, 2.5, None, True, {"b": "text"}], 3: "an int key"}) == []
+    assert wire.unsendable({"a": [1, {"b": (np.float32(1),)}]}) == ["a[1].b[0]: float32"]
+    assert wire.unsendable({("x", 1): 0}) == ["('x', 1) (its key): tuple"]

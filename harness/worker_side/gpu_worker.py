@@ -115,7 +115,12 @@ def serve(jobs, answers, ordinal: int, confined: dict, regions=(None, None)) -> 
             answer["status"] = Status.FAULT
         if answer["status"] != Status.OK:
             utilities.resident.clear()  # after a failed job, nothing kept is vouched for
-        wire.send(answers, answer, out, regions[1])
+        try:
+            wire.send(answers, answer, out, regions[1])
+        except wire.Unsendable as unsendable:  # a worker bug: said, not a dead worker (nothing was written)
+            answer = {"status": Status.ERROR, "error": "Unsendable", "detail": str(unsendable)}
+            utilities.resident.clear()
+            wire.send(answers, answer, [], regions[1])
         del blobs, out  # views into the jobs region end with the job
         if answer["status"] == Status.FAULT:
             return EXIT_STICKY
