@@ -1,4 +1,4 @@
-"""The GPU job (.ci/gpu): the tests it names exist and carry the gpu marker, its two halves of tests/gpu cover
+"""The GPU job (.ci/gpu): the tests it names exist and carry the gpu marker, its three thirds of tests/gpu cover
 every file once, and a stage run here (no GPU) leaves its log and its summary line."""
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ REPO = Path(__file__).resolve().parents[1]
 JOB = REPO / ".ci" / "gpu"
 
 
-def _new_tests() -> list[str]:
-    block = re.search(r"NEW_TESTS=\((.*?)\)", JOB.read_text(), re.S).group(1)
-    return block.split()
+def _named_tests() -> list[str]:
+    """The files the stages `new` and `products` name."""
+    return [path for group in ("NEW_TESTS", "PRODUCT_TESTS")
+            for path in re.search(group + r"=\((.*?)\)", JOB.read_text(), re.S).group(1).split()]
 
 
 def test_every_test_the_job_names_exists_and_is_a_gpu_test():
-    named = _new_tests()
+    named = _named_tests()
     assert len(named) >= 10 and all((REPO / path).is_file() for path in named), named
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "gpu",
                            *named], cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -27,19 +28,19 @@ def test_every_test_the_job_names_exists_and_is_a_gpu_test():
     assert collected == set(named), set(named) - collected  # each file holds gpu-marked tests
 
 
-def _half(which: int) -> list[str]:
+def _third(which: int) -> list[str]:
     script = JOB.read_text()
-    function = script[script.index("half() {"):script.index("\n}\n", script.index("half() {")) + 3]
-    done = subprocess.run(["bash", "-c", f"{function}\nhalf {which}"], cwd=REPO, capture_output=True, text=True,
+    function = script[script.index("third() {"):script.index("\n}\n", script.index("third() {")) + 3]
+    done = subprocess.run(["bash", "-c", f"{function}\nthird {which}"], cwd=REPO, capture_output=True, text=True,
                           check=True)
     return done.stdout.split()
 
 
-def test_the_two_halves_of_tests_gpu_cover_every_file_once():
-    first, second = _half(0), _half(1)
+def test_the_three_thirds_of_tests_gpu_cover_every_file_once():
+    thirds = [_third(0), _third(1), _third(2)]
     every = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests" / "gpu").glob("test_*.py"))
-    assert sorted(first + second) == every and not set(first) & set(second)
-    assert abs(len(first) - len(second)) <= 1
+    assert sorted(sum(thirds, [])) == every and sum(len(t) for t in thirds) == len(set(sum(thirds, [])))
+    assert max(map(len, thirds)) - min(map(len, thirds)) <= 1
 
 
 def test_a_stage_writes_its_log_and_its_summary_line(tmp_path):
