@@ -34,7 +34,7 @@ from harness.task import load_task
 from harness.task_model import LaunchSpec, Task
 from server import suspicion
 from server.decision import CheckResult
-from harness.gpus import list_gpus, placement_for
+from harness.gpus import Placement, list_gpus, placement_for
 from server.executor import Executor, GpuExecutor
 from server.replay_checks import compile_subject, correctness_checks
 from server.replay_record import Subject
@@ -45,10 +45,35 @@ LABELS = ("candidate", "baseline")
 
 
 def local_executor(name: str, confine: bool = True, gpu: str | None = None) -> MakeExecutor:
-    """A GpuExecutor on this host's GPU (`gpu`, else one no serving run holds), its lease named for the approval."""
-    placement = placement_for(list_gpus(), gpu, f"guard {name}", None)
-    return lambda task, timing: GpuExecutor(task, timing, confine=confine, lease_what=f"guard {name}",
-                                            gpu=placement.gpu if placement else None)
+    """GpuExecutors on this host's GPU (`gpu`, else one no serving run holds), their lease named for the approval.
+    Each holds its GPU's serving claim from when it is made until it closes, so the next approval's step (or a
+    server starting on the host) finds the GPU free again."""
+
+    def make(task: Task, timing: TimingSettings) -> Executor:
+        placement = placement_for(list_gpus(), gpu, f"guard {name}", None)
+        try:
+            return ClaimedExecutor(placement, task, timing, confine=confine, lease_what=f"guard {name}")
+        except BaseException:
+            if placement is not None:
+                placement.release()
+            raise
+
+    return make
+
+
+class ClaimedExecutor(GpuExecutor):
+    """A GpuExecutor placed by harness/gpus.py `placement_for`: its GPU's serving claim is let go when it closes."""
+
+    def __init__(self, placement: Placement | None, task: Task, timing: TimingSettings, **options):
+        super().__init__(task, timing, gpu=placement.gpu if placement else None, **options)
+        self.placement = placement
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self.placement is not None:
+                self.placement.release()
 
 
 class TimingRefused(Exception):
