@@ -10,6 +10,7 @@ import functools
 import json
 import subprocess
 import sys
+import threading
 
 _PROBE = "import json, harness.device as d; print(json.dumps({'absent': d.probe_in_this_process()}))"
 _started: subprocess.Popen | None = None  # the probe start_probe began, answered by gpu_absent_reason
@@ -17,10 +18,21 @@ _started: subprocess.Popen | None = None  # the probe start_probe began, answere
 
 def start_probe() -> None:
     """Begin the probe now and take its answer later: a command that checks for a GPU right after importing its
-    modules (serve, demo) starts it first, so that the child's driver start runs while the parent imports."""
+    modules (serve, demo) starts it first, so that the child's driver start runs while the parent imports. NVML's
+    own start (the list of GPUs the command reads next: harness/gpus.py) begins too, in a thread of this process
+    (NVML's calls release the GIL)."""
     global _started
     if _started is None:
         _started = _probe()
+        threading.Thread(target=_start_nvml, name="nvml-start", daemon=True).start()
+
+
+def _start_nvml() -> None:
+    try:
+        import pynvml  # optional, as in harness/gpus.py
+        pynvml.nvmlInit()  # counted: the later list's own nvmlInit then finds it started
+    except Exception:  # noqa: BLE001 - without NVML the command lists no GPU, as it would have anyway
+        pass
 
 
 def _probe() -> subprocess.Popen:

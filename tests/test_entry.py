@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import sys
+import threading
 
 from server import entry
 from server.cli_args import EXIT_INTERRUPTED
@@ -63,10 +64,13 @@ def test_the_started_probe_is_the_one_answered_and_is_taken_once(monkeypatch):
         return subprocess.Popen([sys.executable, "-c", answer], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
 
+    nvml = threading.Event()
     monkeypatch.setattr(device, "_started", None)
     monkeypatch.setattr(device, "_probe", probe)
+    monkeypatch.setattr(device, "_start_nvml", nvml.set)
     device.start_probe()
     device.start_probe()  # a second start keeps the first probe
+    assert nvml.wait(10)  # NVML's start began beside it
     device.gpu_absent_reason.cache_clear()
     try:
         assert device.gpu_absent_reason() == "a reason from the started probe"
