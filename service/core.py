@@ -68,6 +68,7 @@ class Service:
         self.claims: dict[str, ServingClaim] = {}   # run id -> its GPU's serving claim
         self._opening: dict[str, anyio.Lock] = {}
         self._retry_at: dict[str, float] = {}  # run id -> when a waiting run is tried again (time.monotonic)
+        self._admitting: set[str] = set()  # runs whose admission goes on in a task of its own
         self.task_group: TaskGroup | None = None
         self._settle_interrupted()
 
@@ -182,11 +183,12 @@ class Service:
 
     async def step(self) -> None:
         """Running runs taken back after a restart, finished ones let go, then queued runs admitted in order while
-        a GPU is free."""
+        a GPU is free. Each admission goes on in a task of its own (`_admit_behind`), so one that takes long (a
+        resumed run's workers starting, on a cluster its actor waiting for a placement) holds up no other run."""
         for record in self.registry.in_state(RunState.RUNNING):
             live = self.live.get(record.id)
             if live is None or not live.admitted:
-                await self._admit(record)
+                self._admit_behind(record)
             else:
                 await self._settle(record, live)
         for record in self.registry.queued():
@@ -194,7 +196,29 @@ class Service:
             if gpu_uuid is None:
                 break
             record = self.registry.update(record.id, state=RunState.RUNNING, gpu_uuid=gpu_uuid, started_at=now_iso())
-            await self._admit(record)
+            self._admit_behind(record)
+
+    def _admit_behind(self, record: RunRecord) -> None:
+        """`_admit(record)` in the service's task group, unless the run's admission is under way already. A running
+        run taken back after a restart claims its own GPU here, before the step admits any queued run."""
+        if record.id in self._admitting:
+            return
+        if record.id not in self.claims:  # a running run taken back after a restart: its own GPU again
+            claim = ServingClaim(record.gpu_uuid or "gpu-default", f"service {record.id}")
+            if not claim.try_take():
+                return  # another process serves on it now; tried again at the next step
+            self.claims[record.id] = claim
+        self._admitting.add(record.id)
+
+        async def admit() -> None:
+            try:
+                await self._admit(record)
+            except Exception:  # noqa: BLE001 - as a failed step: logged, and the next step tries again
+                log.exception("admitting run %s failed", record.id)
+            finally:
+                self._admitting.discard(record.id)
+
+        self.task_group.start_soon(admit, name=f"admit {record.id}")
 
     # -- review actions on a GPU -----------------------------------------------------------------------------------
 
@@ -231,11 +255,6 @@ class Service:
         return None
 
     async def _admit(self, record: RunRecord) -> None:
-        if record.id not in self.claims:  # a running run taken back after a restart: its own GPU again
-            claim = ServingClaim(record.gpu_uuid or "gpu-default", f"service {record.id}")
-            if not claim.try_take():
-                return  # another process serves on it now; tried again at the next step
-            self.claims[record.id] = claim
         if time.monotonic() < self._retry_at.get(record.id, 0.0):
             return
         try:
