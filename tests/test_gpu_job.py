@@ -52,3 +52,27 @@ def test_a_stage_writes_its_log_and_its_summary_line(tmp_path):
     assert (tmp_path / "rest.log").is_file()
     refused = subprocess.run(["bash", str(JOB), "nonsense"], cwd=REPO, env=env, capture_output=True, text=True)
     assert refused.returncode == 2 and "unknown stage: nonsense" in refused.stderr
+
+
+def test_a_stage_with_too_little_of_the_slot_left_is_not_started_and_says_so(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "SLOT_S": "20"}
+    done = subprocess.run(["bash", str(JOB), "rest", "timing"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = (tmp_path / "summary.txt").read_text().splitlines()
+    assert [re.sub(r"\d+ s left", "N s left", line) for line in lines] == [
+        "rest: not started: N s left of the slot", "timing: not started: N s left of the slot"]
+    assert not (tmp_path / "rest.log").exists()
+
+
+def test_a_stage_that_outruns_the_slot_is_interrupted_with_its_summary_line(tmp_path):
+    script = JOB.read_text()
+    functions = script[script.index("summary() {"):script.index("third() {")]
+    slow = tmp_path / "test_slow.py"
+    slow.write_text("import time\nimport pytest\npytestmark = pytest.mark.gpu\n\n\ndef test_quick():\n    pass\n\n\n"
+                    "def test_slow():\n    time.sleep(120)\n")
+    body = f"OUT={tmp_path}; PY={sys.executable}; ENDS_AT=$(( SECONDS + 40 ))\n{functions}\npytest_stage cut {slow}"
+    done = subprocess.run(["bash", "-c", body], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    line = (tmp_path / "summary.txt").read_text().strip()
+    assert re.fullmatch(r"cut: 1 passed.* in [\d.]+s \(exit 124, cut at the slot's end\)", line), line
