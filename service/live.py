@@ -103,12 +103,18 @@ def admit(run: Run, results: Path, gpu: GpuInfo | None, make_executor: MakeExecu
     it waited become the run's once it is prepared."""
     placed = make_executor(run.task, run.settings.timing, gpu)
     early = run.preparation.early if run.preparation is not None else None
-    with run.exclusive():  # a compile answered while queued ends before the executor changes
-        if early is not None:
-            early.close()
-        unplaced, run.executor = run.executor, placed
-        _carry_compiles(unplaced, placed)
-        prepare_behind(run, results, on_ready=early.record_into if early is not None else None)
+    unplaced = run.executor
+    try:
+        with run.exclusive():  # a compile answered while queued ends before the executor changes
+            if early is not None:
+                early.close()
+            run.executor = placed
+            _carry_compiles(unplaced, placed)
+            prepare_behind(run, results, on_ready=early.record_into if early is not None else None)
+    except BaseException:  # not admitted: the run keeps its queued executor, the placed one is closed
+        run.executor = unplaced
+        placed.close()
+        raise
     unplaced.close()
 
 
