@@ -67,7 +67,7 @@ class RatioMeasurement(_Frozen):
     """Where the accepted ratios the guard holds later runs to come from."""
 
     source: Literal["guard-rounds", "run"]  # guard-rounds: each case's `ratio`; run: the run's own timing
-    rounds: int | None = None  # the rounds asked for per case (guard-rounds)
+    rounds: int | None = None  # the most rounds a case kept (guard-rounds; each case's own: its ratio's `rounds`)
     gpu: str | None = None  # the GPU that measured them (guard-rounds)
     gpu_uuid: str | None = None
     measured_at: str | None = None

@@ -219,7 +219,8 @@ def _measured_ratios(evidence: RunEvidence, options: ApproveOptions,
         raise Refused(f"the accepted ratio could not be measured, its executor failed: {type(failed).__name__}: "
                       f"{one_line(failed)}; or approve with --from-run") from None
     measurement = RatioMeasurement(
-        source="guard-rounds", rounds=options.ratio_rounds, gpu=step.environment.get("gpu"),
+        source="guard-rounds", rounds=max((r.rounds for r in ratios.values()), default=None),
+        gpu=step.environment.get("gpu"),
         gpu_uuid=step.environment.get("gpu_uuid"), measured_at=now_iso(),
         why=f"{step.cost.rounds} rounds of the guard's timing, {step.cost.timing_s:.1f} s of it")
     return measurement, ratios
