@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -39,10 +39,12 @@ METADATA_PATH = re.compile(r"/\.well-known/oauth-protected-resource/runs/(?P<run
 
 
 def build_app(settings: ServiceSettings, make_executor: MakeExecutor, gpus: list[GpuInfo],
-              routes: list[BaseRoute] = (), env: Mapping[str, str] = os.environ) -> Starlette:
-    """The service over `settings.root`: runs' GPU work made by `make_executor` on `gpus`. `routes`: more routes
-    (the pages), behind the same Host/Origin check; they reach the Service at `request.app.state.service`."""
-    service = Service(settings, make_executor, gpus, env)
+              routes: list[BaseRoute] = (), env: Mapping[str, str] = os.environ,
+              slots_now: Callable[[], list[GpuInfo]] | None = None) -> Starlette:
+    """The service over `settings.root`: runs' GPU work made by `make_executor` on `gpus` (a cluster's: counted again
+    through `slots_now`). `routes`: more routes (the pages), behind the same Host/Origin check; they reach the Service
+    at `request.app.state.service`."""
+    service = Service(settings, make_executor, gpus, env, slots_now)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from functools import partial
 
 from harness.gpus import list_gpus
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         except NoClusterGpu as exc:
             print(f"kernel-referee: {exc}", file=sys.stderr)
             return 2
-        return serve(settings, fleet.make_executor, slots)
+        return serve(settings, fleet.make_executor, slots, fleet.slots)
 
     def make_executor(task: Task, timing: TimingSettings, gpu: GpuInfo | None) -> Executor:
         return GpuExecutor(task, timing, confine=not args.no_sandbox, gpu=gpu)
@@ -59,12 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     return serve(settings, make_executor, list_gpus())
 
 
-def serve(settings: ServiceSettings, make_executor, gpus: list[GpuInfo]) -> int:
-    """Build the app and serve it until stopped; the admin token, when generated, printed this once."""
+def serve(settings: ServiceSettings, make_executor, gpus: list[GpuInfo],
+          slots_now: Callable[[], list[GpuInfo]] | None = None) -> int:
+    """Build the app and serve it until stopped; the admin token, when generated, printed this once. `slots_now`: a
+    cluster's GPUs, counted again while serving."""
     import uvicorn  # noqa: PLC0415 - uvicorn loads only when the service is served
 
     settings.root.mkdir(parents=True, exist_ok=True)
-    app = build_app(settings, make_executor, gpus, routes=web_routes())
+    app = build_app(settings, make_executor, gpus, routes=web_routes(), slots_now=slots_now)
     shown = app.state.service.tokens.admin_token_to_show()
     print(f"kernel-referee service: serving at {settings.base_url} (API: {settings.base_url}/api/openapi.json)",
           file=sys.stderr, flush=True)

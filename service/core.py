@@ -12,7 +12,7 @@ import os
 import shutil
 import statistics
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -56,11 +56,15 @@ class QueuePlace:
 
 class Service:
     def __init__(self, settings: ServiceSettings, make_executor: MakeExecutor, gpus: list[GpuInfo],
-                 env: Mapping[str, str] = os.environ):
+                 env: Mapping[str, str] = os.environ, slots_now: Callable[[], list[GpuInfo]] | None = None):
         self.settings = settings
         self.make_executor = make_executor
         # No GPU named by NVML: one slot, CUDA's device 0, as `serve` does on a one-GPU host.
         self.slots: dict[str, GpuInfo | None] = {g.uuid: g for g in gpus} or {"gpu-default": None}
+        # A cluster's GPUs as they are now (service/ray_executor.py RayFleet.slots), counted again every
+        # settings.slots_refresh_s; None: the host's GPUs, counted once.
+        self.slots_now = slots_now
+        self._slots_read_at = time.monotonic()
         self.registry = Registry(settings.root)
         self.tokens = TokenStore(settings.root, env)
         self.verifier = RunTokenVerifier(self.tokens, settings.mcp_url)
@@ -124,7 +128,7 @@ class Service:
         if run_id not in queue:
             return QueuePlace(0, len(queue), 0.0)
         position = queue.index(run_id) + 1
-        return QueuePlace(position, len(queue), math.ceil(position / len(self.slots)) * self._run_length_s())
+        return QueuePlace(position, len(queue), math.ceil(position / max(len(self.slots), 1)) * self._run_length_s())
 
     def _run_length_s(self) -> float:
         """How long a run holds its GPU: the median of finished runs', else the assumed length."""
@@ -185,6 +189,7 @@ class Service:
         """Running runs taken back after a restart, finished ones let go, then queued runs admitted in order while
         a GPU is free. Each admission goes on in a task of its own (`_admit_behind`), so one that takes long (a
         resumed run's workers starting, on a cluster its actor waiting for a placement) holds up no other run."""
+        self._refresh_slots()
         for record in self.registry.in_state(RunState.RUNNING):
             live = self.live.get(record.id)
             if live is None or not live.admitted:
@@ -197,6 +202,31 @@ class Service:
                 break
             record = self.registry.update(record.id, state=RunState.RUNNING, gpu_uuid=gpu_uuid, started_at=now_iso())
             self._admit_behind(record)
+
+    def _refresh_slots(self) -> None:
+        """A cluster's GPUs counted again, and as many slots kept: slots added where it offers more, free slots
+        dropped where it offers fewer (those it no longer names first); a slot a run or a review action holds stays
+        until it is let go, so a run there ends as its executor does."""
+        if self.slots_now is None or time.monotonic() < self._slots_read_at + self.settings.slots_refresh_s:
+            return
+        self._slots_read_at = time.monotonic()
+        try:
+            now = {g.uuid: g for g in self.slots_now()}
+        except Exception as exc:  # noqa: BLE001 - no GPU in the cluster (NoClusterGpu), or it cannot be asked now
+            log.warning("the cluster's GPUs could not be counted: %s", exc)
+            now = {}
+        held = {claim.gpu for claim in self.claims.values()}
+        before = len(self.slots)
+        for uuid in sorted((u for u in self.slots if u not in held), key=lambda u: u in now):
+            if len(self.slots) <= len(now):
+                break
+            del self.slots[uuid]
+        for uuid, gpu in now.items():
+            if len(self.slots) >= len(now):
+                break
+            self.slots.setdefault(uuid, gpu)
+        if len(self.slots) != before:
+            log.info("the cluster offers %d GPUs now: the service has %d slots", len(now), len(self.slots))
 
     def _admit_behind(self, record: RunRecord) -> None:
         """`_admit(record)` in the service's task group, unless the run's admission is under way already. A running

@@ -25,6 +25,7 @@ class ServiceSettings(BaseModel):
     default_max_attempts: int = 7   # the seed's seven-attempt audit
     expected_run_s: float = 1800.0  # a run's length assumed for the expected wait, until finished runs say better
     scheduler_period_s: float = 0.25
+    slots_refresh_s: float = 10.0  # how often a cluster's GPUs are counted again (--ray: nodes join and leave)
 
     @property
     def base_url(self) -> str:

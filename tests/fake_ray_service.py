@@ -53,7 +53,7 @@ def main(root: Path, port: int, address: str) -> int:
              runtime_env=runtime_env(root.parent / f"{root.name}-node-leases"))
     ray_fleet = fleet()
     settings = ServiceSettings(root=root, port=port, scheduler_period_s=0.1)
-    return serve(settings, ray_fleet.make_executor, ray_fleet.slots())
+    return serve(settings, ray_fleet.make_executor, ray_fleet.slots(), ray_fleet.slots)
 
 
 if __name__ == "__main__":
