@@ -114,10 +114,24 @@ def record_attempt_cost() -> dict:
         finally:
             bench.close()
     o = bench.results["overhead"]
+    jobs = o["worker_jobs"]["each"]
     return {"record_attempt_s": round(o["record_attempt_wall_s"], 3), "compile_s": round(o["compile_s"], 3),
             "gpu_busy_s": round(o["gpu_busy_s"], 3), "gpu_busy_source": o["gpu_busy_source"],
             "bound_s": round(o["bound_s"], 3), "within_bound": o["record_attempt_wall_s"] <= o["bound_s"],
-            "audit_escape_bound": o["audit_escape_bound"], "verdict": o["verdict"]}
+            "audit_escape_bound": o["audit_escape_bound"], "verdict": o["verdict"],
+            # where the rest went: the worker jobs' phases, summed, and the executor's calls (bench/timing.py)
+            "host_s": round(o["host_s"], 3), "worker_jobs": len(jobs), "worker_phases_s": summed_phases(jobs),
+            "executor_calls": o["executor_calls"]}
+
+
+def summed_phases(jobs: list[dict]) -> dict[str, float]:
+    """Each phase's seconds over every worker job that reports phases (the timed loop's: setup, upload, read_back,
+    evidence, hash_outputs, ...), in the order they first appear."""
+    total: dict[str, float] = {}
+    for job in jobs:
+        for phase, seconds in (job.get("phases_s") or {}).items():
+            total[phase] = round(total.get(phase, 0.0) + seconds, 4)
+    return total
 
 
 def attempt_lines(cost: dict) -> list[str]:
@@ -125,6 +139,11 @@ def attempt_lines(cost: dict) -> list[str]:
     lines = [f"record_attempt {cost['record_attempt_s']:.2f} s against compile {cost['compile_s']:.2f} s + 1.3 x "
              f"GPU busy {cost['gpu_busy_s']:.2f} s ({cost['gpu_busy_source']}) + 0.3 s = {cost['bound_s']:.2f} s: "
              + ("within" if cost["within_bound"] else "over")]
+    if "host_s" in cost:
+        phases = ", ".join(f"{phase} {seconds:.3f} s" for phase, seconds in cost["worker_phases_s"].items())
+        calls = ", ".join(f"{name} {c['wall_s']:.3f} s ({c['calls']})" for name, c in cost["executor_calls"].items())
+        lines.append(f"  host {cost['host_s']:.2f} s beyond compile and GPU busy; the {cost['worker_jobs']} worker jobs' "
+                     f"phases: {phases or 'none reported'}; the executor's calls: {calls}")
     for case, bound in cost["audit_escape_bound"].items():
         lines.append(f"  {case}: a kernel wrong on most timed launches passes every audit with a chance of at most "
                      + ("(not audited)" if bound is None else f"{bound:.3g}"))
