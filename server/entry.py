@@ -19,7 +19,7 @@ PROBED_COMMANDS = ("serve", "demo")  # each asks for a GPU first thing (harness/
 def main() -> int:
     try:
         if len(sys.argv) > 1 and sys.argv[1] in PROBED_COMMANDS:
-            from harness import device
+            from harness import device  # light, and first: the GPU probe starts before the heavy imports below
             device.start_probe()  # the GPU probe runs while the command's modules import
         if len(sys.argv) > 1 and sys.argv[1] in SERVICE_COMMANDS:
             from service.cli import main as command_line  # the door: service/ sits above guard/; Ctrl-C here is caught
