@@ -76,3 +76,17 @@ def test_a_stage_that_outruns_the_slot_is_interrupted_with_its_summary_line(tmp_
     assert done.returncode == 0, done.stderr
     line = (tmp_path / "summary.txt").read_text().strip()
     assert re.fullmatch(r"cut: 1 passed.* in [\d.]+s \(exit 124, cut at the slot's end\)", line), line
+
+
+def test_the_files_stage_runs_the_files_it_is_given_and_refuses_none(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable,
+           "FILES": "tests/gpu/test_check_unwritten.py tests/gpu/test_check_cli.py"}
+    done = subprocess.run(["bash", str(JOB), "files"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "files.log").read_text()
+    assert "tests/gpu/test_check_unwritten.py" in log and "tests/gpu/test_check_cli.py" in log
+    assert "tests/gpu/test_guard.py" not in log
+    assert re.fullmatch(r"files: \d+ skipped.* in [\d.]+s \(exit 0\)", (tmp_path / "summary.txt").read_text().strip())
+    env.pop("FILES")
+    refused = subprocess.run(["bash", str(JOB), "files"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert refused.returncode == 2 and "FILES names no test file" in refused.stderr
