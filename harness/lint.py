@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from harness.lint_compile import with_compiles
+from harness.lint_compile import compile_findings, with_compiles
 from harness.lint_cases import one_valued_inputs, repeated_holdouts
 from harness.lint_findings import Finding, errors, warning
 from harness.lint_outputs import output_findings
@@ -87,12 +87,14 @@ def lint_folder(path: str | Path, **options) -> tuple[Task, list[Finding]]:
     return task, with_compiles(task, lint_task(task, **options))
 
 
-def lint_before_run(task: Task, settings: TimingSettings) -> list[Finding]:
+def lint_before_run(task: Task, settings: TimingSettings, compiles: bool = True) -> list[Finding]:
     """The part `serve` and `check` run first: no memory checks (they measure the device and this machine's
     available memory themselves, harness/footprint.py), the oracle on correctness cases up to
-    CHEAP_ORACLE_ELEMENTS."""
-    return with_compiles(task, lint_task(task, settings=settings, host_memory=None, figures=None,
-                                         oracle_element_limit=CHEAP_ORACLE_ELEMENTS))
+    CHEAP_ORACLE_ELEMENTS; the reference's and initial kernel's compiles unless `compiles` is False (`serve` on a
+    GPU has them checked first thing in the run's preparation, behind its `initialize` answer)."""
+    found = lint_task(task, settings=settings, host_memory=None, figures=None,
+                      oracle_element_limit=CHEAP_ORACLE_ELEMENTS)
+    return with_compiles(task, found) if compiles else found
 
 
 class LintRefused(ValueError):
@@ -109,3 +111,9 @@ class LintRefused(ValueError):
 def refuse_on_errors(task: Task, found: list[Finding]) -> None:
     if errors(found):
         raise LintRefused(task, found)
+
+
+def refuse_uncompilable(task: Task) -> None:
+    """A LintRefused where the task's reference or initial kernel does not compile, or does not define the
+    signature's kernel (harness/lint_compile.py); the lint's compiles alone, in a compile worker of their own."""
+    refuse_on_errors(task, errors(compile_findings(task)))

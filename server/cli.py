@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from harness.device import gpu_absent_reason
 from harness.worker_side.compile_policy import CompileRefused
 from harness.settings import TimingSettings
 from harness.task_model import LaunchError, LaunchSpec, TaskError
@@ -209,14 +210,17 @@ def _run_folder(path: Path) -> Path:
 
 def _serve(args, settings: RefereeSettings) -> int:
     """Every argument is checked before the GPU is looked for and before anything is made: the run folder, the
-    GPU's name, the host, the task and its lint; then serve() takes the port."""
+    GPU's name, the host, the task and its lint; then serve() takes the port. On a GPU the lint's compiles (a
+    compile worker's start and two compiles, about 2 s) are the run's preparation's first step instead, so that
+    `initialize` is answered without waiting for them (server/serve.py)."""
     run_dir = _run_folder(args.run) if args.run is not None else None
     if args.gpu is not None:
         parse_choice(args.gpu)
     if settings.transport == "http" and (refusal := loopback_refusal(settings.host)) is not None:
         raise UsageError(refusal)
     if args.task is not None:
-        lint_first(load_task(args.task), settings.run.timing, sys.stderr, "kernel-referee serve: ")
+        on_gpu = gpu_absent_reason() is None  # the probe serve started first (server/entry.py), answered once
+        lint_first(load_task(args.task), settings.run.timing, sys.stderr, "kernel-referee serve: ", compiles=not on_gpu)
     return serve(settings, args.task, run_dir, start_new=args.new_run, gpu=args.gpu)
 
 

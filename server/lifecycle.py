@@ -11,6 +11,7 @@ import secrets
 import shutil
 import stat
 from pathlib import Path
+from typing import Callable
 
 from harness.footprint import machine_shortfalls, shortfalls
 from harness.task import load_task
@@ -67,11 +68,15 @@ def begin_new_run(task_dir: Path, results: Path, settings: RunSettings, executor
     return run
 
 
-def prepare_new_run(run: Run, results: Path, progress: Progress | None = None) -> None:
-    """Start the GPU side, check the task fits the device, record the run's creation, its expected outputs, its
-    lock and its baseline, then move its folder into place as results/run-NNN (one rename: a run folder is
-    never half made). On failure, or when the process is killed meanwhile, no run folder is left."""
+def prepare_new_run(run: Run, results: Path, progress: Progress | None = None,
+                    check_first: Callable[[], None] | None = None) -> None:
+    """Run `check_first` (it raises to refuse the task), start the GPU side, check the task fits the device, record
+    the run's creation, its expected outputs, its lock and its baseline, then move its folder into place as
+    results/run-NNN (one rename: a run folder is never half made). On failure, or when the process is killed
+    meanwhile, no run folder is left."""
     try:
+        if check_first is not None:
+            check_first()
         environment = run.executor.start()
         problems = shortfalls(run.task, run.settings.timing, environment)
         if problems:

@@ -138,11 +138,13 @@ def _rounded(seconds: float | None) -> float | None:
 
 
 def prepare_behind(run: Run, results: Path, say: Callable[[str], None] | None = None,
-                   on_ready: Callable[[Run], None] | None = None) -> Preparation:
-    """Start preparing a new run (server/lifecycle.py `begin_new_run`'s) in a thread; the run is ready, and
-    described, once it has moved into place."""
+                   on_ready: Callable[[Run], None] | None = None,
+                   check_first: Callable[[], None] | None = None) -> Preparation:
+    """Start preparing a new run (server/lifecycle.py `begin_new_run`'s) in a thread, `check_first` first (it
+    raises to refuse the task: the preparation fails with its message); the run is ready, and described, once it
+    has moved into place."""
     def work(progress: Progress) -> None:
-        prepare_new_run(run, results, progress)
+        prepare_new_run(run, results, progress, check_first)
         with run.exclusive():
             probes.publish(run)
         if on_ready:

@@ -10,6 +10,7 @@ from typing import Callable, TextIO
 
 from harness.device import gpu_absent_reason
 from harness.gpus import Placement, list_gpus, placement_for
+from harness.lint import refuse_uncompilable
 from harness.placement import GpuInfo, PlacementError, parse_choice
 from harness.settings import TimingSettings
 from harness.task import load_task
@@ -73,14 +74,18 @@ def _serve(settings: RefereeSettings, task_dir: Path | None, run_dir: Path | Non
         transport.run(build_server(run, **options), settings.transport, host=settings.host, port=settings.port,
                       token=token, token_generated=generated, listener=listener)
 
+    def compiles() -> None:  # the lint's compiles, first thing in a new run's preparation (server/cli.py _serve)
+        refuse_uncompilable(load_task(task_dir))
+
     return serve_run(settings.results, settings.run, task_dir, run_dir, start_new, make_executor, served,
-                     list_gpus(), gpu)
+                     list_gpus(), gpu, check_first=compiles if task_dir is not None else None)
 
 
 def serve_run(results: Path, run_settings: RunSettings, task_dir: Path | None, run_dir: Path | None, start_new: bool,
               make_executor: MakeExecutor, served: Callable[[Run], None], gpus: list[GpuInfo] | None = None,
-              gpu: str | None = None) -> int:
+              gpu: str | None = None, check_first: Callable[[], None] | None = None) -> int:
     """Open the run (`serve`'s rules) on its GPU, hold its folder while `served(run)` serves it; the exit status.
+    A new run's preparation runs `check_first` first (it raises to refuse the task).
 
     A run folder another process holds is refused (EXIT_HELD); with `--task`, a newest unfinished run that
     is held is left to its server and a new run starts instead. `gpus`: the host's (harness/gpus.py); a
@@ -100,7 +105,7 @@ def serve_run(results: Path, run_settings: RunSettings, task_dir: Path | None, r
         placement = _placement(gpus or [], wanted, run_dir)
         try:
             run = open_run(results, run_settings, task_dir, run_dir, make_executor, folder,
-                           placement.gpu if placement else None)
+                           placement.gpu if placement else None, check_first)
         except BaseException:
             if placement is not None:
                 placement.release()  # no run on it: the GPU is free for another server
@@ -179,7 +184,8 @@ def _unfinished_run_to_resume(results: Path, task_dir: Path) -> tuple[Path | Non
 
 
 def open_run(results: Path, run_settings: RunSettings, task_dir: Path | None, run_dir: Path | None,
-             make_executor: MakeExecutor, folder: FolderLock | None = None, gpu: GpuInfo | None = None) -> Run:
+             make_executor: MakeExecutor, folder: FolderLock | None = None, gpu: GpuInfo | None = None,
+             check_first: Callable[[], None] | None = None) -> Run:
     """A new run of `task_dir` under `results` (run_dir None), or `run_dir` resumed with its own settings;
     its folder held by this process (`folder` when already taken). Raises RunError (FolderHeld among them)."""
     try:
@@ -196,7 +202,7 @@ def open_run(results: Path, run_settings: RunSettings, task_dir: Path | None, ru
             run = begin_new_run(task_dir, results, settings, executor)
             _say(f"preparing a run of {task.name} behind the server: reference outputs and the baseline "
                  "(attempt 0); its tools answer once it is ready")
-            prepare_behind(run, results, _say, _say_run)
+            prepare_behind(run, results, _say, _say_run, check_first)
             return run
         return resume_run(run_dir, executor, folder)
     except BaseException:

@@ -37,10 +37,12 @@ def lint(task_dir: Path, out: TextIO) -> int:
     return print_findings(str(task_dir), found, out)
 
 
-def lint_first(task: Task, settings: TimingSettings, warnings_to: TextIO, prefix: str = "") -> None:
+def lint_first(task: Task, settings: TimingSettings, warnings_to: TextIO, prefix: str = "",
+               compiles: bool = True) -> None:
     """What `serve` and `check` do before anything else: refuse a task with lint errors (a LintRefused, one
-    line), say each warning on one line."""
-    found = lint_before_run(task, settings)
+    line), say each warning on one line. `compiles` False leaves out the kernels' compiles (harness/lint.py
+    `lint_before_run`)."""
+    found = lint_before_run(task, settings, compiles=compiles)
     refuse_on_errors(task, found)
     for finding in found:
         print(f"{prefix}lint {finding.line()}", file=warnings_to, flush=True)

@@ -5,6 +5,7 @@ compile or a launch that cannot run with exit 2, not the 'no GPU' exit."""
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from harness.lint import lint_before_run, lint_folder
 from harness.lint_compile import compile_findings, defined_kernels
 from harness.settings import TimingSettings
 from harness.task import load_task
-from server import check
+from server import check, cli
 from server.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,3 +127,35 @@ def test_new_task_lints_with_the_compiles_and_names_a_kernel_the_sources_do_not_
                  "--input-cases", str(cases)]) == 1
     assert "error: kernel-name: the signature names kernel 'other', but reference.cu defines saxpy" in \
         capsys.readouterr().out
+
+
+def test_serve_on_a_gpu_serves_before_the_lint_compiles_and_its_preparation_refuses_a_broken_kernel(
+        tmp_path, capsys, monkeypatch):
+    from server import serve as serve_module  # the serve module's GPU path, faked below
+    from harness import lint as lint_module  # the compiles' spy: refuse_uncompilable calls compile_findings here
+    from tests.fake_executor import FakeExecutor  # the GPU side, faked
+    folder = copy_of(tmp_path, MATMUL)
+    (folder / "reference.cu").write_text((folder / "reference.cu").read_text().replace("sum +=", "sum += undeclared +"))
+    serving, compiled = threading.Event(), []
+
+    def compiles_once_served(task, **options):
+        assert serving.wait(30)  # the compiles wait for serving to begin: initialize is never behind them
+        compiled.append(task.name)
+        return compile_findings(task, **options)
+
+    def served(run, *args, **options):
+        serving.set()
+        run.preparation.wait(120)
+
+    monkeypatch.setattr(lint_module, "compile_findings", compiles_once_served)
+    monkeypatch.setattr(serve_module, "gpu_absent_reason", lambda: None)
+    monkeypatch.setattr(cli, "gpu_absent_reason", lambda: None)
+    monkeypatch.setattr(serve_module, "GpuExecutor", lambda task, timing, **options: FakeExecutor(task))
+    monkeypatch.setattr(serve_module, "build_server", lambda run, **options: run)
+    monkeypatch.setattr(serve_module.transport, "run", served)
+    code = main(["serve", "--task", str(folder), "--results", str(tmp_path / "results"), "--no-sandbox"])
+    err = capsys.readouterr().err
+    assert code == 2 and compiled == ["matmul_f32"] and "Traceback" not in err
+    assert err.splitlines()[-1].startswith("kernel-referee: the run could not be prepared: refused: task matmul_f32 "
+                                           "fails lint: error: compile: reference.cu does not compile")
+    assert not list((tmp_path / "results").glob("run-*")) and not list((tmp_path / "results").glob(".preparing-*"))
