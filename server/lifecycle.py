@@ -76,7 +76,9 @@ def prepare_new_run(run: Run, results: Path, progress: Progress | None = None,
     meanwhile, no run folder is left."""
     try:
         if check_first is not None:
+            _told(progress, "checking that the task's reference and initial kernels compile")
             check_first()
+            _told(progress, "starting the GPU workers")
         environment = run.executor.start()
         problems = shortfalls(run.task, run.settings.timing, environment)
         if problems:
@@ -89,6 +91,11 @@ def prepare_new_run(run: Run, results: Path, progress: Progress | None = None,
     except BaseException:
         _discard(run)
         raise
+
+
+def _told(progress: Progress | None, step: str) -> None:
+    if progress:
+        progress(0.0, 1.0, step)
 
 
 def _begin(run: Run, environment: dict, progress: Progress | None) -> None:

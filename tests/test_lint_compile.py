@@ -156,6 +156,7 @@ def test_serve_on_a_gpu_serves_before_the_lint_compiles_and_its_preparation_refu
     code = main(["serve", "--task", str(folder), "--results", str(tmp_path / "results"), "--no-sandbox"])
     err = capsys.readouterr().err
     assert code == 2 and compiled == ["matmul_f32"] and "Traceback" not in err
+    assert "  checking that the task's reference and initial kernels compile" in err.splitlines()
     assert err.splitlines()[-1].startswith("kernel-referee: the run could not be prepared: refused: task matmul_f32 "
                                            "fails lint: error: compile: reference.cu does not compile")
     assert not list((tmp_path / "results").glob("run-*")) and not list((tmp_path / "results").glob(".preparing-*"))
