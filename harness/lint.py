@@ -116,4 +116,4 @@ def refuse_on_errors(task: Task, found: list[Finding]) -> None:
 def refuse_uncompilable(task: Task) -> None:
     """A LintRefused where the task's reference or initial kernel does not compile, or does not define the
     signature's kernel (harness/lint_compile.py); the lint's compiles alone, in a compile worker of their own."""
-    refuse_on_errors(task, errors(compile_findings(task)))
+    refuse_on_errors(task, compile_findings(task))

@@ -15,6 +15,7 @@ from typing import Callable
 
 from harness.footprint import machine_shortfalls, shortfalls
 from harness.task import load_task
+from harness.task_model import Task
 from server import keys, lock as locking
 from server.attempt import record_baseline, settle_interrupted
 from server.audit import LOG_NAME
@@ -69,15 +70,15 @@ def begin_new_run(task_dir: Path, results: Path, settings: RunSettings, executor
 
 
 def prepare_new_run(run: Run, results: Path, progress: Progress | None = None,
-                    check_first: Callable[[], None] | None = None) -> None:
-    """Run `check_first` (it raises to refuse the task), start the GPU side, check the task fits the device, record
+                    check_first: Callable[[Task], None] | None = None) -> None:
+    """Run `check_first` on the run's task (it raises to refuse it), start the GPU side, check the task fits the device, record
     the run's creation, its expected outputs, its lock and its baseline, then move its folder into place as
     results/run-NNN (one rename: a run folder is never half made). On failure, or when the process is killed
     meanwhile, no run folder is left."""
     try:
         if check_first is not None:
             _told(progress, "checking that the task's reference and initial kernels compile")
-            check_first()
+            check_first(run.task)
             _told(progress, "starting the GPU workers")
         environment = run.executor.start()
         problems = shortfalls(run.task, run.settings.timing, environment)

@@ -17,6 +17,7 @@ from typing import Callable
 
 import anyio
 
+from harness.task_model import Task
 from sandbox.deadline import Deadline
 from server import probes
 from server.call import Progress
@@ -139,7 +140,7 @@ def _rounded(seconds: float | None) -> float | None:
 
 def prepare_behind(run: Run, results: Path, say: Callable[[str], None] | None = None,
                    on_ready: Callable[[Run], None] | None = None,
-                   check_first: Callable[[], None] | None = None) -> Preparation:
+                   check_first: Callable[[Task], None] | None = None) -> Preparation:
     """Start preparing a new run (server/lifecycle.py `begin_new_run`'s) in a thread, `check_first` first (it
     raises to refuse the task: the preparation fails with its message); the run is ready, and described, once it
     has moved into place."""

@@ -74,18 +74,15 @@ def _serve(settings: RefereeSettings, task_dir: Path | None, run_dir: Path | Non
         transport.run(build_server(run, **options), settings.transport, host=settings.host, port=settings.port,
                       token=token, token_generated=generated, listener=listener)
 
-    def compiles() -> None:  # the lint's compiles, first thing in a new run's preparation (server/cli.py _serve)
-        refuse_uncompilable(load_task(task_dir))
-
     return serve_run(settings.results, settings.run, task_dir, run_dir, start_new, make_executor, served,
-                     list_gpus(), gpu, check_first=compiles if task_dir is not None else None)
+                     list_gpus(), gpu, check_first=refuse_uncompilable)  # lint's compiles (server/cli.py _serve)
 
 
 def serve_run(results: Path, run_settings: RunSettings, task_dir: Path | None, run_dir: Path | None, start_new: bool,
               make_executor: MakeExecutor, served: Callable[[Run], None], gpus: list[GpuInfo] | None = None,
-              gpu: str | None = None, check_first: Callable[[], None] | None = None) -> int:
+              gpu: str | None = None, check_first: Callable[[Task], None] | None = None) -> int:
     """Open the run (`serve`'s rules) on its GPU, hold its folder while `served(run)` serves it; the exit status.
-    A new run's preparation runs `check_first` first (it raises to refuse the task).
+    A new run's preparation runs `check_first` on its task first (it raises to refuse the task).
 
     A run folder another process holds is refused (EXIT_HELD); with `--task`, a newest unfinished run that
     is held is left to its server and a new run starts instead. `gpus`: the host's (harness/gpus.py); a
@@ -185,7 +182,7 @@ def _unfinished_run_to_resume(results: Path, task_dir: Path) -> tuple[Path | Non
 
 def open_run(results: Path, run_settings: RunSettings, task_dir: Path | None, run_dir: Path | None,
              make_executor: MakeExecutor, folder: FolderLock | None = None, gpu: GpuInfo | None = None,
-             check_first: Callable[[], None] | None = None) -> Run:
+             check_first: Callable[[Task], None] | None = None) -> Run:
     """A new run of `task_dir` under `results` (run_dir None), or `run_dir` resumed with its own settings;
     its folder held by this process (`folder` when already taken). Raises RunError (FolderHeld among them)."""
     try:

@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from harness import lint as lint_module
 from harness.lint import lint_before_run, lint_folder
 from harness.lint_compile import compile_findings, defined_kernels
 from harness.settings import TimingSettings
 from harness.task import load_task
 from server import check, cli
+from server import serve as serve_module
 from server.cli import main
+from tests.fake_executor import FakeExecutor
 
 REPO = Path(__file__).resolve().parents[1]
 MATMUL = REPO / "cases" / "matmul_f32"
@@ -131,9 +134,6 @@ def test_new_task_lints_with_the_compiles_and_names_a_kernel_the_sources_do_not_
 
 def test_serve_on_a_gpu_serves_before_the_lint_compiles_and_its_preparation_refuses_a_broken_kernel(
         tmp_path, capsys, monkeypatch):
-    from server import serve as serve_module  # the serve module's GPU path, faked below
-    from harness import lint as lint_module  # the compiles' spy: refuse_uncompilable calls compile_findings here
-    from tests.fake_executor import FakeExecutor  # the GPU side, faked
     folder = copy_of(tmp_path, MATMUL)
     (folder / "reference.cu").write_text((folder / "reference.cu").read_text().replace("sum +=", "sum += undeclared +"))
     serving, compiled = threading.Event(), []
