@@ -233,10 +233,15 @@ def _replay_held(run_dir: Path, out: TextIO, repeats: int, attempt: int | None, 
             print(f"kernel-referee: {refusal}", file=sys.stderr)
             return EXIT_BAD_RUN
         placement = placement_for(list_gpus(), gpu, f"replay {run_dir.name}", locking.locked_gpu_uuid(run_dir))
-        make_executor = lambda task, timing: GpuExecutor(task, timing, confine=confine,  # noqa: E731
-                                                         lease_what=f"replay {run_dir.name}",
-                                                         gpu=placement.gpu if placement else None)
-    document = replay_run(record, make_executor, repeats, report.head, _say)
+        try:  # the GPU's serving claim is this replay's only: let go when it ends, whatever the process does next
+            document = replay_run(record, lambda task, timing: GpuExecutor(
+                task, timing, confine=confine, lease_what=f"replay {run_dir.name}",
+                gpu=placement.gpu if placement else None), repeats, report.head, _say)
+        finally:
+            if placement is not None:
+                placement.release()
+    else:
+        document = replay_run(record, make_executor, repeats, report.head, _say)
     path = run_dir / output_name(attempt)
     write_json_atomic(path, document)
     print_report(document, out)

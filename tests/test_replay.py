@@ -9,13 +9,16 @@ from pathlib import Path
 import pytest
 
 from harness.device import gpu_absent_reason
+from harness.gpu_lease import LEASE_DIR_ENV, ServingClaim
+from harness.placement import GpuInfo
 from harness.task import load_task
 from server.attempt import finish, record_attempt
 from server.verify import verify_run
 from server.cli import main
+from server import replay as replay_module
 from server.replay import replay
 from server.report_files import write_report
-from tests.fake_executor import H200_ENVIRONMENT, FakeExecutor, Fp16TensorCoreToolchain
+from tests.fake_executor import FAKE_GPU_UUID, H200_ENVIRONMENT, FakeExecutor, Fp16TensorCoreToolchain
 from tests.report_support import Page
 from tests.server_support import HOLDOUT, VISIBLE, kernel, new_run, read_json
 
@@ -252,3 +255,35 @@ def test_an_attempt_prepares_the_inputs_of_the_very_secret_seeds_its_fresh_check
         assert run.history[-1].validation["fresh"]["seeds"] == fake.prepared[0]
     finally:
         run.close()
+
+
+def test_a_replay_on_this_hosts_gpu_lets_its_serving_claim_go_when_it_ends(good_run, tmp_path, monkeypatch):
+    """`replay` without an executor places itself on a GPU and claims it; once it returns, a server or a service
+    in the same host (or the same process, as `approve` runs it) finds that GPU free again."""
+    monkeypatch.setenv(LEASE_DIR_ENV, str(tmp_path / "leases"))
+    gpu = GpuInfo(0, FAKE_GPU_UUID, 80 << 30)
+    probe = ServingClaim(gpu.uuid, "probe")
+    claimed_during: list[bool] = []
+
+    def placed_executor(task, timing, *, gpu, **_):
+        claimed_during.append(probe.is_taken())
+        return FakeExecutor(task, placed=gpu)
+
+    monkeypatch.setattr(replay_module, "gpu_absent_reason", lambda: None)
+    monkeypatch.setattr(replay_module, "list_gpus", lambda: [gpu])
+    monkeypatch.setattr(replay_module, "GpuExecutor", placed_executor)
+    code, document, out = replayed(good_run, make_executor=None, repeats=1)
+    assert code == 0 and document["decision"] == "GO", out
+    assert claimed_during and all(claimed_during), claimed_during
+    assert not probe.is_taken()
+
+
+def test_a_replay_that_fails_inside_still_lets_its_serving_claim_go(good_run, tmp_path, monkeypatch):
+    monkeypatch.setenv(LEASE_DIR_ENV, str(tmp_path / "leases"))
+    gpu = GpuInfo(0, FAKE_GPU_UUID, 80 << 30)
+    monkeypatch.setattr(replay_module, "gpu_absent_reason", lambda: None)
+    monkeypatch.setattr(replay_module, "list_gpus", lambda: [gpu])
+    monkeypatch.setattr(replay_module, "replay_run", lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        replay(good_run, io.StringIO())
+    assert not ServingClaim(gpu.uuid, "probe").is_taken()
