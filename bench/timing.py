@@ -295,7 +295,8 @@ class Bench:
             return report
 
         run_executor.time = time_and_count
-        calls = {name: wall_clocked(run_executor, name) for name in ("check", "time", "time_vendor", "compile")}
+        calls = {name: wall_clocked(run_executor, name)  # read_mix: beside the checks (server/mix_reading.py)
+                 for name in ("check", "time", "time_vendor", "compile", "read_mix")}
         with tempfile.TemporaryDirectory() as results:
             run = new_run(CASES / "matmul_f32", Path(results), RunSettings(), run_executor)
             busy["s"] = 0.0  # the baseline was timed in Run.create: only record_attempt's share counts

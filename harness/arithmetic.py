@@ -10,7 +10,8 @@ kernel may compute on (task.toml's `arithmetic`, docs/task-format.md):
 - "any": the CUDA cores and the tensor cores, of every input type.
 - a list of tensor-core input types, e.g. ["bf16"]: the CUDA cores and tensor-core MMA with those inputs only.
 
-A kernel whose mix breaks its task's rule is rejected (`arithmetic_not_allowed`) before it runs; the
+A kernel whose mix breaks its task's rule is rejected (`arithmetic_not_allowed`) before it is timed (before
+it runs, except in record_attempt, which checks a new compile while its instructions are read); the
 reference and the initial kernel are the task author's and are not held to it. The mix also chooses the
 compute peak a timed case is held to (`compute_kind`): the tensor-core peak of the fastest input type the
 kernel uses, else the CUDA cores' float32 peak (half2's where it uses half2 arithmetic).

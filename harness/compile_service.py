@@ -26,6 +26,7 @@ from harness.compile_cache import CompileCache
 from harness.worker_side.compile_policy import (COMPILE_MEMORY_BYTES, DEFAULT_ARCH, CompileRefused, CompileRequest,
                                                 CompileResult, out_of_memory_message, trim_log)
 from harness.worker_side.nvrtc import check_request
+from harness.worker_side.sass_mix import InstructionMix
 from sandbox.pool import JobTimeout, Worker, WorkerCrashed, WorkerError
 from sandbox.answers import Status
 from sandbox.deadline import Deadline
@@ -91,19 +92,39 @@ class CompileService:
             return self.worker.ensure_started()
 
     def compile(self, source: str, kernel_name: str, options: Sequence[str] = (),
-                arch: str = DEFAULT_ARCH, within: Deadline | None = None) -> CompileResult:
+                arch: str = DEFAULT_ARCH, within: Deadline | None = None, read_mix: bool = True) -> CompileResult:
         """Compile in the worker; CompileRefused for a request refused by policy, else a result. `within`: the
-        tool call's deadline, which caps the compile's own (a compile cut short by it is a failed compile)."""
+        tool call's deadline, which caps the compile's own (a compile cut short by it is a failed compile).
+        `read_mix=False`: a new compile's result comes without its instruction mix, as soon as NVRTC is done, and
+        is not cached until `read_mix` has read it (a cache hit has its mix)."""
         request = _Request.checked(source, kernel_name, options, arch)
         # An entry an in-process compile stored (nvrtc.compile_kernel with this cache) has no instruction mix: the
         # worker compiles it again, and its whole result replaces the entry.
         if (hit := self.cache.get(request.key)) is not None and hit.mix is not None:
             return hit.model_copy(update={"cache_hit": True})
         with self._lock:
-            result = self._compile_in_worker(request, within or Deadline.never())
-        if result.ok:
+            result = self._compile_in_worker(request, within or Deadline.never(), read_mix)
+        if result.ok and result.mix is not None:
             self.cache.put(result)
         return result
+
+    def read_mix(self, result: CompileResult, within: Deadline | None = None) -> CompileResult:
+        """The result of a `read_mix=False` compile with its CUBIN's instruction mix, read in the worker, and then
+        cached; a result that has its mix, or failed, is returned as it is. Where the mix cannot be read (the
+        disassembler refuses the CUBIN, the worker dies or runs out of time) the compile fails, saying why, as
+        it would have in one job."""
+        if not result.ok or result.mix is not None:
+            return result
+        with self._lock:
+            mix, why = self._read_in_worker(result.cubin, within or Deadline.never())
+        if mix is None:
+            log = why if why.startswith("the compiled kernel's instructions") else \
+                f"the compiled kernel's instructions could not be read: {why}"
+            return result.model_copy(update={"ok": False, "log": trim_log(log), "full_log": log, "cubin": b"",
+                                             "resources": None})
+        read = result.model_copy(update={"mix": mix})
+        self.cache.put(read)
+        return read
 
     def interrupt(self) -> None:
         """Kill a compile in flight (from another thread); its caller gets ok=False."""
@@ -120,7 +141,28 @@ class CompileService:
         self.close()
 
     # -- the worker ---------------------------------------------------------------------------
-    def _compile_in_worker(self, request: _Request, within: Deadline) -> CompileResult:
+    def _read_in_worker(self, cubin: bytes, within: Deadline) -> tuple[InstructionMix | None, str]:
+        """(the mix, "") or (None, why not)."""
+        if within.expired:
+            return None, _out_of_time_message(within).replace("NVRTC", "the disassembler")
+        self._interrupted.clear()
+        try:
+            answer, _ = self.worker.call({"op": "read_mix"}, [cubin], within.cap(self.deadline_s), MAX_ANSWER_BYTES)
+        except JobTimeout:
+            return None, f"the disassembler did not finish within {self.deadline_s:g} s (deadline)"
+        except WorkerCrashed as exc:
+            if self._interrupted.is_set():
+                return None, "interrupted: the call was cancelled"
+            return None, f"the compiler process died ({_short(exc)})"
+        except WorkerError as exc:
+            return None, f"the compiler process is not usable ({_short(exc)})"
+        try:
+            return _mix_from(answer)
+        except _Malformed as exc:
+            self.worker.kill()  # it no longer behaves like the worker we started
+            return None, f"the compiler process sent a malformed answer ({exc})"
+
+    def _compile_in_worker(self, request: _Request, within: Deadline, read_mix: bool = True) -> CompileResult:
         started = time.perf_counter()
         if within.expired:
             return request.failed(_out_of_time_message(within), started)
@@ -130,8 +172,9 @@ class CompileService:
         retries = 1 if self.worker.alive else 0
         while True:
             try:
-                answer, blobs = self.worker.call(request.job(), [], within.cap(self.deadline_s), MAX_ANSWER_BYTES)
-                return _result_from(request, answer, blobs)
+                answer, blobs = self.worker.call({**request.job(), "mix": read_mix}, [], within.cap(self.deadline_s),
+                                                 MAX_ANSWER_BYTES)
+                return _result_from(request, answer, blobs, read_mix)
             except JobTimeout:
                 if within.expired:
                     return request.failed(_out_of_time_message(within), started)
@@ -172,8 +215,9 @@ def _short(detail: object) -> str:
 
 # ---------------------------------------------------------------- reading an answer
 
-def _result_from(request: _Request, answer: dict, blobs: list[bytes]) -> CompileResult:
-    """The worker's answer as a CompileResult, after checking it field by field against the request."""
+def _result_from(request: _Request, answer: dict, blobs: list[bytes], read_mix: bool = True) -> CompileResult:
+    """The worker's answer as a CompileResult, after checking it field by field against the request (with its
+    instruction mix where `read_mix`, else without)."""
     status = answer.get("status")
     if status == Status.REFUSED:
         raise CompileRefused(_short(answer.get("detail")))
@@ -185,8 +229,22 @@ def _result_from(request: _Request, answer: dict, blobs: list[bytes]) -> Compile
         raise _Malformed(f"{len(blobs)} blobs instead of one CUBIN")
     result = _parse_result(answer.get("result"))
     _check_matches(request, result)
-    _check_output(result, blobs[0])
+    _check_output(result, blobs[0], read_mix)
     return result.model_copy(update={"cubin": blobs[0]})
+
+
+def _mix_from(answer: dict) -> tuple[InstructionMix | None, str]:
+    """A read_mix answer: (the mix, "") or (None, why the disassembler could not read the CUBIN)."""
+    if answer.get("status") == Status.ERROR:
+        raise _Malformed(f"{answer.get('error')}: {_short(answer.get('detail'))}")
+    if answer.get("status") != Status.OK or len(set(answer) & {"mix", "unreadable"}) != 1:
+        raise _Malformed("not the answer to read_mix")
+    if "unreadable" in answer:
+        return None, _short(answer["unreadable"])
+    try:
+        return InstructionMix.model_validate_json(json.dumps(answer["mix"]), strict=True), ""
+    except (ValidationError, ValueError) as exc:
+        raise _Malformed(f"the mix is not a valid InstructionMix: {exc.__class__.__name__}") from None
 
 
 def _parse_result(document: object) -> CompileResult:
@@ -207,7 +265,7 @@ def _check_matches(request: _Request, result: CompileResult) -> None:
             raise _Malformed(f"{name} is not the requested one")
 
 
-def _check_output(result: CompileResult, cubin: bytes) -> None:
+def _check_output(result: CompileResult, cubin: bytes, read_mix: bool = True) -> None:
     if len(result.full_log) > MAX_FULL_LOG_CHARS:
         raise _Malformed(f"a log of {len(result.full_log)} characters")
     if result.log != trim_log(result.full_log):
@@ -220,5 +278,7 @@ def _check_output(result: CompileResult, cubin: bytes) -> None:
         raise _Malformed("ok without an ELF CUBIN and a lowered name")
     if not result.ok and (cubin or result.resources is not None or result.mix is not None):
         raise _Malformed("a failed compile with a CUBIN, a resource report or an instruction mix")
-    if result.ok and result.mix is None:  # the policy of a task's arithmetic is judged from it
+    if result.ok and read_mix and result.mix is None:  # the policy of a task's arithmetic is judged from it
         raise _Malformed("ok without the CUBIN's instruction mix")
+    if not read_mix and result.mix is not None:
+        raise _Malformed("an instruction mix that was to be read apart")

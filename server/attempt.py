@@ -20,6 +20,7 @@ from harness.results import Reason, ReasonCode
 from server import probes, suspicion
 from server.audit import sha256_file
 from server.call import part
+from server.mix_reading import kernel_ahead
 from server.models import AttemptAnswer, CaseLatency, FinishAnswer
 from server.holdout import holdout_verdict
 from server.lease_waits import LeaseWatch
@@ -131,25 +132,20 @@ def _judged(run: Run, entry: AttemptRecord, candidate: Candidate, references: di
     seeds = {case.name: secrets.randbits(31) for case in visible} if fresh else {}
     if fresh:
         run.executor.prepare(visible, seeds)  # the secret inputs are made while the kernel compiles and is checked
-    kernel, compiled = run.kernel(candidate)
+    kernel, compiled, reading = kernel_ahead(run, candidate)
     entry.compile = _compile_summary(compiled)
-    if kernel is None and compiled.ok:  # compiled, but on units the task forbids: rejected before it runs
-        return _reject(entry, [run.arithmetic_refusal(candidate, compiled)])
-    if kernel is None:
+    try:
+        checked = _checked(run, entry, kernel, visible, seeds, clock, progress) if kernel is not None else None
+    finally:
+        if reading is not None:  # the instruction mix, read while the GPU checked the kernel
+            compiled = reading.result()
+    entry.compile = _compile_summary(compiled)
+    if compiled.ok and (refusal := run.arithmetic_refusal(candidate, compiled)) is not None:
+        return _reject(entry, [refusal])  # compiled, but on units the task forbids: rejected before any timing
+    if not compiled.ok:
         return _reject(entry, [Reason(code=ReasonCode.COMPILE_ERROR, detail=compiled.log)])
-    _say(progress, 1, 4, "checking the visible cases")
-    check = clock.run(run.executor.check, kernel, visible)
-    entry.validation = {"visible": check.model_dump(mode="json")}
-    if (note := run.executor.judging_note()) is not None:  # why cases meant for the GPU were judged on the host
-        entry.validation["judged_on_host_because"] = note
-    reasons = list(check.reasons)
-    if check.passed and fresh:
-        _say(progress, 2, 4, "checking fresh inputs from secret seeds")
-        fresh_check = clock.run(run.executor.check, kernel, visible, seeds)
-        entry.validation = {**entry.validation, "fresh": {"seeds": seeds, **fresh_check.model_dump(mode="json")}}
-        reasons += [r.model_copy(update={"detail": f"fresh inputs: {r.detail}"}) for r in fresh_check.reasons]
-    if reasons or not check.passed:
-        return _reject(entry, reasons)
+    if checked is not None:
+        return checked
     _say(progress, 3, 4, "timing side by side with the best and the baseline")
     timing, timing_reasons = _interleaved(run, kernel, references, clock)
     if timing_reasons:
@@ -168,6 +164,27 @@ def _judged(run: Run, entry: AttemptRecord, candidate: Candidate, references: di
         if recheck_reasons:
             return _reject(entry, recheck_reasons)
     return entry
+
+
+def _checked(run: Run, entry: AttemptRecord, kernel, visible: list, seeds: dict, clock,
+             progress: Progress | None) -> AttemptRecord | None:
+    """The checks on the visible cases, then (`seeds`: an attempt's) on fresh inputs from secret seeds: the entry
+    rejected with their reasons, or None where they passed."""
+    fresh = bool(seeds)
+    _say(progress, 1, 4, "checking the visible cases")
+    check = clock.run(run.executor.check, kernel, visible)
+    entry.validation = {"visible": check.model_dump(mode="json")}
+    if (note := run.executor.judging_note()) is not None:  # why cases meant for the GPU were judged on the host
+        entry.validation["judged_on_host_because"] = note
+    reasons = list(check.reasons)
+    if check.passed and fresh:
+        _say(progress, 2, 4, "checking fresh inputs from secret seeds")
+        fresh_check = clock.run(run.executor.check, kernel, visible, seeds)
+        entry.validation = {**entry.validation, "fresh": {"seeds": seeds, **fresh_check.model_dump(mode="json")}}
+        reasons += [r.model_copy(update={"detail": f"fresh inputs: {r.detail}"}) for r in fresh_check.reasons]
+    if reasons or not check.passed:
+        return _reject(entry, reasons)
+    return None
 
 
 def _interleaved(run: Run, kernel, references: dict, clock) -> tuple[SideBySide | None, list[Reason]]:

@@ -170,11 +170,19 @@ class GpuExecutor:
             self._arch_ahead = nvml_arch(self.gpu.uuid if self.gpu else None) or ""
         return self.arch or self._arch_ahead or None
 
-    def compile(self, source: str, options: tuple[str, ...]) -> CompileResult:
+    def compile(self, source: str, options: tuple[str, ...], read_mix: bool = True) -> CompileResult:
+        """`read_mix=False`: without the instruction mix of a new compile, which `read_mix` then reads (the GPU
+        checks the kernel meanwhile)."""
         # NVRTC runs on the CPU: a GPU worker is started for its arch only where NVML cannot tell it
         arch = self.compile_arch() or self.hello()["arch"]
-        deadline = self.referee.limits.deadline if self.referee is not None and self.referee.limits else None
-        return self.compiler.compile(source, self.task.kernel_name, options, arch, within=deadline)
+        return self.compiler.compile(source, self.task.kernel_name, options, arch, within=self._deadline(),
+                                     read_mix=read_mix)
+
+    def read_mix(self, compiled: CompileResult) -> CompileResult:
+        return self.compiler.read_mix(compiled, within=self._deadline())
+
+    def _deadline(self):
+        return self.referee.limits.deadline if self.referee is not None and self.referee.limits else None
 
     def expected(self, case: Case, seed: int) -> dict[str, np.ndarray]:
         return self.referee.expected(case, seed)

@@ -353,6 +353,13 @@ class Run:
         """(CompiledKernel, compile result); the CompiledKernel is None when the source does not compile, or when
         its instructions use units the task forbids (arithmetic_refusal says which). Every tool compiles here."""
         compiled = self.executor.compile(candidate.source, candidate.options)
+        self.note_compile(candidate, compiled)
+        if not compiled.ok or self.arithmetic_refusal(candidate, compiled) is not None:
+            return None, compiled
+        return CompiledKernel(candidate.id, compiled.cubin, compiled.lowered_name, candidate.launch), compiled
+
+    def note_compile(self, candidate: Candidate, compiled) -> None:
+        """A compile's audit event and log resource."""
         if not compiled.cache_hit:
             self.compiles_total += 1
             self.audit.append(EventKind.COMPILED, {"candidate": candidate.id, "ok": compiled.ok,
@@ -360,9 +367,6 @@ class Run:
         if not compiled.cache_hit or not (self.dir / f"compile-logs/{candidate.id}.log").exists():
             # A cache hit may be a new candidate (same source, another launch): its log resource must exist too.
             self.write_text(f"compile-logs/{candidate.id}.log", compiled.full_log)
-        if not compiled.ok or self.arithmetic_refusal(candidate, compiled) is not None:
-            return None, compiled
-        return CompiledKernel(candidate.id, compiled.cubin, compiled.lowered_name, candidate.launch), compiled
 
     def arithmetic_refusal(self, candidate: Candidate, compiled) -> Reason | None:
         """Why a compiled candidate breaks the task's `arithmetic` (harness/arithmetic.py), or None. The task's

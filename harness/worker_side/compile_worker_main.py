@@ -16,7 +16,9 @@ no candidate's `#include` reaches /proc/self or /etc. Confined or not, the addre
 
 Each CUBIN is then disassembled here (nvdisasm, harness/worker_side/sass_mix.py) into the instruction mix the
 answer carries: the disassembler reads a CUBIN an untrusted source shaped, so it runs inside the same
-confinement and memory limit, granted only its own files, with a deadline of its own.
+confinement and memory limit, granted only its own files, with a deadline of its own. A compile job may leave
+the mix for a second job (`"mix": false`, then op `read_mix` with the CUBIN it answered), so that the parent
+can check the kernel on the GPU while its instructions are read.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from sandbox.answers import Status
 # harness.worker_side.nvrtc (NVRTC, pydantic) is imported only after confinement: Landlock restricts the
 # thread that applies it and those it starts later, so no library may start a thread before it.
 
-# A source is at most 256 KiB and the options are few and short; anything larger is not a job.
-MAX_JOB_BYTES = 4 << 20
+# A source is at most 256 KiB and the options are few and short; a read_mix job carries one CUBIN (at most
+# harness/compile_service.py's MAX_CUBIN_BYTES, 32 MiB); anything larger is not a job.
+MAX_JOB_BYTES = 36 << 20
 EXIT_STARTUP = 4
 
 _WARM_UP_SOURCE = 'extern "C" __global__ void referee_warm_up(float* x) { x[0] = 1.0f; }'
@@ -71,9 +74,13 @@ def _with_mix(result):
     try:
         return result.model_copy(update={"mix": sass_mix.instruction_mix(result.cubin, Path.cwd())})
     except sass_mix.DisassemblyFailed as exc:
-        log = f"the compiled kernel's instructions could not be read: {exc}"
+        log = unreadable(exc)
         return result.model_copy(update={"ok": False, "log": trim_log(log), "full_log": log, "cubin": b"",
                                          "resources": None})
+
+
+def unreadable(exc: Exception) -> str:
+    return f"the compiled kernel's instructions could not be read: {exc}"
 
 
 def _confine(wanted: bool) -> tuple[bool, list[str]]:
@@ -113,15 +120,29 @@ def _compile(header: dict) -> tuple[dict, list[bytes]]:
                                 arch=header["arch"], toolchain=header.get("toolchain"))
     except CompileRefused as exc:
         return {"status": Status.REFUSED, "detail": str(exc)}, []
-    if result.ok:
+    if result.ok and header.get("mix", True):
         result = _with_mix(result)
     # model_dump leaves the CUBIN out (the field is excluded); it travels as the one blob.
     return {"status": Status.OK, "result": result.model_dump(mode="json")}, [result.cubin]
 
 
-def _answer(header: dict) -> tuple[dict, list[bytes]]:
+def _read_mix(blobs: list[bytes]) -> tuple[dict, list[bytes]]:
+    """The instruction mix of the one CUBIN sent (one this worker compiled with `"mix": false`), or why it cannot
+    be read."""
+    if len(blobs) != 1:
+        return {"status": Status.ERROR, "error": "BAD_JOB", "detail": f"{len(blobs)} blobs instead of one CUBIN"}, []
+    try:
+        mix = sass_mix.instruction_mix(blobs[0], Path.cwd())
+    except sass_mix.DisassemblyFailed as exc:
+        return {"status": Status.OK, "unreadable": unreadable(exc)}, []
+    return {"status": Status.OK, "mix": mix.model_dump(mode="json")}, []
+
+
+def _answer(header: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
     if header.get("op") == "compile":
         return _compile(header)
+    if header.get("op") == "read_mix":
+        return _read_mix(blobs)
     return {"status": Status.ERROR, "error": "UNKNOWN_OP", "detail": f"unknown op {header.get('op')!r}"}, []
 
 
@@ -130,13 +151,13 @@ def serve(jobs, answers, wanted_confinement: bool) -> int:
         return EXIT_STARTUP
     while True:
         try:
-            header, _ = wire.receive(jobs, MAX_JOB_BYTES)
+            header, blobs = wire.receive(jobs, MAX_JOB_BYTES)
         except wire.PeerClosed:
             return 0
         if header.get("op") == "exit":
             return 0
         try:
-            answer, blobs = _answer(header)
+            answer, blobs = _answer(header, blobs)
         except Exception as exc:  # noqa: BLE001 - a worker bug is reported to the parent, not hidden
             answer, blobs = {"status": Status.ERROR, "error": type(exc).__name__,
                              "detail": traceback.format_exc(limit=5)}, []

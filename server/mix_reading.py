@@ -1,0 +1,64 @@
+"""A compiled kernel's instruction mix, read in the compile worker while the GPU checks the kernel.
+
+nvdisasm costs about a quarter of a second a CUBIN, nearly all of it its own start, and nothing needs the mix
+before the kernel is timed: the arithmetic rule (harness/arithmetic.py) is judged before any timing. So
+record_attempt compiles without it (harness/compile_service.py `read_mix=False`), starts the checks, and reads it
+here on a thread of its own; `result()` joins, in the caller's thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+from harness.settings import CompiledKernel
+from server.candidates import Candidate
+
+if TYPE_CHECKING:  # the run's type only: server.run is not imported here at run time
+    from server.run import Run
+
+
+def kernel_ahead(run: Run, candidate: Candidate) -> tuple[CompiledKernel | None, Any, MixReading | None]:
+    """As `run.kernel`, for a kernel that is checked before it is timed: where the executor reads instruction mixes
+    apart (GpuExecutor.read_mix), a new compile's CompiledKernel comes as soon as NVRTC is done and its mix is read
+    in the compile worker meanwhile (the MixReading); its result, the whole compile result, is what the arithmetic
+    is judged by, before any timing. Elsewhere, or for a cache hit, `run.kernel`'s answer and None."""
+    read_mix = getattr(run.executor, "read_mix", None)
+    if read_mix is None:
+        return (*run.kernel(candidate), None)
+    compiled = run.executor.compile(candidate.source, candidate.options, read_mix=False)
+    if not compiled.ok or compiled.mix is not None:  # failed, or a cache hit: nothing left to read
+        run.note_compile(candidate, compiled)
+        if not compiled.ok or run.arithmetic_refusal(candidate, compiled) is not None:
+            return None, compiled, None
+        return CompiledKernel(candidate.id, compiled.cubin, compiled.lowered_name, candidate.launch), compiled, None
+    reading = MixReading(read_mix, compiled, lambda whole: run.note_compile(candidate, whole))  # noted when read
+    return CompiledKernel(candidate.id, compiled.cubin, compiled.lowered_name, candidate.launch), compiled, reading
+
+
+class MixReading:
+    """`read(compiled)` on a thread of its own, started now; `result()` waits for it, then calls `done` with the
+    whole compile result (its mix read, or failed saying why) in the caller's thread, once."""
+
+    def __init__(self, read: Callable[[Any], Any], compiled: Any, done: Callable[[Any], None]):
+        self._read, self._compiled, self._done = read, compiled, done
+        self._whole: Any = None
+        self._error: BaseException | None = None
+        self._joined = False
+        self._thread = threading.Thread(target=self._run, name="read-mix", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._whole = self._read(self._compiled)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            self._error = exc
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        if not self._joined:
+            self._joined = True
+            self._done(self._whole)
+        return self._whole
