@@ -147,8 +147,11 @@ class CompileService:
             return None, _out_of_time_message(within).replace("NVRTC", "the disassembler")
         self._interrupted.clear()
         try:
-            answer, _ = self.worker.call({"op": "read_mix"}, [cubin], within.cap(self.deadline_s), MAX_ANSWER_BYTES)
+            answer, blobs = self.worker.call({"op": "read_mix"}, [cubin], within.cap(self.deadline_s),
+                                             MAX_ANSWER_BYTES)
         except JobTimeout:
+            if within.expired:
+                return None, _out_of_time_message(within).replace("NVRTC", "the disassembler")
             return None, f"the disassembler did not finish within {self.deadline_s:g} s (deadline)"
         except WorkerCrashed as exc:
             if self._interrupted.is_set():
@@ -157,6 +160,8 @@ class CompileService:
         except WorkerError as exc:
             return None, f"the compiler process is not usable ({_short(exc)})"
         try:
+            if blobs:
+                raise _Malformed(f"{len(blobs)} blobs in the answer to read_mix")
             return _mix_from(answer)
         except _Malformed as exc:
             self.worker.kill()  # it no longer behaves like the worker we started

@@ -139,7 +139,7 @@ def _judged(run: Run, entry: AttemptRecord, candidate: Candidate, references: di
     finally:
         if reading is not None:  # the instruction mix, read while the GPU checked the kernel
             compiled = reading.result()
-    entry.compile = _compile_summary(compiled)
+            entry.compile = _compile_summary(compiled)  # also where the checks ran out of time
     if compiled.ok and (refusal := run.arithmetic_refusal(candidate, compiled)) is not None:
         return _reject(entry, [refusal])  # compiled, but on units the task forbids: rejected before any timing
     if not compiled.ok:

@@ -51,6 +51,8 @@ class ExecutorError(RuntimeError):
 class Executor(Protocol):
     def start(self) -> dict: ...                     # environment facts; starts the workers
     def compile(self, source: str, options: tuple[str, ...]) -> CompileResult: ...
+    # Optional, GpuExecutor's: compile(..., read_mix=False) and read_mix(compiled), the instruction mix read apart
+    # while the GPU checks the kernel (server/mix_reading.py); an executor without them compiles in one step
     # The arch its compiles target, known with no GPU worker started (a run queued for a GPU compiles for it);
     # None where only the GPU it gets can tell
     def compile_arch(self) -> str | None: ...

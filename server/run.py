@@ -351,7 +351,8 @@ class Run:
 
     def kernel(self, candidate: Candidate) -> tuple[CompiledKernel | None, Any]:
         """(CompiledKernel, compile result); the CompiledKernel is None when the source does not compile, or when
-        its instructions use units the task forbids (arithmetic_refusal says which). Every tool compiles here."""
+        its instructions use units the task forbids (arithmetic_refusal says which). Every tool compiles here
+        (record_attempt's checks through server/mix_reading.py, which reads the instructions beside them)."""
         compiled = self.executor.compile(candidate.source, candidate.options)
         self.note_compile(candidate, compiled)
         if not compiled.ok or self.arithmetic_refusal(candidate, compiled) is not None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.compile_cache import CompileCache
+from harness.call_limits import OutOfTime
 from harness.compile_service import CompileService
 from harness.results import ReasonCode
 from sandbox.confine import unavailable_reason
@@ -56,9 +57,9 @@ class ReadsMixApart(FakeExecutor):
     once the kernel's first check has begun (it waits for it), so a test sees the two overlap; `unreadable`: the
     disassembler refuses every CUBIN."""
 
-    def __init__(self, *args, unreadable: bool = False, **options):
+    def __init__(self, *args, unreadable: bool = False, out_of_time: bool = False, **options):
         super().__init__(*args, **options)
-        self.unreadable, self.checking = unreadable, threading.Event()
+        self.unreadable, self.out_of_time, self.checking = unreadable, out_of_time, threading.Event()
         self.events: list[str] = []
         self._mixes: dict[bytes, object] = {}
         self._seen: set[bytes] = set()
@@ -85,6 +86,8 @@ class ReadsMixApart(FakeExecutor):
     def check(self, kernel, cases, seeds=None, against_oracle=False):
         self.events.append("check")
         self.checking.set()
+        if self.out_of_time:
+            raise OutOfTime("the call's deadline passed while the check ran (fake)")
         return super().check(kernel, cases, seeds, against_oracle)
 
     def time(self, kernel, cases):
@@ -145,5 +148,17 @@ def test_an_unreadable_cubin_is_a_compile_error_and_is_never_timed(tmp_path):
         assert compiled[-1]["ok"] is False
         log = (run.dir / "compile-logs" / f"{run.history[-1].candidate}.log").read_text()
         assert "instructions could not be read" in log
+    finally:
+        run.close()
+
+
+def test_an_attempt_out_of_time_during_its_checks_still_records_its_instructions(tmp_path):
+    run, executor = _run(tmp_path, out_of_time=True)
+    try:
+        answer = record_attempt(run, run.candidate(None, kernel("latency_us=50")), "slow", None, None)
+        assert answer.verdict == "rejected" and [r.code for r in answer.reasons] == [ReasonCode.TIMEOUT]
+        entry = run.history[-1]
+        assert entry.compile.ok and entry.compile.mix is not None and entry.compile.mix.fp32 > 0
+        assert [e.data["ok"] for e in iter_events(run.dir) if e.kind == "compiled"][-1] is True
     finally:
         run.close()
