@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from harness.compile_cache import CompileCache
 from harness.worker_side.compile_policy import (COMPILE_MEMORY_BYTES, DEFAULT_ARCH, CompileRefused, CompileRequest,
-                                                CompileResult, out_of_memory_message, trim_log)
+                                                CompileResult, out_of_memory_message, trim_log, unreadable)
 from harness.worker_side.nvrtc import check_request
 from harness.worker_side.sass_mix import InstructionMix
 from sandbox.pool import JobTimeout, Worker, WorkerCrashed, WorkerError
@@ -118,8 +118,7 @@ class CompileService:
         with self._lock:
             mix, why = self._read_in_worker(result.cubin, within or Deadline.never())
         if mix is None:
-            log = why if why.startswith("the compiled kernel's instructions") else \
-                f"the compiled kernel's instructions could not be read: {why}"
+            log = unreadable(why)
             return result.model_copy(update={"ok": False, "log": trim_log(log), "full_log": log, "cubin": b"",
                                              "resources": None})
         read = result.model_copy(update={"mix": mix})
@@ -144,14 +143,14 @@ class CompileService:
     def _read_in_worker(self, cubin: bytes, within: Deadline) -> tuple[InstructionMix | None, str]:
         """(the mix, "") or (None, why not)."""
         if within.expired:
-            return None, _out_of_time_message(within).replace("NVRTC", "the disassembler")
+            return None, _out_of_time_message(within, "the disassembler")
         self._interrupted.clear()
         try:
             answer, blobs = self.worker.call({"op": "read_mix"}, [cubin], within.cap(self.deadline_s),
                                              MAX_ANSWER_BYTES)
         except JobTimeout:
             if within.expired:
-                return None, _out_of_time_message(within).replace("NVRTC", "the disassembler")
+                return None, _out_of_time_message(within, "the disassembler")
             return None, f"the disassembler did not finish within {self.deadline_s:g} s (deadline)"
         except WorkerCrashed as exc:
             if self._interrupted.is_set():
@@ -208,8 +207,8 @@ def _deadline_message(deadline_s: float) -> str:
             "template instantiation, large constexpr evaluation or heavy unrolling can cause this.")
 
 
-def _out_of_time_message(within: Deadline) -> str:
-    return (f"compile stopped: the call's {within.seconds:g} s ran out before NVRTC finished (the compile's own "
+def _out_of_time_message(within: Deadline, what: str = "NVRTC") -> str:
+    return (f"compile stopped: the call's {within.seconds:g} s ran out before {what} finished (the compile's own "
             "deadline had not passed); compile it again with compile_kernel, which has a call of its own")
 
 

@@ -219,7 +219,7 @@ class GpuExecutor:
             self.profiled = worker
             self.referee.run_on(worker, kernel, case)
 
-        deadline = self.referee.limits.deadline if self.referee.limits is not None else None
+        deadline = self._deadline()
         try:
             with held(self.gpu_lease, deadline):  # the profiler's replays would disturb another process's timing
                 return profile_once(kernel.symbol, metrics, run_once, device=self.pool.candidate.device,

@@ -29,9 +29,7 @@ def kernel_ahead(run: Run, candidate: Candidate) -> tuple[CompiledKernel | None,
     compiled = run.executor.compile(candidate.source, candidate.options, read_mix=False)
     if not compiled.ok or compiled.mix is not None:  # failed, or a cache hit: nothing left to read
         run.note_compile(candidate, compiled)
-        if not compiled.ok or run.arithmetic_refusal(candidate, compiled) is not None:
-            return None, compiled, None
-        return CompiledKernel(candidate.id, compiled.cubin, compiled.lowered_name, candidate.launch), compiled, None
+        return run.kernel_of(candidate, compiled), compiled, None
     reading = MixReading(read_mix, compiled, lambda whole: run.note_compile(candidate, whole))  # noted when read
     return CompiledKernel(candidate.id, compiled.cubin, compiled.lowered_name, candidate.launch), compiled, reading
 

@@ -355,9 +355,13 @@ class Run:
         (record_attempt's checks through server/mix_reading.py, which reads the instructions beside them)."""
         compiled = self.executor.compile(candidate.source, candidate.options)
         self.note_compile(candidate, compiled)
+        return self.kernel_of(candidate, compiled), compiled
+
+    def kernel_of(self, candidate: Candidate, compiled) -> CompiledKernel | None:
+        """The kernel a compile result makes: None where it failed, or its instructions break the arithmetic."""
         if not compiled.ok or self.arithmetic_refusal(candidate, compiled) is not None:
-            return None, compiled
-        return CompiledKernel(candidate.id, compiled.cubin, compiled.lowered_name, candidate.launch), compiled
+            return None
+        return CompiledKernel(candidate.id, compiled.cubin, compiled.lowered_name, candidate.launch)
 
     def note_compile(self, candidate: Candidate, compiled) -> None:
         """A compile's audit event and log resource."""

@@ -242,6 +242,12 @@ def out_of_memory_message(limit_bytes: int | None) -> str:
             "or constexpr tables, or heavy unrolling can cause this")
 
 
+def unreadable(why: str) -> str:
+    """The log of a compile whose CUBIN the disassembler could not read (harness/worker_side/sass_mix.py): no
+    result the referee can judge."""
+    return f"the compiled kernel's instructions could not be read: {why}"
+
+
 def trim_log(log: str) -> str:
     """First LOG_MAX_LINES lines / LOG_MAX_CHARS characters, with a marker for the rest."""
     lines = log.splitlines()

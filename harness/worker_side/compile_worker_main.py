@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 
 from harness.worker_side import sass_mix
-from harness.worker_side.compile_policy import COMPILE_MEMORY_BYTES, CompileRefused, trim_log
+from harness.worker_side.compile_policy import COMPILE_MEMORY_BYTES, CompileRefused, trim_log, unreadable
 from harness.worker_side.executable_files import startup_files
 from sandbox import confine, grants, wire
 from sandbox.answers import Status
@@ -74,13 +74,9 @@ def _with_mix(result):
     try:
         return result.model_copy(update={"mix": sass_mix.instruction_mix(result.cubin, Path.cwd())})
     except sass_mix.DisassemblyFailed as exc:
-        log = unreadable(exc)
+        log = unreadable(str(exc))
         return result.model_copy(update={"ok": False, "log": trim_log(log), "full_log": log, "cubin": b"",
                                          "resources": None})
-
-
-def unreadable(exc: Exception) -> str:
-    return f"the compiled kernel's instructions could not be read: {exc}"
 
 
 def _confine(wanted: bool) -> tuple[bool, list[str]]:
@@ -134,7 +130,7 @@ def _read_mix(blobs: list[bytes]) -> tuple[dict, list[bytes]]:
     try:
         mix = sass_mix.instruction_mix(blobs[0], Path.cwd())
     except sass_mix.DisassemblyFailed as exc:
-        return {"status": Status.OK, "unreadable": unreadable(exc)}, []
+        return {"status": Status.OK, "unreadable": str(exc)}, []
     return {"status": Status.OK, "mix": mix.model_dump(mode="json")}, []
 
 
