@@ -55,6 +55,7 @@ class Preparation:
         self._ended: float | None = None
         self.step, self.fraction = "starting the GPU workers", 0.0
         self.error: str | None = None
+        self._stopping = False  # the server is ending: a failure from then on is the stop's, said by the server
         self._done = threading.Event()
         self.thread: threading.Thread | None = None
         # Compiles answered meanwhile, without the GPU (server/early_compiles.py): a run queued for a GPU whose arch
@@ -74,6 +75,11 @@ class Preparation:
             raise
         self._succeed()
 
+    def stopping(self) -> None:
+        """The server ends under the preparation (its client left): a failure that follows, such as a worker killed
+        by the stop, is recorded but not said as the task's."""
+        self._stopping = True
+
     def _run_caught(self) -> None:
         try:
             self.run_here()
@@ -87,7 +93,7 @@ class Preparation:
     def _fail(self, exc: BaseException) -> None:
         self._ended = time.monotonic()
         self.error = str(exc).strip() or type(exc).__name__
-        if self._say:
+        if self._say and not self._stopping:
             self._say(f"kernel-referee: the run could not be prepared: {self.error}")
         self._done.set()
 

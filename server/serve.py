@@ -145,6 +145,7 @@ def _stop(run: Run) -> None:
     preparation = run.preparation
     stopped = preparation is not None and not preparation.wait(0)
     if stopped:
+        preparation.stopping()
         run.executor.abort()
     run.executor.close()
     if stopped:

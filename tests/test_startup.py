@@ -109,10 +109,10 @@ async def test_initialize_answers_at_once_and_nothing_is_spent_before_the_run_is
     assert read_json(results / "run-001" / "history.json")["attempts"][0]["verdict"] == "baseline"
 
 
-def _start(results: Path, prepare_s: float) -> subprocess.Popen:
+def _start(results: Path, prepare_s: float, stderr=subprocess.DEVNULL) -> subprocess.Popen:
     """A server on `results` over stdio, initialized: it answered `initialize`."""
     server = subprocess.Popen([sys.executable, FAKE_SERVER, str(results)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=results.parent,
+                              stdout=subprocess.PIPE, stderr=stderr, cwd=results.parent,
                               env={**os.environ, **_environment(prepare_s)}, text=True)
     server.stdin.write(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INITIALIZE}) + "\n")
     server.stdin.flush()
@@ -177,8 +177,14 @@ def test_starts_killed_at_many_moments_leave_only_leftovers_or_a_run_that_verifi
 def test_a_client_that_leaves_during_the_preparation_leaves_no_folder(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
-    server = _start(results, 60)
-    time.sleep(0.5)
-    server.stdin.close()  # the client leaves: the preparation stops and its folder goes
-    assert server.wait(timeout=30) == 0
+    with (tmp_path / "server.err").open("w+") as errlog:
+        server = _start(results, 60, stderr=errlog)
+        time.sleep(0.5)
+        server.stdin.close()  # the client leaves: the preparation stops and its folder goes
+        assert server.wait(timeout=30) == 0
+        errlog.seek(0)
+        said = errlog.read()
     assert _runs(results) == []
+    # The stop is said as the stop; the workers it closed are not blamed on the task
+    assert "the client left before the run was prepared: stopped; no run was made" in said, said
+    assert "could not be prepared" not in said, said

@@ -14,6 +14,7 @@ from mcp import Client, StdioServerParameters
 
 from server.verify import verify_run
 from server.demo import PLAN
+from tests.server_support import prepared
 from tests.test_cli import MATMUL
 
 pytestmark = pytest.mark.gpu
@@ -34,8 +35,8 @@ async def session(results: Path) -> tuple[list[dict], dict, str]:
     params = StdioServerParameters(command=console_script(), args=[
         "serve", "--task", str(MATMUL), "--results", str(results), "--iterations", "40", "--warmups", "5"])
     answers = []
-    async with Client(params) as client:
-        description = (await client.call_tool("describe_task", {})).structured_content
+    async with Client(params, cache=None) as client:  # describe_task is read until the run is prepared
+        description = await prepared(client, within_s=300.0)
         assert description["budget"]["attempts_left"] == 7
         assert "holdout-97x83x61" not in {c["name"] for c in description["cases"]}
         for source, options, launch, expected in plan():
