@@ -9,7 +9,8 @@ demo's best (matmul_f32's tiled kernel over the naive reference as baseline) and
 over its reference. Then `--runs` guard steps each (guard/step.py, the real GpuExecutor, the verdict's
 defaults) of: both unchanged approvals; a copy of the demo's best about 3% slower (guard/variants.py: its spin
 planned from the approval, rescaled once from a first measurement when that lands outside 1.5% to 6%); a copy
-wrong on one element. Writes JSON to --out and prints a summary. Exits 2 saying "no GPU" where there is none.
+wrong on one element. Writes JSON to --out after every guard step (`complete` false until the last) and prints a summary;
+an interrupt (a slot's end) keeps what was measured. Exits 2 saying "no GPU" where there is none.
 `--quick`: 2 runs of each, for a short GPU slot.
 """
 
@@ -24,6 +25,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -132,22 +134,46 @@ def main(argv: list[str] | None = None) -> int:
         variants.copy_with(store, loaded, "matmul-tiled-wrong", variants.one_wrong_element(
             loaded.source("kernel.cu"), load_task(loaded.path("task"))), private, "one wrong element")
         document = {"gpu": loaded.approval.fingerprint.gpu, "runs": runs, "calibration": calibration,
-                    "scenarios": {}}
-        for label, name in (("unchanged matmul-tiled", "matmul-tiled"), ("unchanged softmax", "softmax"),
-                            ("3% slower", slower), ("one wrong element", "matmul-tiled-wrong")):
-            print(f"{label}: {runs} guard steps", file=sys.stderr, flush=True)
-            document["scenarios"][label] = summary_of([step(store, name, confine, settings) for _ in range(runs)])
-    document["seconds"] = round(time.monotonic() - began, 1)
-    args.out.write_text(json.dumps(document, indent=2))
+                    "complete": False, "scenarios": {}}
+        names = {"unchanged matmul-tiled": "matmul-tiled", "unchanged softmax": "softmax", "3% slower": slower,
+                 "one wrong element": "matmul-tiled-wrong"}
+        document["complete"] = guard_rounds(names, runs, lambda name: step(store, name, confine, settings),
+                                            document["scenarios"], lambda: _save(args.out, document, began))
+    _save(args.out, document, began)
     print_summary(document)
-    return 0
+    return 0 if document["complete"] else 1
+
+
+def guard_rounds(names: dict[str, str], runs: int, guard: Callable[[str], StepResult], scenarios: dict,
+                 save: Callable[[], None]) -> bool:
+    """`runs` rounds of one guard step per scenario (label: approval name), each step's summary put in `scenarios`
+    and saved at once; True when all ran. An interrupt (a slot's end) ends it early, keeping what was measured, and
+    every round is whole but the last, so that a run cut short leaves every scenario alike."""
+    results: dict[str, list[StepResult]] = {label: [] for label in names}
+    try:
+        for run_index in range(runs):
+            print(f"guard run {run_index + 1} of {runs}", file=sys.stderr, flush=True)
+            for label, name in names.items():
+                results[label].append(guard(name))
+                scenarios[label] = summary_of(results[label])
+                save()
+    except KeyboardInterrupt:
+        print("interrupted: the runs measured so far are kept", file=sys.stderr)
+        return False
+    return True
+
+
+def _save(out: Path, document: dict, began: float) -> None:
+    document["seconds"] = round(time.monotonic() - began, 1)
+    out.write_text(json.dumps(document, indent=2))
 
 
 def print_summary(document: dict) -> None:
-    print(f"guard on {document['gpu']}, {document['runs']} runs each ({document['seconds']} s):")
+    done = "" if document["complete"] else ", cut short"
+    print(f"guard on {document['gpu']}, {document['runs']} runs each planned{done} ({document['seconds']} s):")
     for label, shown in document["scenarios"].items():
         cost = shown["cost_ratio_after_first"]
-        print(f"  {label}: exit {shown['exit_status']}; verdicts {shown['verdicts']}; rounds "
+        print(f"  {label}: {shown['runs']} runs; exit {shown['exit_status']}; verdicts {shown['verdicts']}; rounds "
               f"{min(shown['rounds'])}-{max(shown['rounds'])}"
               + (f"; step / timing median {cost['median']:.2f}, max {cost['max']:.2f}" if cost else ""))
 

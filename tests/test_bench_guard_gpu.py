@@ -32,3 +32,29 @@ def test_the_summary_counts_verdicts_and_the_cost_after_the_first_run():
     assert shown["verdicts"] == {"x": {"pass": 2, "regressed": 1}, "y": {"pass": 2, "regressed": 1}}
     assert shown["cost_ratio_after_first"] == {"median": 1.65, "max": 1.8}  # the first run's 6x is left out
     assert shown["change"][0] == {"x": 1.03, "y": 1.03}
+
+
+def test_rounds_cut_by_an_interrupt_keep_every_step_measured_so_far():
+    saved: list[dict] = []
+    scenarios: dict = {}
+    calls: list[str] = []
+
+    def guard(name: str) -> StepResult:
+        calls.append(name)
+        if len(calls) == 6:  # the slot ends during the second round's second step
+            raise KeyboardInterrupt
+        return result(Verdict.PASS, 10, 5)
+
+    complete = guard_gpu.guard_rounds({"unchanged": "a", "slower": "b", "wrong": "c"}, 20, guard, scenarios,
+                                      lambda: saved.append({k: v["runs"] for k, v in scenarios.items()}))
+    assert complete is False
+    assert calls == ["a", "b", "c", "a", "b", "c"]
+    assert {label: shown["runs"] for label, shown in scenarios.items()} == {"unchanged": 2, "slower": 2, "wrong": 1}
+    assert len(saved) == 5 and saved[-1] == {"unchanged": 2, "slower": 2, "wrong": 1}
+
+
+def test_rounds_that_all_run_are_complete():
+    scenarios: dict = {}
+    assert guard_gpu.guard_rounds({"unchanged": "a"}, 3, lambda name: result(Verdict.PASS, 10, 5), scenarios,
+                                  lambda: None)
+    assert scenarios["unchanged"]["runs"] == 3
