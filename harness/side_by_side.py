@@ -47,14 +47,17 @@ class SideBySide:
 
 
 def time_side_by_side(time: Callable[[CompiledKernel, list[Case]], TimingReport], kernels: dict[str, CompiledKernel],
-                      cases: list[Case], rounds: int) -> SideBySide:
+                      cases: list[Case], rounds: int, before_first: Callable[[str], None] | None = None) -> SideBySide:
     """Each kernel in turn (in `kernels`' order), `rounds` times, samples merged per case; raises
-    TimingFailed for the first kernel whose timing fails."""
+    TimingFailed for the first kernel whose timing fails. `before_first(label)` is called before each kernel's
+    first timing (what it raises ends the rounds)."""
     timed = SideBySide(samples={label: {c.name: [] for c in cases} for label in kernels},
                        audited={label: {c.name: 0 for c in cases} for label in kernels})
     clocks: set[str] = set()
-    for _ in range(rounds):
+    for round_index in range(rounds):
         for label, kernel in kernels.items():
+            if round_index == 0 and before_first is not None:
+                before_first(label)
             report = time(kernel, cases)
             if not report.passed:
                 raise TimingFailed(label, report.reasons)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from typing import Callable
 
 from harness.call_limits import OutOfTime
 from harness.vendor_yardstick import vendor_summary
@@ -136,18 +137,21 @@ def _judged(run: Run, entry: AttemptRecord, candidate: Candidate, references: di
     entry.compile = _compile_summary(compiled)
     try:
         checked = _checked(run, entry, kernel, visible, seeds, clock, progress) if kernel is not None else None
-    finally:
-        if reading is not None:  # the instruction mix, read while the GPU checked the kernel
-            compiled = reading.result()
-            entry.compile = _compile_summary(compiled)  # also where the checks ran out of time
-    if compiled.ok and (refusal := run.arithmetic_refusal(candidate, compiled)) is not None:
-        return _reject(entry, [refusal])  # compiled, but on units the task forbids: rejected before any timing
-    if not compiled.ok:
-        return _reject(entry, [Reason(code=ReasonCode.COMPILE_ERROR, detail=compiled.log)])
-    if checked is not None:
-        return checked
+    except BaseException:
+        if reading is not None:  # the checks ran out of time: the attempt still records its instructions
+            entry.compile = _compile_summary(reading.result())
+        raise
+    gate = _ArithmeticGate(run, entry, candidate, compiled, reading)
+    if checked is not None or reading is None:  # rejected by its checks, or nothing left to read: judged now
+        if (refused := gate.refusal()) is not None:
+            return _reject(entry, refused)
+        if checked is not None:
+            return checked
     _say(progress, 3, 4, "timing side by side with the best and the baseline")
-    timing, timing_reasons = _interleaved(run, kernel, references, clock)
+    try:
+        timing, timing_reasons = _interleaved(run, kernel, references, clock, gate.before_first)
+    except _NotTimed as refused:  # its mix, read while the references were timed, forbids it: never timed
+        return _reject(entry, refused.reasons)
     if timing_reasons:
         return _reject(entry, timing_reasons)
     _fill_timing(run, entry, timing)
@@ -187,19 +191,58 @@ def _checked(run: Run, entry: AttemptRecord, kernel, visible: list, seeds: dict,
     return None
 
 
-def _interleaved(run: Run, kernel, references: dict, clock) -> tuple[SideBySide | None, list[Reason]]:
-    """Samples of the candidate and each reference attempt, in alternating blocks, merged per case."""
-    kernels = {"candidate": kernel}
+def _interleaved(run: Run, kernel, references: dict, clock,
+                 before_first: Callable[[str], None] | None = None) -> tuple[SideBySide | None, list[Reason]]:
+    """Samples of each reference attempt and the candidate, in alternating blocks (the references first in each
+    round: a new compile's instruction mix is read while they are timed), merged per case."""
+    kernels = {}
     for label, entry in references.items():
         if entry is not None:
             kernels[label] = run.kernel(run.candidates[entry.candidate])[0]
+    kernels["candidate"] = kernel
     timed = lambda k, cases: clock.run(run.executor.time, k, cases)  # noqa: E731
     try:
-        return time_side_by_side(timed, kernels, list(run.task.performance_cases), run.settings.timing_rounds), []
+        return time_side_by_side(timed, kernels, list(run.task.performance_cases), run.settings.timing_rounds,
+                                 before_first), []
     except TimingFailed as failed:
         if failed.label == "candidate":
             return None, failed.reasons
         raise RuntimeError(str(failed)) from None
+
+
+class _NotTimed(Exception):
+    """The candidate is refused before its first timing."""
+
+    def __init__(self, reasons: list[Reason]):
+        super().__init__(str(reasons))
+        self.reasons = reasons
+
+
+class _ArithmeticGate:
+    """Where a new compile's instruction mix is still being read (server/mix_reading.py), the candidate may not be
+    timed before it is judged: the rule and an unreadable CUBIN are judged when the mix is known, at the latest
+    just before the candidate's first timing."""
+
+    def __init__(self, run: Run, entry: AttemptRecord, candidate: Candidate, compiled, reading):
+        self.run, self.entry, self.candidate, self.compiled, self.reading = run, entry, candidate, compiled, reading
+        self.judged = False
+
+    def refusal(self) -> list[Reason] | None:
+        """Why the compiled candidate may not be timed (the arithmetic its task forbids, a CUBIN that could not be
+        read); None where it may. Waits for the mix being read."""
+        if self.reading is not None:
+            self.compiled, self.reading = self.reading.result(), None
+            self.entry.compile = _compile_summary(self.compiled)
+        self.judged = True
+        if self.compiled.ok and (refusal := self.run.arithmetic_refusal(self.candidate, self.compiled)) is not None:
+            return [refusal]  # compiled, but on units the task forbids: rejected before it is timed
+        if not self.compiled.ok:
+            return [Reason(code=ReasonCode.COMPILE_ERROR, detail=self.compiled.log)]
+        return None
+
+    def before_first(self, label: str) -> None:
+        if label == "candidate" and not self.judged and (refused := self.refusal()) is not None:
+            raise _NotTimed(refused)
 
 
 def _fill_timing(run: Run, entry: AttemptRecord, timing: SideBySide) -> None:

@@ -1,9 +1,11 @@
 """A compiled kernel's instruction mix, read in the compile worker while the GPU checks the kernel.
 
 nvdisasm costs about a quarter of a second a CUBIN, nearly all of it its own start, and nothing needs the mix
-before the kernel is timed: the arithmetic rule (harness/arithmetic.py) is judged before any timing. So
-record_attempt compiles without it (harness/compile_service.py `read_mix=False`), starts the checks, and reads it
-here on a thread of its own; `result()` joins, in the caller's thread.
+before the kernel is timed: the arithmetic rule (harness/arithmetic.py) is judged before the kernel's first
+timing. So record_attempt compiles without it (harness/compile_service.py `read_mix=False`), starts the checks,
+and reads it here on a thread of its own while the GPU checks the kernel and then times its references (the
+baseline and the best come first in each round); `result()` joins, in the caller's thread, at the latest just
+before the kernel's own first timing (server/attempt.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ def kernel_ahead(run: Run, candidate: Candidate) -> tuple[CompiledKernel | None,
     """As `run.kernel`, for a kernel that is checked before it is timed: where the executor reads instruction mixes
     apart (GpuExecutor.read_mix), a new compile's CompiledKernel comes as soon as NVRTC is done and its mix is read
     in the compile worker meanwhile (the MixReading); its result, the whole compile result, is what the arithmetic
-    is judged by, before any timing. Elsewhere, or for a cache hit, `run.kernel`'s answer and None."""
+    is judged by, before the kernel is timed. Elsewhere, or for a cache hit, `run.kernel`'s answer and None."""
     read_mix = getattr(run.executor, "read_mix", None)
     if read_mix is None:
         return (*run.kernel(candidate), None)

@@ -202,3 +202,25 @@ def test_an_allocation_out_of_memory_is_tried_again_once_the_kept_inputs_are_fre
     assert store.making_room(allocate, 64) == "memory" and calls == [64, 64] and kept.freed
     with pytest.raises(CudaError):  # nothing left to free: the error is the job's
         store.making_room(lambda n: (_ for _ in ()).throw(CudaError("cuMemAlloc", 2, "CUDA_ERROR_OUT_OF_MEMORY")), 64)
+
+
+def test_side_by_side_calls_its_hook_once_before_each_kernel_s_first_timing_and_stops_where_it_raises():
+    seen: list[str] = []
+
+    def time(kernel, cases):
+        seen.append(f"time {kernel}")
+        return TimingReport(passed=True, cases=[CaseTiming(case="c", passed=True, samples_ms=[1.0], clock="kernel")])
+
+    case = type("C", (), {"name": "c"})()
+    timed = time_side_by_side(time, {"baseline": "b", "candidate": "k"}, [case], 2, lambda label: seen.append(label))
+    assert seen == ["baseline", "time b", "candidate", "time k", "time b", "time k"]
+    assert timed.samples == {"baseline": {"c": [1.0, 1.0]}, "candidate": {"c": [1.0, 1.0]}}
+
+    def refuse(label):
+        if label == "candidate":
+            raise LookupError("refused before its first timing")
+
+    seen.clear()
+    with pytest.raises(LookupError):
+        time_side_by_side(time, {"baseline": "b", "candidate": "k"}, [case], 2, refuse)
+    assert seen == ["time b"]  # the candidate never timed

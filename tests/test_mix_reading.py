@@ -1,7 +1,7 @@
 """A new compile's instruction mix read apart from it (harness/compile_service.py `read_mix=False`, then `read_mix`),
-in the real compile worker, and record_attempt reading it while the kernel is checked (server/mix_reading.py): the
-arithmetic rule still judged before any timing, an unreadable CUBIN still a failed compile, a cache hit not read
-again."""
+in the real compile worker, and record_attempt reading it while the kernel is checked and its references are timed
+(server/mix_reading.py, server/attempt.py): the arithmetic rule still judged before the kernel is timed, an
+unreadable CUBIN still a failed compile, a cache hit not read again."""
 
 from __future__ import annotations
 
@@ -54,12 +54,13 @@ def test_a_cubin_the_disassembler_cannot_read_fails_the_compile_and_is_not_cache
 
 class ReadsMixApart(FakeExecutor):
     """The fake with GpuExecutor's split compile: the mix of a new compile comes from read_mix, which ends only
-    once the kernel's first check has begun (it waits for it), so a test sees the two overlap; `unreadable`: the
-    disassembler refuses every CUBIN."""
+    once the checks are over and a reference's timing has begun (it waits for that), so a test sees the reading
+    overlap both; `unreadable`: the disassembler refuses every CUBIN."""
 
     def __init__(self, *args, unreadable: bool = False, out_of_time: bool = False, **options):
         super().__init__(*args, **options)
-        self.unreadable, self.out_of_time, self.checking = unreadable, out_of_time, threading.Event()
+        self.unreadable, self.out_of_time = unreadable, out_of_time
+        self.checking, self.timing_a_reference = threading.Event(), threading.Event()
         self.events: list[str] = []
         self._mixes: dict[bytes, object] = {}
         self._seen: set[bytes] = set()
@@ -75,8 +76,10 @@ class ReadsMixApart(FakeExecutor):
         return result.model_copy(update={"mix": None})
 
     def read_mix(self, compiled):
-        overlapped = self.checking.wait(30)
-        self.events.append(f"mix read{' during the check' if overlapped else ''}")
+        checked = self.checking.wait(30)
+        beside_a_timing = self.timing_a_reference.wait(30)
+        self.events.append("mix read" + (" during the checks" if checked else "")
+                           + (" and a reference's timing" if beside_a_timing else ""))
         if self.unreadable:
             log = "the compiled kernel's instructions could not be read: nvdisasm failed (fake)"
             return compiled.model_copy(update={"ok": False, "log": log, "full_log": log, "cubin": b"", "resources": None})
@@ -87,11 +90,15 @@ class ReadsMixApart(FakeExecutor):
         self.events.append("check")
         self.checking.set()
         if self.out_of_time:
+            self.timing_a_reference.set()  # no timing follows: the reading may end
             raise OutOfTime("the call's deadline passed while the check ran (fake)")
         return super().check(kernel, cases, seeds, against_oracle)
 
     def time(self, kernel, cases):
-        self.events.append("time")
+        candidate = kernel.cubin in self._mixes
+        self.events.append("time candidate" if candidate else "time reference")
+        if not candidate:
+            self.timing_a_reference.set()
         return super().time(kernel, cases)
 
 
@@ -108,8 +115,9 @@ def test_an_attempt_s_mix_is_read_while_it_is_checked_and_before_it_is_timed(tmp
         answer = record_attempt(run, run.candidate(None, kernel("latency_us=50")), "faster", None, None)
         assert answer.verdict == "valid-faster", answer.reasons
         events = executor.events
-        assert events[:2] == ["compiled without its mix", "check"] and "mix read during the check" in events, events
-        assert "time" in events and events.index("time") > events.index("mix read during the check"), events
+        read = "mix read during the checks and a reference's timing"
+        assert events[:4] == ["compiled without its mix", "check", "check", "time reference"], events
+        assert read in events and events.index("time candidate") > events.index(read), events
         entry = run.history[-1]
         assert entry.compile.mix is not None and entry.compile.mix.fp32 > 0 and answer.mix == entry.compile.mix
         compiled = [e.data for e in iter_events(run.dir) if e.kind == "compiled"]
@@ -117,7 +125,7 @@ def test_an_attempt_s_mix_is_read_while_it_is_checked_and_before_it_is_timed(tmp
         # The same source again is a cache hit: nothing left to read
         executor.events.clear()
         again = record_attempt(run, run.candidate(None, kernel("latency_us=50")), "again", None, None)
-        assert again.mix == answer.mix and "mix read during the check" not in executor.events
+        assert again.mix == answer.mix and not any(e.startswith("mix read") for e in executor.events)
     finally:
         run.close()
 
@@ -130,8 +138,8 @@ def test_a_kernel_on_units_its_task_forbids_is_checked_meanwhile_but_never_timed
         assert answer.verdict == "rejected"
         assert [r.code for r in answer.reasons] == [ReasonCode.ARITHMETIC_NOT_ALLOWED], answer.reasons
         assert answer.mix.tensor == {"fp16": 3} and run.attempts_used == used + 1
-        assert "time" not in executor.events and run.history[-1].timing is None
-        assert "mix read during the check" in executor.events
+        assert "time candidate" not in executor.events and run.history[-1].timing is None
+        assert "mix read during the checks and a reference's timing" in executor.events, executor.events
     finally:
         run.close()
 
@@ -143,7 +151,7 @@ def test_an_unreadable_cubin_is_a_compile_error_and_is_never_timed(tmp_path):
         assert answer.verdict == "rejected"
         assert [r.code for r in answer.reasons] == [ReasonCode.COMPILE_ERROR], answer.reasons
         assert "instructions could not be read" in answer.reasons[0].detail
-        assert "time" not in executor.events and run.history[-1].timing is None
+        assert "time candidate" not in executor.events and run.history[-1].timing is None
         compiled = [e.data for e in iter_events(run.dir) if e.kind == "compiled"]
         assert compiled[-1]["ok"] is False
         log = (run.dir / "compile-logs" / f"{run.history[-1].candidate}.log").read_text()
@@ -160,5 +168,17 @@ def test_an_attempt_out_of_time_during_its_checks_still_records_its_instructions
         entry = run.history[-1]
         assert entry.compile.ok and entry.compile.mix is not None and entry.compile.mix.fp32 > 0
         assert [e.data["ok"] for e in iter_events(run.dir) if e.kind == "compiled"][-1] is True
+    finally:
+        run.close()
+
+
+def test_a_kernel_its_checks_reject_on_forbidden_units_is_refused_for_its_units_and_nothing_is_timed(tmp_path):
+    run, executor = _run(tmp_path)
+    executor.timing_a_reference.set()  # no timing comes: the reading need not wait for one
+    try:
+        wrong = SPLIT + "\n// fake: wrong\n"  # its checks find mismatches
+        answer = record_attempt(run, run.candidate(None, wrong, None, SPLIT_LAUNCH), "wrong and forbidden", None, None)
+        assert [r.code for r in answer.reasons] == [ReasonCode.ARITHMETIC_NOT_ALLOWED], answer.reasons
+        assert not any(e.startswith("time") for e in executor.events), executor.events
     finally:
         run.close()
