@@ -152,6 +152,9 @@ def _judged(run: Run, entry: AttemptRecord, candidate: Candidate, references: di
         timing, timing_reasons = _interleaved(run, kernel, references, clock, gate.before_first)
     except _NotTimed as refused:  # its mix, read while the references were timed, forbids it: never timed
         return _reject(entry, refused.reasons)
+    except BaseException:
+        gate.settle()  # a reference's timing failed or ran out of time: the attempt still records its instructions
+        raise
     if timing_reasons:
         return _reject(entry, timing_reasons)
     _fill_timing(run, entry, timing)
@@ -227,12 +230,17 @@ class _ArithmeticGate:
         self.run, self.entry, self.candidate, self.compiled, self.reading = run, entry, candidate, compiled, reading
         self.judged = False
 
-    def refusal(self) -> list[Reason] | None:
-        """Why the compiled candidate may not be timed (the arithmetic its task forbids, a CUBIN that could not be
-        read); None where it may. Waits for the mix being read."""
+    def settle(self) -> None:
+        """Waits for the mix being read, if any, and puts the whole compile result in the entry (its read is noted
+        then: server/mix_reading.py)."""
         if self.reading is not None:
             self.compiled, self.reading = self.reading.result(), None
             self.entry.compile = _compile_summary(self.compiled)
+
+    def refusal(self) -> list[Reason] | None:
+        """Why the compiled candidate may not be timed (the arithmetic its task forbids, a CUBIN that could not be
+        read); None where it may. Waits for the mix being read."""
+        self.settle()
         self.judged = True
         if self.compiled.ok and (refusal := self.run.arithmetic_refusal(self.candidate, self.compiled)) is not None:
             return [refusal]  # compiled, but on units the task forbids: rejected before it is timed

@@ -57,9 +57,10 @@ class ReadsMixApart(FakeExecutor):
     once the checks are over and a reference's timing has begun (it waits for that), so a test sees the reading
     overlap both; `unreadable`: the disassembler refuses every CUBIN."""
 
-    def __init__(self, *args, unreadable: bool = False, out_of_time: bool = False, **options):
+    def __init__(self, *args, unreadable: bool = False, out_of_time: bool = False,
+                 reference_out_of_time: bool = False, **options):
         super().__init__(*args, **options)
-        self.unreadable, self.out_of_time = unreadable, out_of_time
+        self.unreadable, self.out_of_time, self.reference_out_of_time = unreadable, out_of_time, reference_out_of_time
         self.checking, self.timing_a_reference = threading.Event(), threading.Event()
         self.events: list[str] = []
         self._mixes: dict[bytes, object] = {}
@@ -99,6 +100,8 @@ class ReadsMixApart(FakeExecutor):
         self.events.append("time candidate" if candidate else "time reference")
         if not candidate:
             self.timing_a_reference.set()
+            if self.reference_out_of_time:
+                raise OutOfTime("the call's deadline passed while the baseline was timed (fake)")
         return super().time(kernel, cases)
 
 
@@ -180,5 +183,19 @@ def test_a_kernel_its_checks_reject_on_forbidden_units_is_refused_for_its_units_
         answer = record_attempt(run, run.candidate(None, wrong, None, SPLIT_LAUNCH), "wrong and forbidden", None, None)
         assert [r.code for r in answer.reasons] == [ReasonCode.ARITHMETIC_NOT_ALLOWED], answer.reasons
         assert not any(e.startswith("time") for e in executor.events), executor.events
+    finally:
+        run.close()
+
+
+def test_an_attempt_out_of_time_while_its_references_are_timed_still_records_its_instructions(tmp_path):
+    run, executor = _run(tmp_path, reference_out_of_time=True)
+    try:
+        answer = record_attempt(run, run.candidate(None, kernel("latency_us=50")), "slow baseline", None, None)
+        assert answer.verdict == "rejected" and [r.code for r in answer.reasons] == [ReasonCode.TIMEOUT]
+        assert "time candidate" not in executor.events
+        entry = run.history[-1]
+        assert entry.compile.ok and entry.compile.mix is not None and entry.compile.mix.fp32 > 0
+        compiled = [e.data for e in iter_events(run.dir) if e.kind == "compiled"]
+        assert compiled and compiled[-1]["ok"] is True  # the compile is in the audit log, noted once read
     finally:
         run.close()
