@@ -163,18 +163,6 @@ def test_an_unreadable_cubin_is_a_compile_error_and_is_never_timed(tmp_path):
         run.close()
 
 
-def test_an_attempt_out_of_time_during_its_checks_still_records_its_instructions(tmp_path):
-    run, executor = _run(tmp_path, out_of_time=True)
-    try:
-        answer = record_attempt(run, run.candidate(None, kernel("latency_us=50")), "slow", None, None)
-        assert answer.verdict == "rejected" and [r.code for r in answer.reasons] == [ReasonCode.TIMEOUT]
-        entry = run.history[-1]
-        assert entry.compile.ok and entry.compile.mix is not None and entry.compile.mix.fp32 > 0
-        assert [e.data["ok"] for e in iter_events(run.dir) if e.kind == "compiled"][-1] is True
-    finally:
-        run.close()
-
-
 def test_a_kernel_its_checks_reject_on_forbidden_units_is_refused_for_its_units_and_nothing_is_timed(tmp_path):
     run, executor = _run(tmp_path)
     executor.timing_a_reference.set()  # no timing comes: the reading need not wait for one
@@ -187,10 +175,11 @@ def test_a_kernel_its_checks_reject_on_forbidden_units_is_refused_for_its_units_
         run.close()
 
 
-def test_an_attempt_out_of_time_while_its_references_are_timed_still_records_its_instructions(tmp_path):
-    run, executor = _run(tmp_path, reference_out_of_time=True)
+@pytest.mark.parametrize("where", ["out_of_time", "reference_out_of_time"])  # during its checks; its references' timing
+def test_an_attempt_out_of_time_while_its_mix_is_read_still_records_its_instructions(tmp_path, where):
+    run, executor = _run(tmp_path, **{where: True})
     try:
-        answer = record_attempt(run, run.candidate(None, kernel("latency_us=50")), "slow baseline", None, None)
+        answer = record_attempt(run, run.candidate(None, kernel("latency_us=50")), "slow", None, None)
         assert answer.verdict == "rejected" and [r.code for r in answer.reasons] == [ReasonCode.TIMEOUT]
         assert "time candidate" not in executor.events
         entry = run.history[-1]
