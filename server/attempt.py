@@ -21,7 +21,7 @@ from harness.results import Reason, ReasonCode
 from server import probes, suspicion
 from server.audit import sha256_file
 from server.call import part
-from server.mix_reading import kernel_ahead
+from server.mix_reading import ArithmeticGate, NotTimed, compile_summary, kernel_ahead
 from server.models import AttemptAnswer, CaseLatency, FinishAnswer
 from server.holdout import holdout_verdict
 from server.lease_waits import LeaseWatch
@@ -134,26 +134,30 @@ def _judged(run: Run, entry: AttemptRecord, candidate: Candidate, references: di
     if fresh:
         run.executor.prepare(visible, seeds)  # the secret inputs are made while the kernel compiles and is checked
     kernel, compiled, reading = kernel_ahead(run, candidate)
-    entry.compile = _compile_summary(compiled)
+    entry.compile = compile_summary(compiled)
     try:
         checked = _checked(run, entry, kernel, visible, seeds, clock, progress) if kernel is not None else None
     except BaseException:
         if reading is not None:  # the checks ran out of time: the attempt still records its instructions
-            entry.compile = _compile_summary(reading.result())
+            entry.compile = compile_summary(reading.result())
         raise
-    gate = _ArithmeticGate(run, entry, candidate, compiled, reading)
+    gate = ArithmeticGate(run, entry, candidate, compiled, reading)
     if checked is not None or reading is None:  # rejected by its checks, or nothing left to read: judged now
         if (refused := gate.refusal()) is not None:
             return _reject(entry, refused)
         if checked is not None:
             return checked
-    _say(progress, 3, 4, "timing side by side with the best and the baseline")
     try:
+        _say(progress, 3, 4, "timing side by side with the best and the baseline")
         timing, timing_reasons = _interleaved(run, kernel, references, clock, gate.before_first)
-    except _NotTimed as refused:  # its mix, read while the references were timed, forbids it: never timed
+    except NotTimed as refused:  # its mix, read while the references were timed, forbids it: never timed
         return _reject(entry, refused.reasons)
+    except Exception:  # a reference's timing failed or ran out of time: the attempt still records its instructions,
+        if (refused := gate.refusal()) is not None:  # and a kernel that could not have been timed says why
+            return _reject(entry, refused)
+        raise
     except BaseException:
-        gate.settle()  # a reference's timing failed or ran out of time: the attempt still records its instructions
+        gate.settle()
         raise
     if timing_reasons:
         return _reject(entry, timing_reasons)
@@ -213,46 +217,6 @@ def _interleaved(run: Run, kernel, references: dict, clock,
         raise RuntimeError(str(failed)) from None
 
 
-class _NotTimed(Exception):
-    """The candidate is refused before its first timing."""
-
-    def __init__(self, reasons: list[Reason]):
-        super().__init__(str(reasons))
-        self.reasons = reasons
-
-
-class _ArithmeticGate:
-    """Where a new compile's instruction mix is still being read (server/mix_reading.py), the candidate may not be
-    timed before it is judged: the rule and an unreadable CUBIN are judged when the mix is known, at the latest
-    just before the candidate's first timing."""
-
-    def __init__(self, run: Run, entry: AttemptRecord, candidate: Candidate, compiled, reading):
-        self.run, self.entry, self.candidate, self.compiled, self.reading = run, entry, candidate, compiled, reading
-        self.judged = False
-
-    def settle(self) -> None:
-        """Waits for the mix being read, if any, and puts the whole compile result in the entry (its read is noted
-        then: server/mix_reading.py)."""
-        if self.reading is not None:
-            self.compiled, self.reading = self.reading.result(), None
-            self.entry.compile = _compile_summary(self.compiled)
-
-    def refusal(self) -> list[Reason] | None:
-        """Why the compiled candidate may not be timed (the arithmetic its task forbids, a CUBIN that could not be
-        read); None where it may. Waits for the mix being read."""
-        self.settle()
-        self.judged = True
-        if self.compiled.ok and (refusal := self.run.arithmetic_refusal(self.candidate, self.compiled)) is not None:
-            return [refusal]  # compiled, but on units the task forbids: rejected before it is timed
-        if not self.compiled.ok:
-            return [Reason(code=ReasonCode.COMPILE_ERROR, detail=self.compiled.log)]
-        return None
-
-    def before_first(self, label: str) -> None:
-        if label == "candidate" and not self.judged and (refused := self.refusal()) is not None:
-            raise _NotTimed(refused)
-
-
 def _fill_timing(run: Run, entry: AttemptRecord, timing: SideBySide) -> None:
     """Statistics of the merged samples; speedups against the best and the baseline measured beside it."""
     stats = timing.stats()
@@ -310,13 +274,6 @@ def _reject(entry: AttemptRecord, reasons: list[Reason]) -> AttemptRecord:
     entry.reasons = [r.model_dump(mode="json") for r in reasons]
     entry.finished = now_iso()
     return entry
-
-
-def _compile_summary(compiled) -> dict:
-    r = compiled.resources
-    return {"ok": compiled.ok, "compile_ms": compiled.compile_ms, "cache_hit": compiled.cache_hit,
-            "log": compiled.log, "resources": r.model_dump(mode="json") if r else None,
-            "mix": compiled.mix.model_dump(mode="json") if compiled.mix else None}
 
 
 def _say(progress: Progress | None, done: float, total: float, message: str) -> None:

@@ -13,10 +13,12 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
+from harness.results import Reason, ReasonCode
 from harness.settings import CompiledKernel
 from server.candidates import Candidate
 
-if TYPE_CHECKING:  # the run's type only: server.run is not imported here at run time
+if TYPE_CHECKING:  # the run's and the record's types only: neither is imported here at run time
+    from server.records import AttemptRecord
     from server.run import Run
 
 
@@ -62,3 +64,51 @@ class MixReading:
             self._joined = True
             self._done(self._whole)
         return self._whole
+
+
+def compile_summary(compiled: Any) -> dict:
+    """What an attempt records of its compile: the outcome, its log, resources and instruction mix."""
+    r = compiled.resources
+    return {"ok": compiled.ok, "compile_ms": compiled.compile_ms, "cache_hit": compiled.cache_hit,
+            "log": compiled.log, "resources": r.model_dump(mode="json") if r else None,
+            "mix": compiled.mix.model_dump(mode="json") if compiled.mix else None}
+
+
+class NotTimed(Exception):
+    """The candidate is refused before its first timing."""
+
+    def __init__(self, reasons: list[Reason]):
+        super().__init__(str(reasons))
+        self.reasons = reasons
+
+
+class ArithmeticGate:
+    """Where a new compile's instruction mix is still being read (a MixReading), the candidate may not be timed
+    before it is judged: the rule and an unreadable CUBIN are judged when the mix is known, at the latest
+    just before the candidate's first timing."""
+
+    def __init__(self, run: Run, entry: AttemptRecord, candidate: Candidate, compiled: Any, reading: MixReading | None):
+        self.run, self.entry, self.candidate, self.compiled, self.reading = run, entry, candidate, compiled, reading
+        self.judged = False
+
+    def settle(self) -> None:
+        """Waits for the mix being read, if any, and puts the whole compile result in the entry (the reading notes
+        the compile then)."""
+        if self.reading is not None:
+            self.compiled, self.reading = self.reading.result(), None
+            self.entry.compile = compile_summary(self.compiled)
+
+    def refusal(self) -> list[Reason] | None:
+        """Why the compiled candidate may not be timed (the arithmetic its task forbids, a CUBIN that could not be
+        read); None where it may. Waits for the mix being read."""
+        self.settle()
+        self.judged = True
+        if self.compiled.ok and (refusal := self.run.arithmetic_refusal(self.candidate, self.compiled)) is not None:
+            return [refusal]  # compiled, but on units the task forbids: rejected before it is timed
+        if not self.compiled.ok:
+            return [Reason(code=ReasonCode.COMPILE_ERROR, detail=self.compiled.log)]
+        return None
+
+    def before_first(self, label: str) -> None:
+        if label == "candidate" and not self.judged and (refused := self.refusal()) is not None:
+            raise NotTimed(refused)

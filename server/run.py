@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from harness.arithmetic import arithmetic_reason
 from harness.call_limits import call_limits
@@ -64,7 +64,7 @@ class RunSettings(BaseModel):
     profile: bool = False  # profile_kernel (Nsight Compute) answers only when the run was served with --profile
     profile_gpu_seconds_per_window: float = 60.0  # profile_kernel's own cap, within the probes' GPU seconds
     compiles_per_minute: int = 30
-    timing_rounds: int = 2
+    timing_rounds: int = Field(2, ge=1)  # at least one: the candidate is timed, and its arithmetic judged before
     timing: TimingSettings = TimingSettings()
     # Cases judged on the device keep their expected outputs there: the run folder holds each output's
     # sha256-tree (expected/CASE/SET/OUTPUT.sha256-tree), and a resumed run or a replay computes them again and

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from harness.compile_cache import CompileCache
 from harness.call_limits import OutOfTime
@@ -17,6 +18,7 @@ from harness.results import ReasonCode
 from sandbox.confine import unavailable_reason
 from server.attempt import record_attempt
 from server.record_files import iter_events
+from server.run import RunSettings
 from tests.fake_executor import FakeExecutor
 from tests.server_support import kernel, new_run
 from tests.test_arithmetic import SPLIT, SPLIT_LAUNCH
@@ -188,3 +190,18 @@ def test_an_attempt_out_of_time_while_its_mix_is_read_still_records_its_instruct
         assert compiled and compiled[-1]["ok"] is True  # the compile is in the audit log, noted once read
     finally:
         run.close()
+
+
+def test_a_kernel_on_forbidden_units_whose_references_run_out_of_time_is_refused_for_its_units(tmp_path):
+    run, executor = _run(tmp_path, reference_out_of_time=True)
+    try:
+        answer = record_attempt(run, run.candidate(None, SPLIT, None, SPLIT_LAUNCH), "forbidden", None, None)
+        assert [r.code for r in answer.reasons] == [ReasonCode.ARITHMETIC_NOT_ALLOWED], answer.reasons
+        assert "time candidate" not in executor.events
+    finally:
+        run.close()
+
+
+def test_a_run_times_at_least_one_round():
+    with pytest.raises(ValidationError, match="timing_rounds"):
+        RunSettings(timing_rounds=0)
