@@ -135,13 +135,12 @@ def _judged(run: Run, entry: AttemptRecord, candidate: Candidate, references: di
         run.executor.prepare(visible, seeds)  # the secret inputs are made while the kernel compiles and is checked
     kernel, compiled, reading = kernel_ahead(run, candidate)
     entry.compile = compile_summary(compiled)
+    gate = ArithmeticGate(run, entry, candidate, compiled, reading)
     try:
         checked = _checked(run, entry, kernel, visible, seeds, clock, progress) if kernel is not None else None
     except BaseException:
-        if reading is not None:  # the checks ran out of time: the attempt still records its instructions
-            entry.compile = compile_summary(reading.result())
+        gate.settle()  # the checks ran out of time: the attempt still records its instructions
         raise
-    gate = ArithmeticGate(run, entry, candidate, compiled, reading)
     if checked is not None or reading is None:  # rejected by its checks, or nothing left to read: judged now
         if (refused := gate.refusal()) is not None:
             return _reject(entry, refused)
