@@ -1,10 +1,12 @@
 """How widely honest kernels' timed launches spread, measured on a GPU: the numbers behind the timing's shape
 rule (harness/timing_shape.py, docs/timing.md).
 
-    python bench/spreads.py [--out DIR] [--runs 3]
+    python bench/spreads.py [--out DIR] [--runs 3] [--tasks NAME...]
 
 Times, each in `--runs` independent jobs (a new worker each), every performance case of every shipped task
-with its initial and reference kernel, and the demo's matmul_f32 kernels, with the referee's own protocol.
+(or of `--tasks`) with its initial and reference kernel, the reference also under the candidates' launch where
+the task gives it its own (a run whose baseline is the reference times it so), and the demo's matmul_f32 kernels,
+with the referee's own protocol.
 Writes spreads.json: for each kernel and case, every run's per-launch samples and its shape (harness/timing_shape.py
 `shape_of`), then prints the widest shapes seen. Without a GPU it says so and exits with status 2.
 """
@@ -41,6 +43,10 @@ def kernels_of(executor: GpuExecutor, task_name: str) -> list[tuple[str, Compile
             raise RuntimeError(f"{task_name} {which} does not compile:\n{result.log}")
         found.append((f"{task_name} {which}", CompiledKernel(which, result.cubin, result.lowered_name,
                                                             task.own_launch(which))))
+        if which == "reference" and task.own_launch("reference") != task.launch:
+            # A run whose baseline is the reference times it under the candidates' launch.
+            found.append((f"{task_name} reference as a candidate", CompiledKernel(which, result.cubin,
+                                                                                 result.lowered_name, task.launch)))
     if task_name == "matmul_f32":
         for step in PLAN:
             result = executor.compile(step.source, step.options)
@@ -73,6 +79,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--tasks", nargs="+", metavar="NAME", help="only these shipped tasks (default: every one)")
     args = parser.parse_args()
     absent = gpu_absent_reason()
     if absent:
@@ -80,7 +87,8 @@ def main() -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     document = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "rows": []}
-    for task_dir in sorted(p for p in CASES.iterdir() if (p / "task.toml").exists()):
+    for task_dir in sorted(p for p in CASES.iterdir() if (p / "task.toml").exists()
+                           and (not args.tasks or p.name in args.tasks)):
         for row in measure(task_dir.name, args.runs):
             row["shape"] = shape_of(row["samples_ms"]).model_dump(mode="json") if row["samples_ms"] else None
             document["rows"].append(row)

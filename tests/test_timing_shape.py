@@ -43,7 +43,7 @@ def test_a_clean_job_s_shape_is_what_the_statistics_say():
     assert not shape.has_modes and not shape.too_wide and codes([1.0] * 45 + [1.01] * 10 + [1.02] * 45) == []
 
 
-@pytest.mark.parametrize("fast_share", [0.52, 0.55, 0.6, 0.75, 0.88])
+@pytest.mark.parametrize("fast_share", [0.52, 0.55, 0.6, 0.7, 0.75])
 @pytest.mark.parametrize("slow_factor", [1.2, 1.3, 1.5, 2.0])
 def test_launches_in_two_modes_are_refused_as_timing_modes(fast_share, slow_factor):
     rng = np.random.default_rng(7)
@@ -64,6 +64,31 @@ def test_a_few_slow_launches_are_no_mode_and_a_gap_too_small_is_none():
     near = base.copy()
     near[:45] *= 1 + MODE_GAP / 2                # two groups 5% apart: within what the rule allows
     assert not shape_of(near).has_modes and codes(near) == []
+
+
+@pytest.mark.parametrize("slow_share", [0.12, 0.15, 0.2, 0.24])
+def test_a_slow_minority_is_no_mode_and_is_refused_only_beyond_an_honest_spread(slow_share):
+    rng = np.random.default_rng(5)
+    n = 100
+    base = 0.05 * rng.lognormal(0.0, 0.01, n)
+    slow = rng.permutation(n) < round(slow_share * n)
+    honest = np.where(slow, base * 1.15, base)  # what an H100 showed an honest kernel do, with more launches slow
+    assert not shape_of(honest).has_modes and codes(honest) == []
+    padded = np.where(slow, base * 1.6, base)
+    assert not shape_of(padded).has_modes and codes(padded) == [ReasonCode.TIMING_SPREAD]
+
+
+@pytest.mark.parametrize("slow", [4, 6])
+def test_the_honest_reference_on_16_sms_seen_on_an_h100_is_left_alone(slow):
+    """softmax_f32's reference (one thread per row) launched as a candidate, 4096 rows in blocks of 256 threads, timed
+    on an H100 80GB HBM3 (driver 580.159.04) on 2026-12-07: of 40 launches, 4 and then 6 fell 14% and 15% above
+    the others (median 2339 us, the gap 11 times the groups' own spread). Modeled: the same gap and separation."""
+    rng = np.random.default_rng(13)
+    fast = 2.339 * (1 + rng.uniform(-0.0062, 0.0062, 40 - slow))
+    samples = np.concatenate([fast, 2.339 * 1.15 * (1 + rng.uniform(-0.006, 0.006, slow))])
+    ordered = np.sort(samples)
+    assert (ordered[-slow] - ordered[-slow - 1]) / np.median(samples) > MODE_GAP  # a gap the modes' size apart
+    assert not shape_of(samples).has_modes and codes(samples) == []
 
 
 def test_slow_launches_smeared_between_the_modes_are_refused_as_timing_spread():
