@@ -27,7 +27,7 @@ from harness.results import Reason, ReasonCode
 # 25th and 75th percentiles at 20 launches, the 35th and 68th at 40, the 40th and 61st at 100): it cannot steer the
 # score. Honest kernels show such groups: a few slow outliers (a clock step, an interrupt of the GPU's front end),
 # and a reference with one thread per row timed on 16 SMs read 10% to 15% of its launches 14% slower on an H100
-# (docs/timing.md). A slow group of 10% or more still sets the 90th percentile, so the spread rule refuses it
+# (docs/timing.md). A slow group of more than 10% still sets the 90th percentile, so the spread rule refuses it
 # where its gap passes what honest kernels show.
 MODE_SHARE = 0.25
 # Two modes: the gap between them is at least this fraction of the median, and at least MODE_SEPARATION

@@ -10,7 +10,7 @@ import pytest
 from harness.judging import uneven_launches
 from harness.peaks import PhysicalPeak, limit_checks
 from harness.results import ReasonCode
-from harness.stats import summarize
+from harness.stats import median_ci_ranks, summarize
 from harness.timing_shape import MODE_GAP, MODE_SHARE, SPREAD_MAX, shape_of, shape_reasons
 
 
@@ -64,6 +64,13 @@ def test_a_few_slow_launches_are_no_mode_and_a_gap_too_small_is_none():
     near = base.copy()
     near[:45] *= 1 + MODE_GAP / 2                # two groups 5% apart: within what the rule allows
     assert not shape_of(near).has_modes and codes(near) == []
+
+
+def test_a_group_smaller_than_a_mode_reaches_neither_the_median_nor_its_interval():
+    for n in range(20, 1001):
+        j, k = median_ci_ranks(n)
+        smaller = int(np.ceil(MODE_SHARE * n)) - 1  # the most launches a group short of a mode holds
+        assert j > smaller and k <= n - smaller, n  # the interval's ranks (1-based) lie outside either end's group
 
 
 @pytest.mark.parametrize("slow_share", [0.12, 0.15, 0.2, 0.24])
