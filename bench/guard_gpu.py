@@ -121,15 +121,15 @@ def main(argv: list[str] | None = None) -> int:
         store = root / "store"
         keys_dir(store).mkdir(parents=True)
         shutil.copy(public, keys_dir(store))
-        for name, task_name, baseline, attempt in (("matmul-tiled", "matmul_f32", "reference.cu", "initial.cu"),
-                                                   ("softmax", "softmax_f32", "reference.cu", "initial.cu")):
-            run = played_run(root, task_name, baseline, attempt, confine)
-            code = guard_cli(["approve", str(run), "--store", str(store), "--name", name, "--key", str(private),
-                              "--repeats", "2"] + (["--no-sandbox"] if args.no_sandbox else []))
-            if code != 0:
-                print(f"the approval of {name} failed (exit {code})", file=sys.stderr)
+        try:
+            failed = approve_both(root, store, private, confine)
+            if failed:
+                print(failed, file=sys.stderr)
                 return 1
-        slower, calibration = slower_copy(store, private, "matmul-tiled", confine, settings)
+            slower, calibration = slower_copy(store, private, "matmul-tiled", confine, settings)
+        except KeyboardInterrupt:
+            print("interrupted before the guard runs began: nothing measured", file=sys.stderr)
+            return 1
         loaded = load_approval(store, "matmul-tiled")
         variants.copy_with(store, loaded, "matmul-tiled-wrong", variants.one_wrong_element(
             loaded.source("kernel.cu"), load_task(loaded.path("task"))), private, "one wrong element")
@@ -142,6 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     _save(args.out, document, began)
     print_summary(document)
     return 0 if document["complete"] else 1
+
+
+def approve_both(root: Path, store: Path, key: Path, confine: bool) -> str | None:
+    """The two played runs approved into `store`; what failed, or None."""
+    for name, task_name, baseline, attempt in (("matmul-tiled", "matmul_f32", "reference.cu", "initial.cu"),
+                                               ("softmax", "softmax_f32", "reference.cu", "initial.cu")):
+        run = played_run(root, task_name, baseline, attempt, confine)
+        code = guard_cli(["approve", str(run), "--store", str(store), "--name", name, "--key", str(key),
+                          "--repeats", "2"] + ([] if confine else ["--no-sandbox"]))
+        if code != 0:
+            return f"the approval of {name} failed (exit {code})"
+    return None
 
 
 def guard_rounds(names: dict[str, str], runs: int, guard: Callable[[str], StepResult], scenarios: dict,

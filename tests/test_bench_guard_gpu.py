@@ -17,6 +17,25 @@ def test_without_a_gpu_it_says_so_and_exits_2(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "out.json").exists()
 
 
+def test_an_interrupt_before_the_guard_runs_says_nothing_was_measured(tmp_path, monkeypatch, capsys):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(guard_gpu, "gpu_absent_reason", lambda: None)
+    monkeypatch.setattr(guard_gpu, "played_run", interrupted)
+    assert guard_gpu.main(["--out", str(tmp_path / "out.json"), "--quick"]) == 1
+    assert "interrupted before the guard runs began: nothing measured" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_a_failed_approval_is_named_and_ends_the_bench(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(guard_gpu, "gpu_absent_reason", lambda: None)
+    monkeypatch.setattr(guard_gpu, "played_run", lambda root, *rest: root)
+    monkeypatch.setattr(guard_gpu, "guard_cli", lambda argv: 1 if "softmax" in argv else 0)
+    assert guard_gpu.main(["--out", str(tmp_path / "out.json"), "--no-sandbox"]) == 1
+    assert "the approval of softmax failed (exit 1)" in capsys.readouterr().err
+
+
 def result(verdict: Verdict, total_s: float, timing_s: float) -> StepResult:
     change = Interval(estimate=1.03, low=1.02, high=1.04, confidence=0.95)
     return StepResult(approval="a", node="n", fingerprint=fake_fingerprint("matmul_f32"),
