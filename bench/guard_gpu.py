@@ -2,7 +2,7 @@
 is flagged regressed, a copy wrong on one element is flagged incorrect, and what a guard step costs beside its
 timing.
 
-    python bench/guard_gpu.py --out guard-gpu.json [--runs 20 | --quick] [--no-sandbox]
+    python bench/guard_gpu.py --out guard-gpu.json [--runs 20 | --quick] [--no-sandbox] [--work DIR]
 
 Two real played runs are approved with a fresh key (kernel-referee approve, its own replay on this GPU): the
 demo's best (matmul_f32's tiled kernel over the naive reference as baseline) and softmax_f32's initial kernel
@@ -11,7 +11,9 @@ defaults) of: both unchanged approvals; a copy of the demo's best about 3% slowe
 planned from the approval, rescaled once from a first measurement when that lands outside 1.5% to 6%); a copy
 wrong on one element. Writes JSON to --out after every guard step (`complete` false until the last) and prints a summary;
 an interrupt (a slot's end) keeps what was measured. Exits 2 saying "no GPU" where there is none.
-`--quick`: 2 runs of each, for a short GPU slot.
+`--quick`: 2 runs of each, for a short GPU slot. `--work DIR` keeps the key, the approvals and every guard step
+(steps.jsonl) in DIR, and a later run with the same DIR goes on from there: the 20 runs over several calls of one
+machine, each cut at its slot's end.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -32,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from guard import variants  # noqa: E402
 from guard.cli import main as guard_cli  # noqa: E402
+from guard.fingerprint import referee_fingerprint  # noqa: E402
 from guard.measure import local_executor  # noqa: E402
 from guard.signing import generate  # noqa: E402
 from guard.step import StepResult, guard_approval  # noqa: E402
@@ -108,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=20, help="guard steps per approval and copy (default 20)")
     parser.add_argument("--quick", action="store_true", help="2 runs each, for a short GPU slot")
     parser.add_argument("--no-sandbox", action="store_true", help="run the workers unconfined")
+    parser.add_argument("--work", type=Path, help="keep the approvals and every guard step in this folder, and go on "
+                        "from what a run cut short left there (default: a temporary folder)")
     args = parser.parse_args(argv)
     absent = gpu_absent_reason()
     if absent is not None:
@@ -115,33 +122,79 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runs, confine, settings = (2 if args.quick else args.runs), not args.no_sandbox, VerdictSettings()
     began = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="guard-gpu-") as folder:
-        root = Path(folder)
-        private, public, _ = generate(root / "keys")
-        store = root / "store"
-        keys_dir(store).mkdir(parents=True)
-        shutil.copy(public, keys_dir(store))
-        try:
-            failed = approve_both(root, store, private, confine)
-            if failed:
-                print(failed, file=sys.stderr)
+    with work_folder(args.work) as root:
+        store, state = root / "store", root / "state.json"
+        source = referee_fingerprint()["referee_source_sha256"]
+        if state.exists():
+            prepared = json.loads(state.read_text())
+            if prepared.get("source") != source:
+                print(f"{root} holds the runs of other referee code: remove it to start afresh", file=sys.stderr)
                 return 1
-            slower, calibration = slower_copy(store, private, "matmul-tiled", confine, settings)
-        except KeyboardInterrupt:
-            print("interrupted before the guard runs began: nothing measured", file=sys.stderr)
-            return 1
-        loaded = load_approval(store, "matmul-tiled")
-        variants.copy_with(store, loaded, "matmul-tiled-wrong", variants.one_wrong_element(
-            loaded.source("kernel.cu"), load_task(loaded.path("task"))), private, "one wrong element")
-        document = {"gpu": loaded.approval.fingerprint.gpu, "runs": runs, "calibration": calibration,
-                    "complete": False, "scenarios": {}}
-        names = {"unchanged matmul-tiled": "matmul-tiled", "unchanged softmax": "softmax", "3% slower": slower,
-                 "one wrong element": "matmul-tiled-wrong"}
+            print(f"going on from {root}", file=sys.stderr)
+        else:
+            try:
+                prepared = prepare(root, store, confine, settings)
+            except KeyboardInterrupt:
+                print("interrupted before the guard runs began: nothing measured", file=sys.stderr)
+                return 1
+            if isinstance(prepared, str):
+                print(prepared, file=sys.stderr)
+                return 1
+            state.write_text(json.dumps(prepared | {"source": source}))
+        names, steps = prepared["names"], root / "steps.jsonl"
+        results = measured_steps(steps, names)
+        document = {"gpu": prepared["gpu"], "runs": runs, "calibration": prepared["calibration"], "complete": False,
+                    "scenarios": {label: summary_of(done) for label, done in results.items() if done}}
         document["complete"] = guard_rounds(names, runs, lambda name: step(store, name, confine, settings),
-                                            document["scenarios"], lambda: _save(args.out, document, began))
+                                            document["scenarios"], lambda: _save(args.out, document, began),
+                                            results, lambda label, result: _append(steps, label, result))
     _save(args.out, document, began)
     print_summary(document)
     return 0 if document["complete"] else 1
+
+
+@contextmanager
+def work_folder(kept: Path | None) -> Iterator[Path]:
+    if kept is None:
+        with tempfile.TemporaryDirectory(prefix="guard-gpu-") as folder:
+            yield Path(folder)
+    else:
+        kept.mkdir(parents=True, exist_ok=True)
+        yield kept
+
+
+def prepare(root: Path, store: Path, confine: bool, settings: VerdictSettings) -> dict | str:
+    """A fresh key, both approvals, the 3% slower copy and the wrong one: the scenarios' approval names, the
+    calibration and the GPU; or what failed."""
+    private, public, _ = generate(root / "keys")
+    keys_dir(store).mkdir(parents=True)
+    shutil.copy(public, keys_dir(store))
+    failed = approve_both(root, store, private, confine)
+    if failed:
+        return failed
+    slower, calibration = slower_copy(store, private, "matmul-tiled", confine, settings)
+    loaded = load_approval(store, "matmul-tiled")
+    variants.copy_with(store, loaded, "matmul-tiled-wrong", variants.one_wrong_element(
+        loaded.source("kernel.cu"), load_task(loaded.path("task"))), private, "one wrong element")
+    names = {"unchanged matmul-tiled": "matmul-tiled", "unchanged softmax": "softmax", "3% slower": slower,
+             "one wrong element": "matmul-tiled-wrong"}
+    return {"names": names, "calibration": calibration, "gpu": loaded.approval.fingerprint.gpu}
+
+
+def measured_steps(steps: Path, names: dict[str, str]) -> dict[str, list[StepResult]]:
+    """The guard steps a run cut short recorded in `steps` (one JSON line each), per scenario."""
+    results: dict[str, list[StepResult]] = {label: [] for label in names}
+    if steps.exists():
+        for line in steps.read_text().splitlines():
+            if line.strip():
+                entry = json.loads(line)
+                results[entry["label"]].append(StepResult.model_validate(entry["result"]))
+    return results
+
+
+def _append(steps: Path, label: str, result: StepResult) -> None:
+    with steps.open("a") as out:
+        out.write(json.dumps({"label": label, "result": result.model_dump(mode="json")}) + "\n")
 
 
 def approve_both(root: Path, store: Path, key: Path, confine: bool) -> str | None:
@@ -157,16 +210,24 @@ def approve_both(root: Path, store: Path, key: Path, confine: bool) -> str | Non
 
 
 def guard_rounds(names: dict[str, str], runs: int, guard: Callable[[str], StepResult], scenarios: dict,
-                 save: Callable[[], None]) -> bool:
+                 save: Callable[[], None], results: dict[str, list[StepResult]] | None = None,
+                 record: Callable[[str, StepResult], None] | None = None) -> bool:
     """`runs` rounds of one guard step per scenario (label: approval name), each step's summary put in `scenarios`
-    and saved at once; True when all ran. An interrupt (a slot's end) ends it early, keeping what was measured, and
-    every round is whole but the last, so that a run cut short leaves every scenario alike."""
-    results: dict[str, list[StepResult]] = {label: [] for label in names}
+    and saved at once, and the step itself handed to `record`; True when all ran. `results`: the steps an earlier
+    run measured, gone on from (its last round completed first). An interrupt (a slot's end) ends it early,
+    keeping what was measured, and every round is whole but the last, so that a run cut short leaves every
+    scenario alike."""
+    results = {label: list((results or {}).get(label, [])) for label in names}
     try:
         for run_index in range(runs):
+            due = [label for label in names if len(results[label]) <= run_index]
+            if not due:
+                continue
             print(f"guard run {run_index + 1} of {runs}", file=sys.stderr, flush=True)
-            for label, name in names.items():
-                results[label].append(guard(name))
+            for label in due:
+                results[label].append(guard(names[label]))
+                if record is not None:
+                    record(label, results[label][-1])
                 scenarios[label] = summary_of(results[label])
                 save()
     except KeyboardInterrupt:

@@ -3,6 +3,8 @@ statuses, verdicts per case and the step's cost after the first run from the gua
 
 from __future__ import annotations
 
+import json
+
 from bench import guard_gpu
 from guard.measure import StepCost
 from guard.step import StepResult
@@ -77,3 +79,61 @@ def test_rounds_that_all_run_are_complete():
     assert guard_gpu.guard_rounds({"unchanged": "a"}, 3, lambda name: result(Verdict.PASS, 10, 5), scenarios,
                                   lambda: None)
     assert scenarios["unchanged"]["runs"] == 3
+
+
+def test_rounds_go_on_from_the_steps_a_cut_run_measured():
+    calls: list[str] = []
+    recorded: list[str] = []
+    earlier = {"a": [result(Verdict.PASS, 10, 5)] * 2, "b": [result(Verdict.PASS, 10, 5)]}  # cut in round 2
+
+    def guard(name: str) -> StepResult:
+        calls.append(name)
+        return result(Verdict.PASS, 10, 5)
+
+    scenarios: dict = {}
+    assert guard_gpu.guard_rounds({"a": "A", "b": "B"}, 3, guard, scenarios, lambda: None, earlier,
+                                  lambda label, step: recorded.append(label))
+    assert calls == ["B", "A", "B"] and recorded == ["b", "a", "b"]  # round 2's missing step, then round 3
+    assert scenarios["a"]["runs"] == 3 and scenarios["b"]["runs"] == 3
+    assert len(earlier["a"]) == 2  # the caller's lists are left as they were
+
+
+def test_a_run_with_a_work_folder_goes_on_from_its_steps(tmp_path, monkeypatch, capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    names = {"unchanged": "a", "wrong": "a-wrong"}
+    source = guard_gpu.referee_fingerprint()["referee_source_sha256"]
+    (work / "state.json").write_text(json.dumps({"names": names, "calibration": {}, "gpu": "H100", "source": source}))
+    guard_gpu._append(work / "steps.jsonl", "unchanged", result(Verdict.PASS, 10, 5))
+
+    def never(*args):
+        raise AssertionError("the approvals were made again")
+
+    steps: list[str] = []
+
+    def step(store, name, confine, settings):
+        steps.append(name)
+        return result(Verdict.INCORRECT if "wrong" in name else Verdict.PASS, 10, 5)
+
+    monkeypatch.setattr(guard_gpu, "gpu_absent_reason", lambda: None)
+    monkeypatch.setattr(guard_gpu, "played_run", never)
+    monkeypatch.setattr(guard_gpu, "step", step)
+    out = tmp_path / "out.json"
+    assert guard_gpu.main(["--out", str(out), "--runs", "2", "--work", str(work)]) == 0
+    assert steps == ["a-wrong", "a", "a-wrong"]
+    document = json.loads(out.read_text())
+    assert document["complete"] and document["scenarios"]["unchanged"]["runs"] == 2
+    assert document["scenarios"]["wrong"]["verdicts"] == {"x": {"incorrect": 2}, "y": {"incorrect": 2}}
+    measured = guard_gpu.measured_steps(work / "steps.jsonl", names)
+    assert [len(measured[label]) for label in names] == [2, 2]
+    assert measured["wrong"][0] == result(Verdict.INCORRECT, 10, 5)
+    assert f"going on from {work}" in capsys.readouterr().err
+
+
+def test_a_work_folder_left_by_other_referee_code_is_not_gone_on_from(tmp_path, monkeypatch, capsys):
+    (tmp_path / "state.json").write_text(json.dumps({"names": {"a": "a"}, "calibration": {}, "gpu": "H100",
+                                                     "source": "0" * 64}))
+    monkeypatch.setattr(guard_gpu, "gpu_absent_reason", lambda: None)
+    assert guard_gpu.main(["--out", str(tmp_path / "out.json"), "--work", str(tmp_path)]) == 1
+    assert "holds the runs of other referee code: remove it to start afresh" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
