@@ -19,6 +19,7 @@ machine, each cut at its slot's end.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import statistics
@@ -123,25 +124,30 @@ def main(argv: list[str] | None = None) -> int:
     runs, confine, settings = (2 if args.quick else args.runs), not args.no_sandbox, VerdictSettings()
     began = time.monotonic()
     with work_folder(args.work) as root:
-        store, state = root / "store", root / "state.json"
-        source = referee_fingerprint()["referee_source_sha256"]
+        made, state, steps = root / "made", root / "state.json", root / "steps.jsonl"
+        code = code_digest()
         if state.exists():
             prepared = json.loads(state.read_text())
-            if prepared.get("source") != source:
-                print(f"{root} holds the runs of other referee code: remove it to start afresh", file=sys.stderr)
+            refused = _not_gone_on_from(prepared, code, runs)
+            if refused:
+                print(f"{root} {refused}: remove it to start afresh", file=sys.stderr)
                 return 1
             print(f"going on from {root}", file=sys.stderr)
         else:
+            shutil.rmtree(made, ignore_errors=True)  # what a run cut before its state was written left
+            steps.unlink(missing_ok=True)
+            made.mkdir()
             try:
-                prepared = prepare(root, store, confine, settings)
+                prepared = prepare(made, made / "store", confine, settings)
             except KeyboardInterrupt:
                 print("interrupted before the guard runs began: nothing measured", file=sys.stderr)
                 return 1
             if isinstance(prepared, str):
                 print(prepared, file=sys.stderr)
                 return 1
-            state.write_text(json.dumps(prepared | {"source": source}))
-        names, steps = prepared["names"], root / "steps.jsonl"
+            prepared |= {"code": code, "runs": runs}
+            _write_atomically(state, json.dumps(prepared))
+        names, store = prepared["names"], made / "store"
         results = measured_steps(steps, names)
         document = {"gpu": prepared["gpu"], "runs": runs, "calibration": prepared["calibration"], "complete": False,
                     "scenarios": {label: summary_of(done) for label, done in results.items() if done}}
@@ -151,6 +157,30 @@ def main(argv: list[str] | None = None) -> int:
     _save(args.out, document, began)
     print_summary(document)
     return 0 if document["complete"] else 1
+
+
+def code_digest() -> str:
+    """The code a guard step's numbers depend on: the referee's modules, the guard's, this bench and the two tasks."""
+    files = sorted([*(ROOT / "guard").glob("*.py"), Path(__file__).resolve(),
+                    *(f for task in ("matmul_f32", "softmax_f32") for f in (CASES / task).iterdir() if f.is_file())])
+    digest = hashlib.sha256(referee_fingerprint()["referee_source_sha256"].encode())
+    for path in files:
+        digest.update(path.name.encode() + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _not_gone_on_from(prepared: dict, code: str, runs: int) -> str | None:
+    if prepared.get("code") != code:
+        return "holds the runs of other code (the referee's, the guard's, this bench's or the tasks')"
+    if prepared.get("runs") != runs:
+        return f"was begun for {prepared.get('runs')} runs, not {runs}"
+    return None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 @contextmanager
@@ -182,13 +212,20 @@ def prepare(root: Path, store: Path, confine: bool, settings: VerdictSettings) -
 
 
 def measured_steps(steps: Path, names: dict[str, str]) -> dict[str, list[StepResult]]:
-    """The guard steps a run cut short recorded in `steps` (one JSON line each), per scenario."""
+    """The guard steps a run cut short recorded in `steps` (one JSON line each), per scenario. A last line cut in
+    its writing (a kill) is dropped from the file, its step measured again."""
     results: dict[str, list[StepResult]] = {label: [] for label in names}
-    if steps.exists():
-        for line in steps.read_text().splitlines():
-            if line.strip():
-                entry = json.loads(line)
-                results[entry["label"]].append(StepResult.model_validate(entry["result"]))
+    if not steps.exists():
+        return results
+    kept = []
+    for line in steps.read_text().splitlines(keepends=True):
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        results[entry["label"]].append(StepResult.model_validate(entry["result"]))
+        kept.append(line if line.endswith("\n") else line + "\n")
+    _write_atomically(steps, "".join(kept))
     return results
 
 

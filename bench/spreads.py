@@ -81,6 +81,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--tasks", nargs="+", metavar="NAME", help="only these shipped tasks (default: every one)")
     args = parser.parse_args()
+    unknown = sorted(set(args.tasks or ()) - {p.name for p in CASES.iterdir() if (p / "task.toml").exists()})
+    if unknown:
+        parser.error(f"no shipped task named {', '.join(unknown)}")
     absent = gpu_absent_reason()
     if absent:
         print(f"no GPU: {absent}")

@@ -102,8 +102,8 @@ def test_a_run_with_a_work_folder_goes_on_from_its_steps(tmp_path, monkeypatch, 
     work = tmp_path / "work"
     work.mkdir()
     names = {"unchanged": "a", "wrong": "a-wrong"}
-    source = guard_gpu.referee_fingerprint()["referee_source_sha256"]
-    (work / "state.json").write_text(json.dumps({"names": names, "calibration": {}, "gpu": "H100", "source": source}))
+    (work / "state.json").write_text(json.dumps({"names": names, "calibration": {}, "gpu": "H100",
+                                                 "code": guard_gpu.code_digest(), "runs": 2}))
     guard_gpu._append(work / "steps.jsonl", "unchanged", result(Verdict.PASS, 10, 5))
 
     def never(*args):
@@ -130,10 +130,39 @@ def test_a_run_with_a_work_folder_goes_on_from_its_steps(tmp_path, monkeypatch, 
     assert f"going on from {work}" in capsys.readouterr().err
 
 
-def test_a_work_folder_left_by_other_referee_code_is_not_gone_on_from(tmp_path, monkeypatch, capsys):
-    (tmp_path / "state.json").write_text(json.dumps({"names": {"a": "a"}, "calibration": {}, "gpu": "H100",
-                                                     "source": "0" * 64}))
+def test_a_work_folder_left_by_other_code_or_for_other_runs_is_not_gone_on_from(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(guard_gpu, "gpu_absent_reason", lambda: None)
+    state = {"names": {"a": "a"}, "calibration": {}, "gpu": "H100", "code": "0" * 64, "runs": 20}
+    (tmp_path / "state.json").write_text(json.dumps(state))
     assert guard_gpu.main(["--out", str(tmp_path / "out.json"), "--work", str(tmp_path)]) == 1
-    assert "holds the runs of other referee code: remove it to start afresh" in capsys.readouterr().err
+    assert "holds the runs of other code" in capsys.readouterr().err
+    (tmp_path / "state.json").write_text(json.dumps(state | {"code": guard_gpu.code_digest()}))
+    assert guard_gpu.main(["--out", str(tmp_path / "out.json"), "--work", str(tmp_path), "--quick"]) == 1
+    assert "was begun for 20 runs, not 2: remove it to start afresh" in capsys.readouterr().err
     assert not (tmp_path / "out.json").exists()
+
+
+def test_a_work_folder_cut_before_its_runs_began_is_prepared_afresh(tmp_path, monkeypatch, capsys):
+    reached: list[Path] = []
+
+    def interrupted(root, *args):
+        reached.append(root)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(guard_gpu, "gpu_absent_reason", lambda: None)
+    monkeypatch.setattr(guard_gpu, "played_run", interrupted)
+    for _ in range(2):  # the second finds the first's key and store, and makes them again
+        assert guard_gpu.main(["--out", str(tmp_path / "out.json"), "--work", str(tmp_path), "--quick"]) == 1
+        assert "nothing measured" in capsys.readouterr().err
+    assert len(reached) == 2 and (tmp_path / "made" / "keys").is_dir() and not (tmp_path / "state.json").exists()
+
+
+def test_a_step_cut_in_its_writing_is_dropped_and_measured_again(tmp_path):
+    steps = tmp_path / "steps.jsonl"
+    guard_gpu._append(steps, "a", result(Verdict.PASS, 10, 5))
+    guard_gpu._append(steps, "b", result(Verdict.PASS, 10, 5))
+    steps.write_text(steps.read_text()[:-40])  # the second line cut short
+    measured = guard_gpu.measured_steps(steps, {"a": "A", "b": "B"})
+    assert [len(measured["a"]), len(measured["b"])] == [1, 0]
+    guard_gpu._append(steps, "b", result(Verdict.PASS, 10, 5))
+    assert [len(v) for v in guard_gpu.measured_steps(steps, {"a": "A", "b": "B"}).values()] == [1, 1]

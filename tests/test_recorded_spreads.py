@@ -22,4 +22,5 @@ def test_no_recorded_honest_timing_is_refused_for_its_shape(where, row):
     assert shape_reasons(shape, row["case"]) == [], (where, row["kernel"], shape)
     # Room to spare: half the allowed spread, a third of the gap that makes two modes
     assert shape.spread <= shape.spread_allowed / 2, shape
+    assert shape.middle_spread <= shape.middle_spread_allowed / 2, shape
     assert shape.mode_gap < MODE_GAP / 3, shape

@@ -59,7 +59,7 @@ def test_a_few_slow_launches_are_no_mode_and_a_gap_too_small_is_none():
     rng = np.random.default_rng(3)
     base = 0.05 * rng.lognormal(0.0, 0.005, 100)
     few = base.copy()
-    few[: int(MODE_SHARE * 100) - 1] *= 2.0      # 9 launches twice as slow: fewer than a mode's share
+    few[: int(MODE_SHARE * 100) - 1] *= 2.0      # 24 launches twice as slow: fewer than a mode's share
     assert not shape_of(few).has_modes
     near = base.copy()
     near[:45] *= 1 + MODE_GAP / 2                # two groups 5% apart: within what the rule allows
@@ -105,6 +105,24 @@ def test_slow_launches_smeared_between_the_modes_are_refused_as_timing_spread():
     samples[: 45] *= rng.uniform(1.0, 2.0, 45)  # no gap: the padding is drawn from a range
     shape = shape_of(samples)
     assert shape.spread > SPREAD_MAX and codes(samples) == [ReasonCode.TIMING_SPREAD]
+
+
+@pytest.mark.parametrize("fast_share", [0.52, 0.55, 0.6, 0.7])
+def test_slow_launches_bridged_over_the_gap_are_refused_for_their_middle_half(fast_share):
+    """Three launches spaced across the gap keep every step under MODE_GAP, so there is no mode, and the slow side
+    stays inside the 10th-to-90th spread allowed; the middle half, where the median's interval lies, is wide."""
+    rng = np.random.default_rng(17)
+    n = 100
+    fast = round(fast_share * n)
+    samples = np.concatenate([np.ones(fast), [1.08, 1.16, 1.24], np.full(n - fast - 3, 1.33)])
+    samples = 0.05 * samples * rng.lognormal(0.0, 0.005, n)
+    shape = shape_of(samples)
+    assert not shape.has_modes and shape.spread <= shape.spread_allowed
+    assert codes(samples) == [ReasonCode.TIMING_SPREAD]
+    [reason] = shape_reasons(shape, "square")
+    assert "middle half" in reason.detail
+    stats, (p25, p75) = summarize(samples), np.percentile(samples, [25.0, 75.0])
+    assert p25 <= stats.ci_low_ms and stats.ci_high_ms <= p75  # the middle half bounds the median's interval
 
 
 def test_too_few_launches_for_two_sides_have_no_modes():
