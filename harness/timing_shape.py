@@ -25,10 +25,10 @@ from harness.results import Reason, ReasonCode
 # Both sides of a gap must hold at least this share of the launches for the gap to part two modes. Neither the
 # median nor, from 20 launches, either end of its 95% interval falls in a smaller group at either end, slow or fast
 # (the interval's ranks lie within the 25th and 75th percentiles at 20 launches, the 35th and 68th at 40, the 40th
-# and 61st at 100): they stay among the other launches. Honest kernels show such groups: a few slow outliers (a clock step, an interrupt of the GPU's front end),
-# and a reference with one thread per row timed on 16 SMs read 10% to 15% of its launches 14% slower on an H100
-# (docs/timing.md). A slow group of more than 10% still sets the 90th percentile, so the spread rule refuses it
-# where its gap passes what honest kernels show.
+# and 61st at 100): they stay among the other launches. Honest kernels show such groups: a few slow outliers (a
+# clock step, an interrupt of the GPU's front end), and a reference with one thread per row timed on 16 SMs read
+# 10% to 15% of its launches 14% slower on an H100 (docs/timing.md). A slow group of more than 10% still sets
+# the 90th percentile, so the spread rule refuses it where its gap passes what honest kernels show.
 MODE_SHARE = 0.25
 # Two modes: the gap between them is at least this fraction of the median, and at least MODE_SEPARATION
 # times the wider of the two sides' own spreads (p25 to p75 of each side).
@@ -43,7 +43,8 @@ SPREAD_JITTER_MS = 0.002
 # The middle half's spread, (p75 - p25) / median, beyond MIDDLE_SPREAD_MAX (plus the same jitter). The median's
 # interval lies within the middle half, so a kernel that widens it (slow launches bridged over a gap in steps
 # under MODE_GAP, or smeared over a range) widens the middle half; honest kernels keep it within 6.8% (softmax_f32's
-# initial kernel at 50 us, bench/recorded), where a slow side of 45% smeared up to 1.33x reads about 32%.
+# initial kernel at 50 us, bench/recorded), where a slow side of 45% at 1.33x, bridged by three launches, reads
+# about 32%.
 MIDDLE_SPREAD_MAX = 0.15
 
 
