@@ -19,7 +19,6 @@ machine, each cut at its slot's end.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import statistics
@@ -37,7 +36,6 @@ sys.path.insert(0, str(ROOT))
 
 from guard import variants  # noqa: E402
 from guard.cli import main as guard_cli  # noqa: E402
-from guard.fingerprint import referee_fingerprint  # noqa: E402
 from guard.measure import local_executor  # noqa: E402
 from guard.signing import generate  # noqa: E402
 from guard.step import StepResult, guard_approval  # noqa: E402
@@ -47,8 +45,10 @@ from harness.device import gpu_absent_reason  # noqa: E402
 from harness.settings import TimingSettings  # noqa: E402
 from harness.task import load_task  # noqa: E402
 from server.attempt import finish, record_attempt  # noqa: E402
+from server.audit import sha256_file, write_bytes_atomic  # noqa: E402
 from server.executor import GpuExecutor  # noqa: E402
 from server.lifecycle import new_run  # noqa: E402
+from server.lock import digest, referee_source  # noqa: E402
 from server.run import RunSettings  # noqa: E402
 
 CASES = ROOT / "cases"
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(prepared, file=sys.stderr)
                 return 1
             prepared |= {"code": code, "runs": runs}
-            _write_atomically(state, json.dumps(prepared))
+            write_bytes_atomic(state, json.dumps(prepared).encode())
         names, store = prepared["names"], made / "store"
         results = measured_steps(steps, names)
         document = {"gpu": prepared["gpu"], "runs": runs, "calibration": prepared["calibration"], "complete": False,
@@ -161,12 +161,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def code_digest() -> str:
     """The code a guard step's numbers depend on: the referee's modules, the guard's, this bench and the two tasks."""
-    files = sorted([*(ROOT / "guard").glob("*.py"), Path(__file__).resolve(),
-                    *(f for task in ("matmul_f32", "softmax_f32") for f in (CASES / task).iterdir() if f.is_file())])
-    digest = hashlib.sha256(referee_fingerprint()["referee_source_sha256"].encode())
-    for path in files:
-        digest.update(path.name.encode() + hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
+    files = [*(ROOT / "guard").glob("*.py"), Path(__file__).resolve(),
+             *(f for task in ("matmul_f32", "softmax_f32") for f in (CASES / task).iterdir() if f.is_file())]
+    return digest(referee_source() | {path.relative_to(ROOT).as_posix(): sha256_file(path) for path in files})
 
 
 def _not_gone_on_from(prepared: dict, code: str, runs: int) -> str | None:
@@ -175,12 +172,6 @@ def _not_gone_on_from(prepared: dict, code: str, runs: int) -> str | None:
     if prepared.get("runs") != runs:
         return f"was begun for {prepared.get('runs')} runs, not {runs}"
     return None
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    partial.replace(path)
 
 
 @contextmanager
@@ -225,7 +216,7 @@ def measured_steps(steps: Path, names: dict[str, str]) -> dict[str, list[StepRes
             break
         results[entry["label"]].append(StepResult.model_validate(entry["result"]))
         kept.append(line if line.endswith("\n") else line + "\n")
-    _write_atomically(steps, "".join(kept))
+    write_bytes_atomic(steps, "".join(kept).encode())
     return results
 
 
