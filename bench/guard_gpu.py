@@ -12,8 +12,9 @@ planned from the approval, rescaled once from a first measurement when that land
 wrong on one element. Writes JSON to --out after every guard step (`complete` false until the last) and prints a summary;
 an interrupt (a slot's end) keeps what was measured. Exits 2 saying "no GPU" where there is none.
 `--quick`: 2 runs of each, for a short GPU slot. `--work DIR` keeps the key, the approvals and every guard step
-(steps.jsonl) in DIR, and a later run with the same DIR goes on from there: the 20 runs over several calls of one
-machine, each cut at its slot's end.
+(steps.jsonl) in DIR, and a later run with the same DIR goes on from there: the 20 runs over several calls, each
+cut at its slot's end, on one machine or (DIR carried) on another board of the same GPU model; the summary counts
+the steps each board measured.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from guard.step import StepResult, guard_approval  # noqa: E402
 from guard.store import keys_dir, load_approval  # noqa: E402
 from guard.verdict import VerdictSettings, exit_status  # noqa: E402
 from harness.device import gpu_absent_reason  # noqa: E402
+from harness.nvml import Nvml  # noqa: E402
 from harness.settings import TimingSettings  # noqa: E402
 from harness.task import load_task  # noqa: E402
 from server.attempt import finish, record_attempt  # noqa: E402
@@ -79,7 +81,8 @@ def step(store: Path, name: str, confine: bool, settings: VerdictSettings) -> St
 
 
 def summary_of(results: list[StepResult]) -> dict:
-    """Exit statuses, verdicts per case, rounds, slowdowns measured and the step's cost over its timing."""
+    """Exit statuses, verdicts per case, rounds, slowdowns measured, the step's cost over its timing and the steps
+    each board (GPU UUID) measured."""
     later = [r.cost.ratio for r in results[1:] if r.cost.ratio is not None]
     return {"runs": len(results), "exit_status": dict(Counter(exit_status(r.verdicts) for r in results)),
             "verdicts": {case: dict(Counter(v.verdict.value for r in results for v in r.verdicts if v.case == case))
@@ -87,7 +90,8 @@ def summary_of(results: list[StepResult]) -> dict:
             "rounds": [r.cost.rounds for r in results],
             "change": [{v.case: v.change.estimate for v in r.verdicts if v.change} for r in results],
             "cost_ratio_after_first": {"median": statistics.median(later), "max": max(later)} if later else None,
-            "seconds": [round(r.cost.total_s, 2) for r in results]}
+            "seconds": [round(r.cost.total_s, 2) for r in results],
+            "boards": dict(Counter(str(r.fingerprint.gpu_uuid) for r in results))}
 
 
 def slower_copy(store: Path, key: Path, name: str, confine: bool, settings: VerdictSettings) -> tuple[str, dict]:
@@ -128,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         code = code_digest()
         if state.exists():
             prepared = json.loads(state.read_text())
-            refused = _not_gone_on_from(prepared, code, runs)
+            refused = _not_gone_on_from(prepared, code, runs, this_gpu())
             if refused:
                 print(f"{root} {refused}: remove it to start afresh", file=sys.stderr)
                 return 1
@@ -166,11 +170,18 @@ def code_digest() -> str:
     return digest(referee_source() | {path.relative_to(ROOT).as_posix(): sha256_file(path) for path in files})
 
 
-def _not_gone_on_from(prepared: dict, code: str, runs: int) -> str | None:
+def this_gpu() -> str | None:
+    """This host's GPU model, as NVML names it (None without NVML)."""
+    return Nvml().board().name
+
+
+def _not_gone_on_from(prepared: dict, code: str, runs: int, gpu: str | None) -> str | None:
     if prepared.get("code") != code:
         return "holds the runs of other code (the referee's, the guard's, this bench's or the tasks')"
     if prepared.get("runs") != runs:
         return f"was begun for {prepared.get('runs')} runs, not {runs}"
+    if None not in (gpu, prepared.get("gpu")) and prepared["gpu"] != gpu:  # another model's ratios and slowdown
+        return f"was begun on a {prepared.get('gpu')}, not this {gpu}"
     return None
 
 
@@ -271,7 +282,9 @@ def _save(out: Path, document: dict, began: float) -> None:
 
 def print_summary(document: dict) -> None:
     done = "" if document["complete"] else ", cut short"
-    print(f"guard on {document['gpu']}, {document['runs']} runs each planned{done} ({document['seconds']} s):")
+    boards = sorted({board for shown in document["scenarios"].values() for board in shown.get("boards", {})})
+    print(f"guard on {document['gpu']} ({len(boards)} board{'s' if len(boards) != 1 else ''}: {', '.join(boards)}), "
+          f"{document['runs']} runs each planned{done} ({document['seconds']} s):")
     for label, shown in document["scenarios"].items():
         cost = shown["cost_ratio_after_first"]
         print(f"  {label}: {shown['runs']} runs; exit {shown['exit_status']}; verdicts {shown['verdicts']}; rounds "

@@ -38,9 +38,9 @@ def test_a_failed_approval_is_named_and_ends_the_bench(tmp_path, monkeypatch, ca
     assert "the approval of softmax failed (exit 1)" in capsys.readouterr().err
 
 
-def result(verdict: Verdict, total_s: float, timing_s: float) -> StepResult:
+def result(verdict: Verdict, total_s: float, timing_s: float, board: str = "GPU-1") -> StepResult:
     change = Interval(estimate=1.03, low=1.02, high=1.04, confidence=0.95)
-    return StepResult(approval="a", node="n", fingerprint=fake_fingerprint("matmul_f32"),
+    return StepResult(approval="a", node="n", fingerprint=fake_fingerprint("matmul_f32", gpu_uuid=board),
                       verdicts=[CaseVerdict(approval="a", case=c, verdict=verdict, threshold=0.015, change=change,
                                             rounds=8) for c in ("x", "y")],
                       cost=StepCost(total_s=total_s, timing_s=timing_s, rounds=8))
@@ -48,11 +48,12 @@ def result(verdict: Verdict, total_s: float, timing_s: float) -> StepResult:
 
 def test_the_summary_counts_verdicts_and_the_cost_after_the_first_run():
     shown = guard_gpu.summary_of([result(Verdict.PASS, 30, 5), result(Verdict.PASS, 12, 8),
-                                  result(Verdict.REGRESSED, 18, 10)])
+                                  result(Verdict.REGRESSED, 18, 10, board="GPU-2")])
     assert shown["exit_status"] == {0: 2, 1: 1}
     assert shown["verdicts"] == {"x": {"pass": 2, "regressed": 1}, "y": {"pass": 2, "regressed": 1}}
     assert shown["cost_ratio_after_first"] == {"median": 1.65, "max": 1.8}  # the first run's 6x is left out
     assert shown["change"][0] == {"x": 1.03, "y": 1.03}
+    assert shown["boards"] == {"GPU-1": 2, "GPU-2": 1}
 
 
 def test_rounds_cut_by_an_interrupt_keep_every_step_measured_so_far():
@@ -116,6 +117,7 @@ def test_a_run_with_a_work_folder_goes_on_from_its_steps(tmp_path, monkeypatch, 
         return result(Verdict.INCORRECT if "wrong" in name else Verdict.PASS, 10, 5)
 
     monkeypatch.setattr(guard_gpu, "gpu_absent_reason", lambda: None)
+    monkeypatch.setattr(guard_gpu, "this_gpu", lambda: "H100")
     monkeypatch.setattr(guard_gpu, "played_run", never)
     monkeypatch.setattr(guard_gpu, "step", step)
     out = tmp_path / "out.json"
@@ -123,6 +125,7 @@ def test_a_run_with_a_work_folder_goes_on_from_its_steps(tmp_path, monkeypatch, 
     assert steps == ["a-wrong", "a", "a-wrong"]
     document = json.loads(out.read_text())
     assert document["complete"] and document["scenarios"]["unchanged"]["runs"] == 2
+    assert document["scenarios"]["unchanged"]["boards"] == {"GPU-1": 2}
     assert document["scenarios"]["wrong"]["verdicts"] == {"x": {"incorrect": 2}, "y": {"incorrect": 2}}
     measured = guard_gpu.measured_steps(work / "steps.jsonl", names)
     assert [len(measured[label]) for label in names] == [2, 2]
@@ -130,7 +133,7 @@ def test_a_run_with_a_work_folder_goes_on_from_its_steps(tmp_path, monkeypatch, 
     assert f"going on from {work}" in capsys.readouterr().err
 
 
-def test_a_work_folder_left_by_other_code_or_for_other_runs_is_not_gone_on_from(tmp_path, monkeypatch, capsys):
+def test_a_work_folder_of_other_code_other_runs_or_another_model_is_not_gone_on_from(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(guard_gpu, "gpu_absent_reason", lambda: None)
     state = {"names": {"a": "a"}, "calibration": {}, "gpu": "H100", "code": "0" * 64, "runs": 20}
     (tmp_path / "state.json").write_text(json.dumps(state))
@@ -139,6 +142,9 @@ def test_a_work_folder_left_by_other_code_or_for_other_runs_is_not_gone_on_from(
     (tmp_path / "state.json").write_text(json.dumps(state | {"code": guard_gpu.code_digest()}))
     assert guard_gpu.main(["--out", str(tmp_path / "out.json"), "--work", str(tmp_path), "--quick"]) == 1
     assert "was begun for 20 runs, not 2: remove it to start afresh" in capsys.readouterr().err
+    monkeypatch.setattr(guard_gpu, "this_gpu", lambda: "NVIDIA H200")  # carried to another model's machine
+    assert guard_gpu.main(["--out", str(tmp_path / "out.json"), "--work", str(tmp_path)]) == 1
+    assert "was begun on a H100, not this NVIDIA H200: remove it to start afresh" in capsys.readouterr().err
     assert not (tmp_path / "out.json").exists()
 
 
