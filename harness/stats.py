@@ -182,11 +182,10 @@ def speedup(baseline: LatencyStats, candidate: LatencyStats) -> Speedup:
                    beyond_noise=disjoint_and_faster and ratio > 1.0 and low > 1.0 + NOISE_FLOOR)
 
 
-def intervals_agree(first: tuple[float, float], second: tuple[float, float]) -> bool:
+def intervals_agree(first: tuple[float, float], second: tuple[float, float], tolerance: float = NOISE_FLOOR) -> bool:
     """Whether two timings of one kernel on one case agree: their medians' intervals (low, high) overlap, each
-    upper end widened by NOISE_FLOOR, the most a median moves between honest jobs whose own intervals are
-    narrower than that."""
-    return second[0] <= first[1] * (1.0 + NOISE_FLOOR) and first[0] <= second[1] * (1.0 + NOISE_FLOOR)
+    upper end widened by `tolerance` (by default NOISE_FLOOR)."""
+    return second[0] <= first[1] * (1.0 + tolerance) and first[0] <= second[1] * (1.0 + tolerance)
 
 
 # The one wording of a speedup's significance, shared by the tool answers, the report and the demo's table.
