@@ -5,8 +5,8 @@ rule (harness/timing_shape.py, docs/timing.md).
 
 Times, each in `--runs` independent jobs (a new worker each), every performance case of every shipped task
 (or of `--tasks`) with its initial and reference kernel, the reference also under the candidates' launch where
-the task gives it its own (a run whose baseline is the reference times it so), and the demo's matmul_f32 kernels,
-with the referee's own protocol.
+the task gives it its own and it is right under that one too (a run whose baseline is the reference times it so),
+and the demo's matmul_f32 kernels, with the referee's own protocol.
 Writes spreads.json: for each kernel and case, every run's per-launch samples and its shape (harness/timing_shape.py
 `shape_of`), then prints the widest shapes seen. Without a GPU it says so and exits with status 2.
 """
@@ -44,9 +44,15 @@ def kernels_of(executor: GpuExecutor, task_name: str) -> list[tuple[str, Compile
         found.append((f"{task_name} {which}", CompiledKernel(which, result.cubin, result.lowered_name,
                                                             task.own_launch(which))))
         if which == "reference" and task.own_launch("reference") != task.launch:
-            # A run whose baseline is the reference times it under the candidates' launch.
-            found.append((f"{task_name} reference as a candidate", CompiledKernel(which, result.cubin,
-                                                                                 result.lowered_name, task.launch)))
+            # A run whose baseline is the reference times it under the candidates' launch, where it is right so.
+            as_candidate = CompiledKernel(which, result.cubin, result.lowered_name, task.launch)
+            checked = executor.check(as_candidate, list(task.visible_cases))
+            if checked.passed:
+                found.append((f"{task_name} reference as a candidate", as_candidate))
+            else:
+                codes = ", ".join(sorted({r.code for r in checked.reasons}))
+                print(f"  {task_name} reference as a candidate: left out, wrong under the candidates' launch "
+                      f"({codes}): no run can have it as its baseline", flush=True)
     if task_name == "matmul_f32":
         for step in PLAN:
             result = executor.compile(step.source, step.options)
