@@ -11,10 +11,18 @@ from pathlib import Path
 import numpy as np
 
 from harness.settings import input_seed
-from harness.task_model import Task
+from harness.task_model import Case, Task
 from server.audit import write_bytes_atomic
 from server.executor import Executor
-from server.run import expected_path, expected_tree_path
+
+
+def expected_path(case: Case, set_index: int, output: str) -> str:
+    return f"expected/{case.name}/{set_index}/{output}.npy"
+
+
+def expected_tree_path(case: Case, set_index: int, output: str) -> str:
+    """Where a case judged on the device keeps its expected output's sha256-tree instead of the output."""
+    return f"expected/{case.name}/{set_index}/{output}.sha256-tree"
 
 
 def write_expected(folder: Path, task: Task, sets: int, executor: Executor, keep_all: bool, progress=None) -> dict:

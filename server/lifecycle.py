@@ -157,8 +157,9 @@ def _move_into_place(run: Run, results: Path) -> None:
     """Rename the prepared folder to the next free results/run-NNN. The number is claimed by an empty folder
     (mkdir), which the rename then replaces: a run folder appears whole, its log, lock and history in it."""
     final = _next_run_dir(results)
-    os.rename(run.dir, final)
-    run.dir = final
+    with run.folder_moving():
+        os.rename(run.dir, final)
+        run.dir = final
     run.task = load_task(final / "task")  # a task reads its sources from its folder
     run.audit.moved_to(final)  # its open file moved with the folder
     run.lock_record = run.lock_record  # the locked files, checked under the new folder

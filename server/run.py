@@ -92,15 +92,6 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
-def expected_path(case: Case, set_index: int, output: str) -> str:
-    return f"expected/{case.name}/{set_index}/{output}.npy"
-
-
-def expected_tree_path(case: Case, set_index: int, output: str) -> str:
-    """Where a case judged on the device keeps its expected output's sha256-tree instead of the output."""
-    return f"expected/{case.name}/{set_index}/{output}.sha256-tree"
-
-
 class Run:
     """Budget, probes, lock and history of one run folder. Made and resumed by server/lifecycle.py."""
 
@@ -130,6 +121,7 @@ class Run:
         self.published: Any = None
         self.call_deadline_s = CALL_DEADLINE_S  # every tool call's, from its arrival (tests shorten it)
         self._mutex = threading.Lock()
+        self._folder_moves = threading.Lock()  # held while the folder moves into place and while it is listed
         self.folder_lock = None  # server/folder_lock.py's FolderLock: this process alone writes the folder
         self.preparation = None  # server/preparation.py's, while a new run is prepared behind its server
 
@@ -160,6 +152,13 @@ class Run:
     def exclusive(self) -> Iterator[None]:
         """One call at a time changes the run."""
         with self._mutex:
+            yield
+
+    @contextmanager
+    def folder_moving(self) -> Iterator[None]:
+        """The folder is renamed and `dir` follows it: a read of the folder meanwhile (describe_task's budget, while
+        a new run is prepared behind its server) waits, rather than list a folder that is gone."""
+        with self._folder_moves:
             yield
 
     @contextmanager
@@ -270,7 +269,8 @@ class Run:
 
     def claimed_attempts(self) -> set[int]:
         """Slots claimed by a file in attempts/ or by the log: deleting a file gives nothing back."""
-        on_disk = {int(p.stem) for p in (self.dir / "attempts").glob("[0-9][0-9][0-9].cu")}
+        with self._folder_moves:
+            on_disk = {int(p.stem) for p in (self.dir / "attempts").glob("[0-9][0-9][0-9].cu")}
         return on_disk | self.logged_attempts
 
     def budget(self) -> Budget:
