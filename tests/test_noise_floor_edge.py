@@ -1,13 +1,11 @@
 """The noise floor at its edge, on both sides (harness/stats.py): an interval just inside 1 +- NOISE_FLOOR is
-within noise, one just past it is beyond; a floor dropped to 1.0 on either side fails here. And two timings of
-one kernel agree (a re-verification's test) within the same floor."""
+within noise, one just past it is beyond; a floor dropped to 1.0 on either side fails here."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.stats import (FASTER_BEYOND_NOISE, NOISE_FLOOR, SLOWER_BEYOND_NOISE, WITHIN_NOISE, intervals_agree,
-                           significance, speedup)
+from harness.stats import FASTER_BEYOND_NOISE, NOISE_FLOOR, SLOWER_BEYOND_NOISE, WITHIN_NOISE, significance, speedup
 from tests.test_stats import stats_around
 
 FASTER_EDGE = 1.0 + NOISE_FLOOR
@@ -47,13 +45,3 @@ def test_a_speedup_whose_conservative_end_is_just_under_the_floor_is_not_beyond_
     assert 1.0 < short.low < FASTER_EDGE and short.beyond_noise is False
     assert significance(short.low, short.high, short.beyond_noise) == WITHIN_NOISE
 
-
-@pytest.mark.parametrize("first, second, agree", [
-    ((1.000, 1.002), (1.001, 1.003), True),         # overlapping
-    ((1.000, 1.002), (1.006, 1.008), True),         # 0.4% apart: within the floor
-    ((1.000, 1.002), (1.0071, 1.009), False),       # 0.51% past the first's upper end
-    ((1.0071, 1.009), (1.000, 1.002), False),       # the same, the other way round
-    ((1.000, 1.002), (0.80, 0.81), False),          # the second far faster
-])
-def test_two_timings_agree_within_their_intervals_and_the_floor(first, second, agree):
-    assert intervals_agree(first, second) is agree

@@ -4,6 +4,8 @@ RETIMING_TOLERANCE), through the real record_attempt with the fake executor."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from harness.results import ReasonCode
@@ -23,7 +25,8 @@ async def test_a_flagged_result_timed_again_much_slower_is_rejected_naming_both_
     assert {r["code"] for r in answer["reasons"]} == {"retiming_disagrees"}
     assert {r["case"] for r in answer["reasons"]} == {c.name for c in run.task.performance_cases}
     detail = answer["reasons"][0]["detail"]
-    assert detail.startswith("re-verification: ") and "80.0" in detail and "50.0" in detail, detail
+    medians = [float(m) for m in re.findall(r"([0-9.]+) us", detail)]
+    assert detail.startswith("re-verification: ") and medians == pytest.approx([80.0, 50.0], rel=0.01), detail
     entry = run.history[-1]
     assert entry.reverification["passed"] is False and run.executor.aborted == 1
     assert all(m == pytest.approx(0.080, rel=0.01) for m in entry.reverification["medians_ms"].values())
@@ -44,24 +47,18 @@ async def test_a_flagged_result_timed_again_within_what_two_jobs_differ_by_count
 
 def test_an_honest_kernel_timed_again_as_on_an_h100_agrees():
     """softmax_f32's initial kernel, re-verified on an H100 (2026-12-07): 48.13 us [47.94, 48.29], then 49.73 us
-    [49.34, 50.02] in a fresh worker, 3.3% apart with intervals under 1% wide. A 12% move does not agree."""
+    [49.34, 50.02] in a fresh worker, 3.3% apart. A 12% move does not agree."""
     first = {"square-4096": StatsRecord(median_ms=0.04813, ci_low_ms=0.04794, ci_high_ms=0.04829, mean_ms=0.04813,
                                         n=40)}
     assert retiming_disagreements(first, {"square-4096": summarize([0.04934, 0.04973, 0.05002] * 20)}) == []
-    [reason] = retiming_disagreements(first, {"square-4096": summarize([0.0543, 0.0545, 0.0547] * 20)})
-    assert "further apart than the 10% two honest jobs may differ by" in reason.detail
+    [reason] = retiming_disagreements(first, {"square-4096": summarize([0.0537, 0.0539, 0.0541] * 20)})
+    assert "more than 10% apart" in reason.detail and "53.90 us" in reason.detail and "48.13 us" in reason.detail
 
 
-def record(samples) -> StatsRecord:
-    return StatsRecord.model_validate(summarize(samples).model_dump())
-
-
-def test_every_case_must_be_timed_again_and_agree():
-    first = {"a": record([1.0, 1.001, 0.999] * 20), "b": record([2.0, 2.002, 1.998] * 20)}
-    again = {"a": summarize([1.0, 1.001, 0.999] * 20), "b": summarize([1.5, 1.5015, 1.4985] * 20)}
-    [reason] = retiming_disagreements(first, again)
-    assert reason.code is ReasonCode.RETIMING_DISAGREES and reason.case == "b"
-    assert "at a median of 1500.00 us" in reason.detail and "against 2000.00 us" in reason.detail
-    [missing] = retiming_disagreements(first, {"a": again["a"]})
-    assert missing.case == "b" and "was not timed again" in missing.detail
-    assert retiming_disagreements(first, {"a": again["a"], "b": summarize([2.0, 2.002, 1.998] * 20)}) == []
+def test_slow_launches_that_widen_the_first_interval_buy_no_slack():
+    """The medians are compared, not the intervals: a first timing whose slow launches put its interval's upper
+    end 20% above its fast median does not let a re-timing 15% slower agree."""
+    first = {"c": StatsRecord(median_ms=1.0, ci_low_ms=0.99, ci_high_ms=1.2, mean_ms=1.1, n=100)}
+    [reason] = retiming_disagreements(first, {"c": summarize([1.149, 1.15, 1.151] * 20)})
+    assert reason.code is ReasonCode.RETIMING_DISAGREES
+    assert retiming_disagreements(first, {"c": summarize([1.079, 1.08, 1.081] * 20)}) == []
