@@ -59,7 +59,7 @@ MAX_COMPLETIONS = 100  # the most values a completion answer may carry
 
 def build_server(run: Run, **server_options: Any) -> MCPServer:
     reports, logs, bus = FinishedReports(run), ClientLog(), InMemorySubscriptionBus()
-    updates = ResourceUpdates(run.dir, bus)
+    updates = ResourceUpdates(lambda: run.dir, bus)
 
     @asynccontextmanager
     async def lifespan(mcp_server: MCPServer) -> AsyncIterator[dict]:
@@ -188,10 +188,11 @@ def _attempt_tools(server: MCPServer, run: Run, call: Callable, candidate: Calla
 
 def _resources(server: MCPServer, run: Run) -> None:
     def read(name: str) -> str:
-        path = run.dir / name
-        if not path.exists():
-            raise ResourceNotFoundError(f"{name} does not exist yet")
-        return path.read_text()
+        with run.folder_moving():  # a new run's folder moves into place once prepared
+            path = run.dir / name
+            if not path.exists():
+                raise ResourceNotFoundError(f"{name} does not exist yet")
+            return path.read_text()
 
     @server.resource("referee://task", mime_type="application/json",
                      description="the task as describe_task gives it (the holdout cases are never shown)")
@@ -234,14 +235,16 @@ def _record_resources(server: MCPServer, run: Run, read: Callable[[str], str]) -
                      description="every attempt without raw timing samples or compiler logs; `full` names the rest")
     def compact_history_resource() -> str:
         read("history.json")  # not found until the baseline is recorded
-        return json.dumps(resource_views.compact_history(run.dir), indent=1)
+        with run.folder_moving():
+            return json.dumps(resource_views.compact_history(run.dir), indent=1)
 
     @server.resource(resource_views.EVENTS_URI + "{?cursor}", mime_type="application/json",
                      description="the audit log, 200 records a page from `cursor` (a record's line number); `next` "
                                  "is the following page's URI")
     def events_resource(cursor: str = "0") -> str:
         try:
-            return json.dumps(resource_views.events_page(run.dir, cursor))
+            with run.folder_moving():
+                return json.dumps(resource_views.events_page(run.dir, cursor))
         except resource_views.NoSuchPage as exc:
             raise ResourceNotFoundError(str(exc)) from None
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import anyio
 from mcp.server.subscriptions import ResourceUpdated, SubscriptionBus
@@ -32,15 +32,17 @@ WATCHED = {
 class ResourceUpdates:
     """Publishes a ResourceUpdated on `bus` for each watched resource whose file changed since the last look."""
 
-    def __init__(self, run_dir: Path, bus: SubscriptionBus, poll_s: float = POLL_S):
-        self.run_dir, self.bus, self.poll_s = Path(run_dir), bus, poll_s
+    def __init__(self, run_dir: Callable[[], Path], bus: SubscriptionBus, poll_s: float = POLL_S):
+        """`run_dir`: the run's folder at each look (a new run's moves into place once prepared)."""
+        self.run_dir, self.bus, self.poll_s = run_dir, bus, poll_s
         self._seen = self._look()
 
     def _look(self) -> dict[str, tuple[int, int, int] | None]:
         state = {}
+        folder = self.run_dir()
         for name in set(WATCHED.values()):
             try:
-                st = os.stat(self.run_dir / name)
+                st = os.stat(folder / name)
                 state[name] = (st.st_mtime_ns, st.st_size, st.st_ino)  # an atomic replace changes the inode
             except FileNotFoundError:
                 state[name] = None
