@@ -62,20 +62,21 @@ class TimingShape(BaseModel):
     mode_separation: float   # that gap / the wider of the two sides' interquartile ranges (inf: both sides flat)
 
     @property
+    def jitter(self) -> float:
+        """SPREAD_JITTER_MS as a share of the median, added to both spreads' bounds."""
+        return SPREAD_JITTER_MS / self.median_ms if self.median_ms > 0 else 0.0
+
+    @property
     def spread_allowed(self) -> float:
-        return SPREAD_MAX + (SPREAD_JITTER_MS / self.median_ms if self.median_ms > 0 else 0.0)
+        return SPREAD_MAX + self.jitter
 
     @property
     def middle_spread_allowed(self) -> float:
-        return MIDDLE_SPREAD_MAX + (SPREAD_JITTER_MS / self.median_ms if self.median_ms > 0 else 0.0)
+        return MIDDLE_SPREAD_MAX + self.jitter
 
     @property
     def has_modes(self) -> bool:
         return self.mode_gap >= MODE_GAP and self.mode_separation >= MODE_SEPARATION
-
-    @property
-    def too_wide(self) -> bool:
-        return self.spread > self.spread_allowed or self.middle_spread > self.middle_spread_allowed
 
 
 def shape_of(samples_ms: Sequence[float]) -> TimingShape:

@@ -269,7 +269,7 @@ class Run:
 
     def claimed_attempts(self) -> set[int]:
         """Slots claimed by a file in attempts/ or by the log: deleting a file gives nothing back."""
-        with self._folder_moves:
+        with self.folder_moving():
             on_disk = {int(p.stem) for p in (self.dir / "attempts").glob("[0-9][0-9][0-9].cu")}
         return on_disk | self.logged_attempts
 
