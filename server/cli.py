@@ -45,8 +45,16 @@ COST_OPTIONS = ("engineer-hours", "hourly-rate", "model-cost", "gpu-hour-cost", 
 GPU_HELP = "the GPU to use: an index or a UUID, as nvidia-smi -L prints them (default: one no run serves on)"
 
 
+# The commands server/entry.py hands to the rooms above this one, named in --help so that a person finds them.
+OTHER_COMMANDS = {"approve": "make a signed approval of a run's best (the regression guard, docs/guard.md)",
+                  "keygen": "make an approver's key pair", "guard": "replay a store's approvals on this GPU",
+                  "service": "the audit service: many runs, queued for this host's GPUs (docs/service.md)"}
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="kernel-referee", description=__doc__)
+    parser = Parser(prog="kernel-referee", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                    epilog="more commands, each with its own --help:\n" + "\n".join(
+                        f"  {name:<20}{text}" for name, text in OTHER_COMMANDS.items()))
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="run the full check and timing protocol on a task's kernels")
     check.add_argument("task", type=Path, help="task folder (holding task.toml)")

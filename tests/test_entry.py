@@ -6,7 +6,10 @@ import builtins
 import sys
 import threading
 
+import pytest
+
 from server import entry
+from server.cli import OTHER_COMMANDS
 from server.cli_args import EXIT_INTERRUPTED
 
 
@@ -92,3 +95,19 @@ def test_a_probe_that_prints_nothing_is_reported_with_its_stderr(monkeypatch):
         assert device.gpu_absent_reason() == "the GPU probe failed: driver exploded"
     finally:
         device.gpu_absent_reason.cache_clear()
+
+
+def test_help_names_every_command_the_door_hands_on_and_each_answers_its_own_help(monkeypatch, capsys):
+    assert set(OTHER_COMMANDS) == set(entry.GUARD_COMMANDS) | set(entry.SERVICE_COMMANDS)
+    monkeypatch.setattr(sys, "argv", ["kernel-referee", "--help"])
+    with pytest.raises(SystemExit) as stopped:
+        entry.main()
+    assert stopped.value.code == 0
+    listing = capsys.readouterr().out.split("more commands, each with its own --help:")[1]
+    assert [line.split()[0] for line in listing.strip().splitlines()] == list(OTHER_COMMANDS)
+    for name in OTHER_COMMANDS:
+        monkeypatch.setattr(sys, "argv", ["kernel-referee", name, "--help"])
+        with pytest.raises(SystemExit) as stopped:
+            entry.main()
+        assert stopped.value.code == 0
+        assert f"usage: kernel-referee {name}" in capsys.readouterr().out
