@@ -343,6 +343,7 @@ def finish(run: Run, reason: str, progress: Progress | None) -> FinishAnswer:
     set_best(run, final)
     write_history(run)  # it may hold an attempt whose record a full disk kept from history.json
     run.audit.append(EventKind.FINISHED, {"reason": reason, "best_attempt": final, "disqualified": disqualified})
+    run.report_due = True  # before the summary says finished: whoever sees the run finished sees its report due
     write_summary(run, status="finished", stop_reason=reason, holdout=holdout, disqualified=disqualified)
     _say(progress, 1, 1, f"run finished; the best is attempt {final}")
     return FinishAnswer(stop_reason=reason, best_attempt=final, disqualified=disqualified, holdout=holdout,

@@ -26,7 +26,7 @@ from server import preparation, probes
 from server.call import CallProgress
 from server.client_log import ClientLog
 from server.lease_waits import resume_waits
-from server.report_files import write_report_files
+from server.report_files import write_end_report
 from server.run import Refusal, Run
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,7 @@ class FinishedReports:
             self.group.start_soon(anyio.to_thread.run_sync, self._write)
 
     def _write(self) -> None:
-        with self.run.exclusive():  # the folder's files stay as they are while they are read
-            write_report_files(self.run.dir)
+        write_end_report(self.run)
 
 
 # Calls that change nothing: they answer what the last call that changed the run published, without the gate.

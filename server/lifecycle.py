@@ -25,7 +25,7 @@ from server.folder_lock import FolderHeld, FolderLock
 from server.lease_waits import name_lease
 from server.log_head import HEAD_NAME, KEEPS_HEAD
 from server.records import EventKind
-from server.report_files import write_report_files
+from server.report_files import write_end_report
 from server.expected_files import load_expected, write_expected
 from server.run import Progress, Run, RunError, RunSettings, TaskDoesNotFit, now_iso
 from server.signed_log import run_key
@@ -196,7 +196,7 @@ def resume_run(run_dir: Path, executor: Executor, folder: FolderLock | None = No
     was_finished = run.finished
     settle_interrupted(run)
     if run.finished and not was_finished:
-        write_report_files(run.dir)
+        write_end_report(run)
     return run
 
 

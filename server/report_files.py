@@ -3,7 +3,8 @@ listed with their sha256 in derived.json, signed with the run's key (server/sign
 
 A finished run's report is written after the call that finished it has answered (server/app.py), or by
 `kernel-referee report RUN` (`write_report_held`, which holds the run folder as a server does); rendering
-never runs inside an MCP tool call.
+never runs inside an MCP tool call. A run that ended in this process has its report due until it is written
+(`write_end_report`): the audit service shows a run finished only once it is.
 """
 
 from __future__ import annotations
@@ -48,6 +49,20 @@ def write_report_held(run_dir: Path, cost_inputs: CostInputs | None = None) -> l
         return write_report(run_dir, cost_inputs)
     with FolderLock.take(run_dir, "report"):
         return write_report(run_dir, cost_inputs)
+
+
+def write_end_report(run) -> None:
+    """The report of a run that ended in this process (server/run.py `Run`, whose `report_due` finish set), written
+    once by whoever needs it first: the server after the call that ended the run answered, the audit service
+    before it shows the run finished. The run's mutex is held, so the folder's files stay as they are while they
+    are read; a failure is logged and the report is no longer due (`kernel-referee report RUN` writes it again)."""
+    with run.exclusive():
+        if not run.report_due:
+            return
+        try:
+            write_report_files(run.dir)
+        finally:
+            run.report_due = False
 
 
 def write_report_files(run_dir: Path) -> None:

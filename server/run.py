@@ -124,6 +124,7 @@ class Run:
         self._folder_moves = threading.Lock()  # held while the folder moves into place and while it is listed
         self.folder_lock = None  # server/folder_lock.py's FolderLock: this process alone writes the folder
         self.preparation = None  # server/preparation.py's, while a new run is prepared behind its server
+        self.report_due = False  # it ended in this process and its report is not written yet (report_files.py)
 
     @property
     def lock_record(self) -> dict | None:

@@ -24,6 +24,7 @@ from anyio.abc import TaskGroup
 from harness.gpu_lease import ServingClaim
 from harness.placement import GpuInfo
 from harness.task import load_task
+from server.report_files import write_end_report
 from server.run import RunSettings
 from service import live as lives
 from service.auth import RunTokenVerifier, TokenStore
@@ -331,6 +332,8 @@ class Service:
             await anyio.to_thread.run_sync(live.run.executor.close)
         except Exception:  # noqa: BLE001 - the run ends all the same; its workers end with the service at worst
             log.exception("closing the executor of run %s failed", record.id)
+        if update["state"] is RunState.FINISHED:  # shown finished with its report written and signed, not before
+            await anyio.to_thread.run_sync(write_end_report, live.run)
         self.registry.update(record.id, finished_at=now_iso(), **update)
         self._release(record.id)
 

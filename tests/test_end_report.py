@@ -1,0 +1,98 @@
+"""A run that ends in this process has its report due until it is written, once (server/report_files.py
+`write_end_report`), and the audit service shows a run finished only once its report is written and signed: a
+reviewer who reads or verifies the run folder as soon as the API says finished finds it whole."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+from starlette.testclient import TestClient
+
+from server import report_files
+from server.attempt import record_attempt
+from server.report_files import REPORT_NAME, write_end_report
+from server.verify import verify_run
+from service.app import build_app
+from service.auth import ADMIN_TOKEN_ENV
+from service.settings import ServiceSettings
+from tests.fake_executor import FakeExecutor, fake_gpus
+from tests.server_support import client, kernel, new_run, ok, prepared
+from tests.service_support import ADMIN, MATMUL
+
+BASE = "http://127.0.0.1:8000"
+
+
+def _counted_writes(monkeypatch, pause_s: float = 0.0) -> list:
+    """Every report write, slowed by `pause_s` (the window in which the run is finished and its report not yet
+    written), counted."""
+    real, writes = report_files.write_report, []
+
+    def counted(run_dir, cost_inputs=None):
+        writes.append(run_dir)
+        time.sleep(pause_s)
+        return real(run_dir, cost_inputs)
+
+    monkeypatch.setattr(report_files, "write_report", counted)
+    return writes
+
+
+def test_a_run_ended_here_has_its_report_due_until_it_is_written_once(tmp_path, monkeypatch):
+    writes = _counted_writes(monkeypatch)
+    run = new_run(tmp_path, max_attempts=1)
+    try:
+        assert not run.report_due
+        record_attempt(run, run.candidate(None, kernel("latency_us=50")), "the one attempt", None, None)
+        assert run.finished and run.report_due and not (run.dir / REPORT_NAME).exists()
+        write_end_report(run)
+        write_end_report(run)  # a second writer (the service after the server) finds it written
+        assert not run.report_due and len(writes) == 1
+        assert (run.dir / REPORT_NAME).is_file()
+    finally:
+        run.close()
+    verified = verify_run(run.dir)
+    assert verified.ok, verified.problems
+
+
+@pytest.mark.anyio
+async def test_the_server_writes_the_report_after_the_finishing_call_and_it_is_no_longer_due(tmp_path):
+    run = new_run(tmp_path, max_attempts=1)
+    try:
+        async with client(run) as c:
+            await prepared(c)
+            await ok(c, "record_attempt", source=kernel("latency_us=50"), rationale="the one attempt")
+            deadline = time.monotonic() + 30
+            while run.report_due:  # written in the background of the server's lifespan
+                assert time.monotonic() < deadline
+                await anyio.sleep(0.05)
+        assert run.finished and (run.dir / REPORT_NAME).is_file()
+    finally:
+        run.close()
+
+
+@pytest.mark.usefixtures("own_gpu_claims")
+def test_the_service_shows_a_run_finished_only_once_its_report_is_written_and_signed(tmp_path, monkeypatch):
+    writes = _counted_writes(monkeypatch, pause_s=0.5)
+    settings = ServiceSettings(root=tmp_path / "service", scheduler_period_s=0.05)
+    app = build_app(settings, lambda task, timing, gpu: FakeExecutor(task, placed=gpu), fake_gpus(1),
+                    env={ADMIN_TOKEN_ENV: ADMIN})
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    with TestClient(app, base_url=BASE) as http:
+        made = http.post("/api/runs", json={"task_dir": str(MATMUL), "max_attempts": 1}, headers=auth)
+        assert made.status_code == 201, made.text
+        run_id, service = made.json()["run"]["id"], http.app.state.service
+        deadline = time.monotonic() + 60
+        while not (run_id in service.live and service.live[run_id].admitted):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        run = service.live[run_id].run
+        assert run.preparation.wait(60) and run.preparation.ready
+        # Ended by a call that writes no report itself: the service writes it before it shows the run finished.
+        record_attempt(run, run.candidate(None, kernel("latency_us=50")), "the one attempt", None, None)
+        while (state := http.get(f"/api/runs/{run_id}", headers=auth).json()["run"]["state"]) != "finished":
+            assert state == "running" and time.monotonic() < deadline, state
+            time.sleep(0.02)
+        assert (run.dir / REPORT_NAME).is_file() and len(writes) == 1
+        verified = verify_run(run.dir)
+        assert verified.ok, verified.problems
