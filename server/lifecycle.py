@@ -25,7 +25,7 @@ from server.folder_lock import FolderHeld, FolderLock
 from server.lease_waits import name_lease
 from server.log_head import HEAD_NAME, KEEPS_HEAD
 from server.records import EventKind
-from server.report_files import write_end_report
+from server.report_files import report_cut_short, write_end_report
 from server.expected_files import load_expected, write_expected
 from server.run import Progress, Run, RunError, RunSettings, TaskDoesNotFit, now_iso
 from server.signed_log import run_key
@@ -194,9 +194,10 @@ def resume_run(run_dir: Path, executor: Executor, folder: FolderLock | None = No
         run.close()  # its audit log is open
         raise
     was_finished = run.finished
-    settle_interrupted(run)
-    if run.finished and not was_finished:
-        write_end_report(run)
+    settle_interrupted(run)  # a run whose budget these attempts spent finishes here, its report due
+    if was_finished and report_cut_short(run.dir, run.key):
+        run.report_due = True  # a stop came between the run's end and its report's signature
+    write_end_report(run)
     return run
 
 

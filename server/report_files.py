@@ -18,7 +18,8 @@ from server.folder_lock import FolderLock
 from server import heatmap
 from server.report import load_report
 from server.report_html import render_report
-from server.signed_log import sign_derived
+from server import keys
+from server.signed_log import DERIVED_NAMES, derived_files, manifest_digest, read_manifest, sign_derived
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,23 @@ def write_end_report(run) -> None:
             write_report_files(run.dir)
         finally:
             run.report_due = False
+
+
+def report_cut_short(run_dir: Path, key: keys.RunKey | None) -> bool:
+    """Whether a finished run's report was left unwritten or half written (a stop between the run's end and the
+    report's signature): report.html missing, or a report file derived.json does not list as it is. Where a
+    replay's file disagrees with derived.json, or derived.json's signature does not verify, the folder is left as
+    it is for `verify` to name: writing the report signs every derived file there."""
+    present, manifest = derived_files(run_dir), read_manifest(run_dir)
+    listed = {} if manifest is None else manifest["files"]
+    if manifest is not None and key is not None and not keys.public_checker(key.public_hex)(
+            manifest_digest(listed), manifest["sig"]):
+        return False
+    replays = [{name: digest for name, digest in files.items() if name not in DERIVED_NAMES}
+               for files in (present, listed)]
+    if replays[0] != replays[1]:
+        return False
+    return REPORT_NAME not in present or any(present.get(name) != listed.get(name) for name in DERIVED_NAMES)
 
 
 def write_report_files(run_dir: Path) -> None:

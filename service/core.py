@@ -74,6 +74,7 @@ class Service:
         self._opening: dict[str, anyio.Lock] = {}
         self._retry_at: dict[str, float] = {}  # run id -> when a waiting run is tried again (time.monotonic)
         self._admitting: set[str] = set()  # runs whose admission goes on in a task of its own
+        self._settling: set[str] = set()  # runs let go in a task of their own (executor closed, report written)
         self.task_group: TaskGroup | None = None
         self._settle_interrupted()
 
@@ -196,7 +197,7 @@ class Service:
             if live is None or not live.admitted:
                 self._admit_behind(record)
             else:
-                await self._settle(record, live)
+                self._settle_behind(record, live)
         for record in self.registry.queued():
             gpu_uuid = self._free_slot(record.id)
             if gpu_uuid is None:
@@ -315,19 +316,28 @@ class Service:
             log.warning("run %s waits: %s", record.id, exc)
             self.registry.update(record.id, waiting=str(exc))
 
-    async def _settle(self, record: RunRecord, live: LiveRun) -> None:
-        """A run whose preparation failed, whose budget is spent or whose executor was lost lets its GPU go: its
-        executor's workers are closed first (no idle context of a finished run beside the next run's timings), then
-        its claim. Its MCP endpoint stays open for what reads the run."""
-        preparation = live.run.preparation
-        if preparation is not None and preparation.failed:
-            update = {"state": RunState.FAILED, "error": preparation.error}
-        elif (preparation is None or preparation.ready) and live.run.finished:
-            update = {"state": RunState.FINISHED}
-        elif getattr(live.run.executor, "lost", None):  # its Ray actor gone with its node (service/ray_executor.py)
-            update = {"state": RunState.FAILED, "error": live.run.executor.lost}
-        else:
+    def _settle_behind(self, record: RunRecord, live: LiveRun) -> None:
+        """`_settle` in the service's task group for a run that is over, unless it is under way already: a report
+        to render or a call still ending holds up no other run's admission or end."""
+        update = _settled_state(live)
+        if update is None or record.id in self._settling:
             return
+        self._settling.add(record.id)
+
+        async def settle() -> None:
+            try:
+                await self._settle(record, live, update)
+            except Exception:  # noqa: BLE001 - as a failed step: logged, and the next step tries again
+                log.exception("letting run %s go failed", record.id)
+            finally:
+                self._settling.discard(record.id)
+
+        self.task_group.start_soon(settle, name=f"settle {record.id}")
+
+    async def _settle(self, record: RunRecord, live: LiveRun, update: dict) -> None:
+        """A run that is over (`_settled_state`) lets its GPU go: its executor's workers are closed first (no idle
+        context of a finished run beside the next run's timings), its report written, then its claim let go. Its
+        MCP endpoint stays open for what reads the run."""
         try:
             await anyio.to_thread.run_sync(live.run.executor.close)
         except Exception:  # noqa: BLE001 - the run ends all the same; its workers end with the service at worst
@@ -343,6 +353,23 @@ class Service:
             claim.release()
 
 
+def _settled_state(live: LiveRun) -> dict | None:
+    """The registry's update for a run that is over: its preparation failed, its budget is spent (or its agent
+    finished it), or its executor was lost; None while it goes on."""
+    preparation = live.run.preparation
+    if preparation is not None and preparation.failed:
+        return {"state": RunState.FAILED, "error": preparation.error}
+    if (preparation is None or preparation.ready) and live.run.finished:
+        return {"state": RunState.FINISHED}
+    if getattr(live.run.executor, "lost", None):  # its Ray actor gone with its node (service/ray_executor.py)
+        return {"state": RunState.FAILED, "error": live.run.executor.lost}
+    return None
+
+
 def _close_run(live: LiveRun) -> None:
+    """At the service's stop: the workers closed (a call in flight ends), a report still due written, then the run
+    closed while no call or report holds it, so its folder is let go whole."""
     live.run.executor.close()
-    live.run.close()
+    write_end_report(live.run)
+    with live.run.exclusive():
+        live.run.close()

@@ -4,7 +4,10 @@ reviewer who reads or verifies the run folder as soon as the API says finished f
 
 from __future__ import annotations
 
+import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import anyio
 import pytest
@@ -12,13 +15,15 @@ from starlette.testclient import TestClient
 
 from server import report_files
 from server.attempt import record_attempt
+from server.lifecycle import resume_run
 from server.report_files import REPORT_NAME, write_end_report
 from server.verify import verify_run
 from service.app import build_app
 from service.auth import ADMIN_TOKEN_ENV
+from service.core import _close_run
 from service.settings import ServiceSettings
 from tests.fake_executor import FakeExecutor, fake_gpus
-from tests.server_support import client, kernel, new_run, ok, prepared
+from tests.server_support import client, executor, kernel, new_run, ok, prepared
 from tests.service_support import ADMIN, MATMUL
 
 BASE = "http://127.0.0.1:8000"
@@ -96,3 +101,99 @@ def test_the_service_shows_a_run_finished_only_once_its_report_is_written_and_si
         assert (run.dir / REPORT_NAME).is_file() and len(writes) == 1
         verified = verify_run(run.dir)
         assert verified.ok, verified.problems
+
+
+def _ended_without_its_report(tmp_path) -> Path:
+    """A run whose budget is spent and whose process stopped before its report was written (closed, as a kill
+    leaves it: the folder let go)."""
+    run = new_run(tmp_path, max_attempts=1)
+    try:
+        record_attempt(run, run.candidate(None, kernel("latency_us=50")), "the one attempt", None, None)
+        assert run.finished and run.report_due
+    finally:
+        run.close()
+    return run.dir
+
+
+def test_a_resumed_run_whose_report_a_stop_cut_short_has_it_written_and_verifies(tmp_path, monkeypatch):
+    run_dir = _ended_without_its_report(tmp_path)
+    (run_dir / "heatmap.svg").write_text("<svg/>")  # the stop came after the first file, before the signature
+    assert not verify_run(run_dir).ok
+    writes = _counted_writes(monkeypatch)
+    run = resume_run(run_dir, executor())
+    run.close()
+    assert len(writes) == 1 and not run.report_due and (run_dir / REPORT_NAME).is_file()
+    verified = verify_run(run_dir)
+    assert verified.ok, verified.problems
+    again = resume_run(run_dir, executor())  # whole now: not written again
+    again.close()
+    assert len(writes) == 1
+
+
+def test_a_replay_file_that_disagrees_is_not_signed_over_by_a_resume(tmp_path, monkeypatch):
+    run_dir = _ended_without_its_report(tmp_path)
+    resume_run(run_dir, executor()).close()  # the report written and signed
+    assert verify_run(run_dir).ok
+    (run_dir / "replay.json").write_text('{"decision": "GO"}')  # a replay no derived.json lists
+    (run_dir / REPORT_NAME).unlink()
+    writes = _counted_writes(monkeypatch)
+    resume_run(run_dir, executor()).close()
+    assert writes == []  # left as it is: verify names it
+    assert any("replay.json" in problem for problem in verify_run(run_dir).problems)
+
+
+def test_the_service_stopping_writes_a_report_still_due_and_lets_the_folder_go_whole(tmp_path):
+    run = new_run(tmp_path, max_attempts=1)
+    record_attempt(run, run.candidate(None, kernel("latency_us=50")), "the one attempt", None, None)
+    assert run.report_due
+    _close_run(SimpleNamespace(run=run))
+    assert not run.report_due and run.executor.closed.is_set()
+    verified = verify_run(run.dir)
+    assert verified.ok, verified.problems
+    resume_run(run.dir, executor()).close()  # the folder was let go
+
+
+@pytest.mark.usefixtures("own_gpu_claims")
+def test_a_report_being_written_holds_up_no_other_runs_admission(tmp_path, monkeypatch):
+    release = threading.Event()
+    real = report_files.write_report
+
+    def held(run_dir, cost_inputs=None):
+        assert release.wait(60)
+        return real(run_dir, cost_inputs)
+
+    monkeypatch.setattr(report_files, "write_report", held)
+    settings = ServiceSettings(root=tmp_path / "service", scheduler_period_s=0.05)
+    app = build_app(settings, lambda task, timing, gpu: FakeExecutor(task, placed=gpu), fake_gpus(2),
+                    env={ADMIN_TOKEN_ENV: ADMIN})
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+
+    def state(run_id: str) -> str:
+        return http.get(f"/api/runs/{run_id}", headers=auth).json()["run"]["state"]
+
+    def made() -> str:
+        answer = http.post("/api/runs", json={"task_dir": str(MATMUL), "max_attempts": 1}, headers=auth)
+        assert answer.status_code == 201, answer.text
+        return answer.json()["run"]["id"]
+
+    with TestClient(app, base_url=BASE) as http:
+        first, service = made(), http.app.state.service
+        deadline = time.monotonic() + 60
+        while not (first in service.live and service.live[first].admitted):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        run = service.live[first].run
+        assert run.preparation.wait(60) and run.preparation.ready
+        record_attempt(run, run.candidate(None, kernel("latency_us=50")), "the one attempt", None, None)
+        time.sleep(0.3)  # the scheduler's steps meet the finished run: its report is being written, held
+        second = made()
+        try:
+            while state(second) != "running":  # admitted on the other GPU while the first's report is held
+                assert time.monotonic() < deadline, state(second)
+                time.sleep(0.05)
+            assert state(first) == "running"  # not shown finished before its report is written
+        finally:
+            release.set()
+        while state(first) != "finished":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
