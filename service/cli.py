@@ -6,6 +6,7 @@ port another process listens on, both before anything is made."""
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -56,28 +57,32 @@ def _main(args: argparse.Namespace) -> int:
         print(f"kernel-referee: {refusal}", file=sys.stderr)
         return 2
     settings = ServiceSettings(root=args.root, host=args.host, port=args.port)
-    if args.ray is not None:
-        try:
-            fleet, slots = join_fleet(args.ray, partial(node_gpu_executor, confine=not args.no_sandbox),
-                                      args.ray_resource)
-        except NoClusterGpu as exc:
-            print(f"kernel-referee: {exc}", file=sys.stderr)
-            return 2
-        return serve(settings, fleet.make_executor, slots, fleet.slots)
+    listener = listen(settings.host, settings.port)  # a busy port is refused (PortInUse) before a cluster is joined
+    try:
+        if args.ray is not None:
+            try:
+                fleet, slots = join_fleet(args.ray, partial(node_gpu_executor, confine=not args.no_sandbox),
+                                          args.ray_resource)
+            except NoClusterGpu as exc:
+                print(f"kernel-referee: {exc}", file=sys.stderr)
+                return 2
+            return serve(settings, fleet.make_executor, slots, fleet.slots, listener)
 
-    def make_executor(task: Task, timing: TimingSettings, gpu: GpuInfo | None) -> Executor:
-        return GpuExecutor(task, timing, confine=not args.no_sandbox, gpu=gpu)
+        def make_executor(task: Task, timing: TimingSettings, gpu: GpuInfo | None) -> Executor:
+            return GpuExecutor(task, timing, confine=not args.no_sandbox, gpu=gpu)
 
-    return serve(settings, make_executor, list_gpus())
+        return serve(settings, make_executor, list_gpus(), listener=listener)
+    finally:
+        listener.close()  # uvicorn closed it at its stop; else nothing served on it
 
 
 def serve(settings: ServiceSettings, make_executor, gpus: list[GpuInfo],
-          slots_now: Callable[[], list[GpuInfo]] | None = None) -> int:
+          slots_now: Callable[[], list[GpuInfo]] | None = None, listener: socket.socket | None = None) -> int:
     """Build the app and serve it until stopped; the admin token, when generated, printed this once. `slots_now`: a
-    cluster's GPUs, counted again while serving."""
+    cluster's GPUs, counted again while serving; `listener`: the port, bound already (else bound here)."""
     import uvicorn  # noqa: PLC0415 - uvicorn loads only when the service is served
 
-    listener = listen(settings.host, settings.port)  # a busy port is refused (PortInUse) before anything is made
+    listener = listener or listen(settings.host, settings.port)  # a busy port is refused before anything is made
     try:
         settings.root.mkdir(parents=True, exist_ok=True)
         app = build_app(settings, make_executor, gpus, routes=web_routes(), slots_now=slots_now)

@@ -82,7 +82,10 @@ class RayFleet:
     @staticmethod
     def connect(address: str) -> None:
         """Join the cluster at `address` ("auto": the one this host runs, else a local one started here)."""
-        import ray  # the optional extra kernel-referee[fleet]: loaded only when --ray is given
+        try:
+            import ray  # the optional extra kernel-referee[fleet]: loaded only when --ray is given
+        except ImportError:
+            raise NoClusterGpu("--ray needs Ray: pip install 'kernel-referee[fleet]'") from None
 
         if not ray.is_initialized():
             ray.init(address=None if address == "auto" else address, include_dashboard=False, log_to_driver=False)

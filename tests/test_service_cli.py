@@ -5,6 +5,7 @@ on; in each case nothing is made under --root."""
 from __future__ import annotations
 
 import socket
+import sys
 
 import pytest
 
@@ -51,3 +52,25 @@ def test_a_busy_port_is_refused_with_exit_5_before_anything_is_made(tmp_path, ca
     line = _one_line(capsys.readouterr().err)
     assert f"port {port} on 127.0.0.1 is in use by another process" in line
     assert not (tmp_path / "svc").exists()
+
+
+def test_ray_asked_for_without_the_fleet_extra_says_how_to_install_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where the extra is not installed
+    code = service_cli.main(["--root", str(tmp_path / "svc"), "--port", str(free_port()), "--ray", "auto",
+                             "--no-sandbox"])
+    assert code == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "pip install 'kernel-referee[fleet]'" in line and "internal error" not in line
+    assert not (tmp_path / "svc").exists()
+
+
+def test_a_busy_port_is_refused_before_a_cluster_is_joined(tmp_path, capsys, monkeypatch):
+    joined = []
+    monkeypatch.setattr(service_cli, "join_fleet", lambda *args: joined.append(args))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        code = service_cli.main(["--root", str(tmp_path / "svc"), "--port", str(taken.getsockname()[1]),
+                                 "--ray", "auto", "--no-sandbox"])
+    assert code == 5 and joined == []
+    assert "is in use by another process" in _one_line(capsys.readouterr().err)

@@ -230,7 +230,7 @@ def test_an_agent_records_attempts_through_the_actor_and_a_lost_actor_loses_no_b
 
 def test_the_command_refuses_a_cluster_without_the_resource_asked_for(tmp_path, cluster, capsys):
     assert service_cli.main(["--root", str(tmp_path / "service"), "--ray", "auto", "--ray-resource", "no_such_gpu",
-                             "--no-sandbox"]) == 2
+                             "--port", str(free_port()), "--no-sandbox"]) == 2
     assert "the Ray cluster has no no_such_gpu" in capsys.readouterr().err
     assert not (tmp_path / "service").exists()
 
