@@ -29,6 +29,38 @@ from tests.service_support import ADMIN, MATMUL
 BASE = "http://127.0.0.1:8000"
 
 
+AUTH = {"Authorization": f"Bearer {ADMIN}"}
+
+
+def _service(tmp_path, gpus: int) -> TestClient:
+    settings = ServiceSettings(root=tmp_path / "service", scheduler_period_s=0.05)
+    app = build_app(settings, lambda task, timing, gpu: FakeExecutor(task, placed=gpu), fake_gpus(gpus),
+                    env={ADMIN_TOKEN_ENV: ADMIN})
+    return TestClient(app, base_url=BASE)
+
+
+def _made(http: TestClient) -> str:
+    """A run of one attempt, queued by the admin."""
+    answer = http.post("/api/runs", json={"task_dir": str(MATMUL), "max_attempts": 1}, headers=AUTH)
+    assert answer.status_code == 201, answer.text
+    return answer.json()["run"]["id"]
+
+
+def _state(http: TestClient, run_id: str) -> str:
+    return http.get(f"/api/runs/{run_id}", headers=AUTH).json()["run"]["state"]
+
+
+def _prepared(http: TestClient, run_id: str):
+    """The run, once the service admitted it and its preparation ended."""
+    service, deadline = http.app.state.service, time.monotonic() + 60
+    while not (run_id in service.live and service.live[run_id].admitted):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    run = service.live[run_id].run
+    assert run.preparation.wait(60) and run.preparation.ready
+    return run
+
+
 def _counted_writes(monkeypatch, pause_s: float = 0.0) -> list:
     """Every report write, slowed by `pause_s` (the window in which the run is finished and its report not yet
     written), counted."""
@@ -79,23 +111,13 @@ async def test_the_server_writes_the_report_after_the_finishing_call_and_it_is_n
 @pytest.mark.usefixtures("own_gpu_claims")
 def test_the_service_shows_a_run_finished_only_once_its_report_is_written_and_signed(tmp_path, monkeypatch):
     writes = _counted_writes(monkeypatch, pause_s=0.5)
-    settings = ServiceSettings(root=tmp_path / "service", scheduler_period_s=0.05)
-    app = build_app(settings, lambda task, timing, gpu: FakeExecutor(task, placed=gpu), fake_gpus(1),
-                    env={ADMIN_TOKEN_ENV: ADMIN})
-    auth = {"Authorization": f"Bearer {ADMIN}"}
-    with TestClient(app, base_url=BASE) as http:
-        made = http.post("/api/runs", json={"task_dir": str(MATMUL), "max_attempts": 1}, headers=auth)
-        assert made.status_code == 201, made.text
-        run_id, service = made.json()["run"]["id"], http.app.state.service
-        deadline = time.monotonic() + 60
-        while not (run_id in service.live and service.live[run_id].admitted):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        run = service.live[run_id].run
-        assert run.preparation.wait(60) and run.preparation.ready
+    with _service(tmp_path, gpus=1) as http:
+        run_id = _made(http)
+        run = _prepared(http, run_id)
         # Ended by a call that writes no report itself: the service writes it before it shows the run finished.
         record_attempt(run, run.candidate(None, kernel("latency_us=50")), "the one attempt", None, None)
-        while (state := http.get(f"/api/runs/{run_id}", headers=auth).json()["run"]["state"]) != "finished":
+        deadline = time.monotonic() + 60
+        while (state := _state(http, run_id)) != "finished":
             assert state == "running" and time.monotonic() < deadline, state
             time.sleep(0.02)
         assert (run.dir / REPORT_NAME).is_file() and len(writes) == 1
@@ -163,37 +185,20 @@ def test_a_report_being_written_holds_up_no_other_runs_admission(tmp_path, monke
         return real(run_dir, cost_inputs)
 
     monkeypatch.setattr(report_files, "write_report", held)
-    settings = ServiceSettings(root=tmp_path / "service", scheduler_period_s=0.05)
-    app = build_app(settings, lambda task, timing, gpu: FakeExecutor(task, placed=gpu), fake_gpus(2),
-                    env={ADMIN_TOKEN_ENV: ADMIN})
-    auth = {"Authorization": f"Bearer {ADMIN}"}
-
-    def state(run_id: str) -> str:
-        return http.get(f"/api/runs/{run_id}", headers=auth).json()["run"]["state"]
-
-    def made() -> str:
-        answer = http.post("/api/runs", json={"task_dir": str(MATMUL), "max_attempts": 1}, headers=auth)
-        assert answer.status_code == 201, answer.text
-        return answer.json()["run"]["id"]
-
-    with TestClient(app, base_url=BASE) as http:
-        first, service = made(), http.app.state.service
-        deadline = time.monotonic() + 60
-        while not (first in service.live and service.live[first].admitted):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        run = service.live[first].run
-        assert run.preparation.wait(60) and run.preparation.ready
+    with _service(tmp_path, gpus=2) as http:
+        first = _made(http)
+        run = _prepared(http, first)
         record_attempt(run, run.candidate(None, kernel("latency_us=50")), "the one attempt", None, None)
         time.sleep(0.3)  # the scheduler's steps meet the finished run: its report is being written, held
-        second = made()
+        second = _made(http)
+        deadline = time.monotonic() + 60
         try:
-            while state(second) != "running":  # admitted on the other GPU while the first's report is held
-                assert time.monotonic() < deadline, state(second)
+            while _state(http, second) != "running":  # admitted on the other GPU while the first's report is held
+                assert time.monotonic() < deadline, _state(http, second)
                 time.sleep(0.05)
-            assert state(first) == "running"  # not shown finished before its report is written
+            assert _state(http, first) == "running"  # not shown finished before its report is written
         finally:
             release.set()
-        while state(first) != "finished":
+        while _state(http, first) != "finished":
             assert time.monotonic() < deadline
             time.sleep(0.05)
