@@ -19,7 +19,7 @@ from server import heatmap
 from server.report import load_report
 from server.report_html import render_report
 from server import keys
-from server.signed_log import DERIVED_NAMES, derived_files, manifest_digest, read_manifest, sign_derived
+from server.signed_log import DERIVED_NAMES, derived_difference, sign_derived
 
 log = logging.getLogger(__name__)
 
@@ -71,16 +71,12 @@ def report_cut_short(run_dir: Path, key: keys.RunKey | None) -> bool:
     report's signature): report.html missing, or a report file derived.json does not list as it is. Where a
     replay's file disagrees with derived.json, or derived.json's signature does not verify, the folder is left as
     it is for `verify` to name: writing the report signs every derived file there."""
-    present, manifest = derived_files(run_dir), read_manifest(run_dir)
-    listed = {} if manifest is None else manifest["files"]
-    if manifest is not None and key is not None and not keys.public_checker(key.public_hex)(
-            manifest_digest(listed), manifest["sig"]):
+    if key is None:  # a run made before signing: no derived.json holds its report
+        return not (run_dir / REPORT_NAME).is_file()
+    difference = derived_difference(run_dir, key.public_hex)
+    if (difference.listed and not difference.signed) or any(name not in DERIVED_NAMES for name in difference.names):
         return False
-    replays = [{name: digest for name, digest in files.items() if name not in DERIVED_NAMES}
-               for files in (present, listed)]
-    if replays[0] != replays[1]:
-        return False
-    return REPORT_NAME not in present or any(present.get(name) != listed.get(name) for name in DERIVED_NAMES)
+    return bool(difference.names) or not (run_dir / REPORT_NAME).is_file()
 
 
 def write_report_files(run_dir: Path) -> None:

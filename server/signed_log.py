@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from server import keys
@@ -79,3 +80,32 @@ def read_manifest(run_dir: Path) -> dict | None:
     ok = (isinstance(manifest, dict) and isinstance(manifest.get("files"), dict)
           and isinstance(manifest.get("sig"), str))
     return manifest if ok else None
+
+
+@dataclass(frozen=True)
+class DerivedDifference:
+    """The derived files in a run folder against derived.json: `listed`, whether there is one; `signed`, whether
+    its signature is the run key's; the files it lists that are gone, those whose sha256 differs, those it does not
+    list (all of them where there is none)."""
+
+    listed: bool
+    signed: bool
+    removed: list[str]
+    differing: list[str]
+    unlisted: list[str]
+
+    @property
+    def names(self) -> set[str]:
+        return {*self.removed, *self.differing, *self.unlisted}
+
+
+def derived_difference(run_dir: Path, public_hex: str) -> DerivedDifference:
+    """The folder's derived files against its derived.json, whose signature must be `public_hex`'s."""
+    manifest, present = read_manifest(run_dir), derived_files(run_dir)
+    if manifest is None:
+        return DerivedDifference(False, False, [], [], list(present))
+    listed = manifest["files"]
+    signed = keys.public_checker(public_hex)(manifest_digest(listed), manifest["sig"])
+    return DerivedDifference(True, signed, [name for name in listed if name not in present],
+                             [name for name, digest in listed.items() if name in present and present[name] != digest],
+                             [name for name in present if name not in listed])

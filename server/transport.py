@@ -221,17 +221,21 @@ def _stderr_log_config() -> dict[str, Any]:
     return config
 
 
+def serve_app(app, host: str, port: int, log_level: str, listener: socket.socket | None) -> None:
+    """Serve an ASGI app with uvicorn until stopped, its log on stderr, on `listener` where `listen` bound it (else
+    uvicorn binds `host` and `port`): `serve --transport http`'s MCP app and the audit service's."""
+    import uvicorn  # uvicorn loads only for what is served over HTTP
+
+    config = uvicorn.Config(app, host=host.strip("[]"), port=port, log_level=log_level,
+                            log_config=_stderr_log_config(), timeout_keep_alive=KEEP_ALIVE_S)
+    uvicorn.Server(config).run(sockets=[listener] if listener is not None else None)
+
+
 def _serve_http(server: MCPServer, host: str, port: int, security: TransportSecuritySettings,
                 listener: socket.socket | None) -> None:
     # Not server.run("streamable-http"): that uses uvicorn's default logging, which writes to stdout.
-    import uvicorn  # uvicorn loads only for the HTTP transport
-
     app = server.streamable_http_app(streamable_http_path=MCP_PATH, transport_security=security, host=host)
-    config = uvicorn.Config(
-        app, host=host.strip("[]"), port=port, log_level=server.settings.log_level.lower(),
-        log_config=_stderr_log_config(), timeout_keep_alive=KEEP_ALIVE_S,
-    )
-    uvicorn.Server(config).run(sockets=[listener] if listener is not None else None)
+    serve_app(app, host, port, server.settings.log_level.lower(), listener)
 
 
 def run(

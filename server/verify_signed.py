@@ -18,7 +18,7 @@ from server.audit import LOG_NAME
 from server.folder_lock import LOCK_NAME
 from server.log_head import HEAD_NAME, KEEPS_HEAD, Head, LastRecord, end_fault, head_holds, read_head
 from server.records import EventKind
-from server.signed_log import MANIFEST, derived_files, is_derived, manifest_digest, read_manifest
+from server.signed_log import MANIFEST, derived_difference, is_derived
 
 Parsed = list[tuple[int, dict]]
 # A write_bytes_atomic temporary left by a process killed mid-write: nothing reads it.
@@ -119,18 +119,14 @@ def head_problems(run_dir: Path, parsed: Parsed, public_hex: str,
 
 def derived_problems(run_dir: Path, public_hex: str) -> list[str]:
     """The derived files (report, heatmaps, replays) against derived.json, whose signature must be the run key's."""
-    manifest = read_manifest(run_dir)
-    present = derived_files(run_dir)
-    if manifest is None:
-        return [f"{name}: not listed in a signed {MANIFEST} (none there)" for name in present]
-    if not keys.public_checker(public_hex)(manifest_digest(manifest["files"]), manifest["sig"]):
+    difference = derived_difference(run_dir, public_hex)
+    if not difference.listed:
+        return [f"{name}: not listed in a signed {MANIFEST} (none there)" for name in difference.unlisted]
+    if not difference.signed:
         return [f"{MANIFEST}: its signature does not verify (the list of report files was rewritten)"]
-    listed = manifest["files"]
-    problems = [f"{name}: removed (listed in {MANIFEST})" for name in listed if name not in present]
-    problems += [f"{name}: sha256 differs from {MANIFEST}" for name, digest in listed.items()
-                 if name in present and present[name] != digest]
-    problems += [f"{name}: not listed in {MANIFEST}" for name in present if name not in listed]
-    return problems
+    return ([f"{name}: removed (listed in {MANIFEST})" for name in difference.removed]
+            + [f"{name}: sha256 differs from {MANIFEST}" for name in difference.differing]
+            + [f"{name}: not listed in {MANIFEST}" for name in difference.unlisted])
 
 
 def unaccounted_files(run_dir: Path, accounted: set[str]) -> list[str]:

@@ -19,7 +19,7 @@ from server.cli_args import PORT, Parser
 from server.cli_errors import failed
 from server.executor import Executor, GpuExecutor
 from server.settings import sandbox_refusal
-from server.transport import KEEP_ALIVE_S, _stderr_log_config, listen, loopback_refusal
+from server.transport import listen, loopback_refusal, serve_app
 from service.app import build_app
 from service.ray_executor import GPU, NoClusterGpu, join_fleet, node_gpu_executor
 from service.settings import ServiceSettings
@@ -66,7 +66,7 @@ def _main(args: argparse.Namespace) -> int:
             except NoClusterGpu as exc:
                 print(f"kernel-referee: {exc}", file=sys.stderr)
                 return 2
-            return serve(settings, fleet.make_executor, slots, fleet.slots, listener)
+            return serve(settings, fleet.make_executor, slots, fleet.slots, listener=listener)
 
         def make_executor(task: Task, timing: TimingSettings, gpu: GpuInfo | None) -> Executor:
             return GpuExecutor(task, timing, confine=not args.no_sandbox, gpu=gpu)
@@ -80,8 +80,6 @@ def serve(settings: ServiceSettings, make_executor, gpus: list[GpuInfo],
           slots_now: Callable[[], list[GpuInfo]] | None = None, listener: socket.socket | None = None) -> int:
     """Build the app and serve it until stopped; the admin token, when generated, printed this once. `slots_now`: a
     cluster's GPUs, counted again while serving; `listener`: the port, bound already (else bound here)."""
-    import uvicorn  # noqa: PLC0415 - uvicorn loads only when the service is served
-
     listener = listener or listen(settings.host, settings.port)  # a busy port is refused before anything is made
     try:
         settings.root.mkdir(parents=True, exist_ok=True)
@@ -95,7 +93,5 @@ def serve(settings: ServiceSettings, make_executor, gpus: list[GpuInfo],
     if shown:
         print(f"kernel-referee service: admin token (shown once; set KERNEL_REFEREE_ADMIN_TOKEN to choose it): {shown}",
               file=sys.stderr, flush=True)
-    config = uvicorn.Config(app, host=settings.host.strip("[]"), port=settings.port, log_config=_stderr_log_config(),
-                            log_level="warning", timeout_keep_alive=KEEP_ALIVE_S)
-    uvicorn.Server(config).run(sockets=[listener])
+    serve_app(app, settings.host, settings.port, "warning", listener)
     return 0
