@@ -148,7 +148,8 @@ def _judged(run: Run, entry: AttemptRecord, candidate: Candidate, references: di
             return checked
     try:
         _say(progress, 3, 4, "timing side by side with the best and the baseline")
-        timing, timing_reasons = _interleaved(run, kernel, references, clock, gate.before_first)
+        timing, timing_reasons = _interleaved(run, kernel, references, clock, gate.before_first,
+                                              judged=number > 0)
     except NotTimed as refused:  # its mix, read while the references were timed, forbids it: never timed
         return _reject(entry, refused.reasons)
     except Exception:  # a reference's timing failed or ran out of time: the attempt still records its instructions,
@@ -197,10 +198,11 @@ def _checked(run: Run, entry: AttemptRecord, kernel, visible: list, seeds: dict,
     return None
 
 
-def _interleaved(run: Run, kernel, references: dict, clock,
-                 before_first: Callable[[str], None] | None = None) -> tuple[SideBySide | None, list[Reason]]:
+def _interleaved(run: Run, kernel, references: dict, clock, before_first: Callable[[str], None] | None = None,
+                 judged: bool = True) -> tuple[SideBySide | None, list[Reason]]:
     """Samples of each reference attempt and the candidate, in alternating blocks (the references first in each
-    round: a new compile's instruction mix is read while they are timed), merged per case."""
+    round: a new compile's instruction mix is read while they are timed), merged per case. The references' launches
+    are not judged for their shape, nor the candidate's where it is the task's own kernel (not `judged`)."""
     kernels = {}
     for label, entry in references.items():
         if entry is not None:
@@ -209,7 +211,7 @@ def _interleaved(run: Run, kernel, references: dict, clock,
     timed = lambda k, cases: clock.run(run.executor.time, k, cases)  # noqa: E731
     try:
         return time_side_by_side(timed, kernels, list(run.task.performance_cases), run.settings.timing_rounds,
-                                 before_first), []
+                                 before_first, judged=("candidate",) if judged else ()), []
     except TimingFailed as failed:
         if failed.label == "candidate":
             return None, failed.reasons

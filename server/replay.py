@@ -128,7 +128,8 @@ def _repeat(executor: Executor, record: RunRecord, kernel: CompiledKernel, basel
         return RepeatResult(repeat=number, reasons=["the task has no performance cases"]), {}
     try:
         timed = time_side_by_side(executor.time, {"candidate": kernel, "baseline": baseline}, cases,
-                                  record.settings.timing_rounds)
+                                  record.settings.timing_rounds,
+                                  judged=("candidate",) if record.kernel.attempt > 0 else ())  # as in the run
     except TimingFailed as failed:
         why = "; ".join(f"{r.code.value} [{r.case}]: {r.detail}" for r in failed.reasons)
         return RepeatResult(repeat=number, reasons=[f"the {failed.label} failed its timing: {why}"]), {}

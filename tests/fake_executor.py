@@ -13,6 +13,9 @@ Markers (in a comment anywhere in the source):
   fake: retime_latency_us=N   timing after abort() (a fresh worker) has a median latency of N microseconds
   fake: no-ncu         profile() finds no ncu; fake: no-counters  ncu is denied the counters (ERR_NVGPUCTRPERM)
   fake: blocked        profile() answers the register-blocked matmul's recorded CSV (else the naive one's)
+  fake: two-paced      a quarter of the timed launches 16% slower: the timing refused for its shape (timing_modes),
+                       as the protocol refuses it twice; FakeExecutor(two_paced_baseline=True) times every kernel
+                       without a latency_us marker (the baseline) so
   fake: spin_s=N       every launch on a performance case takes N seconds (in real time), bounded as the
                        referee bounds it: past the case's launch limit, too_slow (the check stops there);
                        past the call's deadline, OutOfTime
@@ -50,6 +53,7 @@ from harness.worker_side.buffers import tree_sha256
 from harness.stats import geometric_mean, summarize
 from harness.task_model import Case, Task
 from harness.results import CaseCheck, CaseTiming, CheckReport, Reason, ReasonCode, TimingReport
+from harness.timing_shape import shape_of, shape_reasons
 
 
 NCU_FIXTURES = Path(__file__).parent / "fixtures" / "ncu"
@@ -107,8 +111,9 @@ class FakeExecutor:
     def __init__(self, task: Task, gpu: str = "Fake GPU", vendor_latency_us: float | None = 20.0,
                  environment: dict | None = None, default_latency_us: float = 100.0,
                  gpu_uuid: str | None = FAKE_GPU_UUID, lease_what: str = "serve", placed: GpuInfo | None = None,
-                 trees_from_bytes: int | None = None, prepare_s: float = 0.0):
+                 trees_from_bytes: int | None = None, prepare_s: float = 0.0, two_paced_baseline: bool = False):
         self.task = task
+        self.two_paced_baseline = two_paced_baseline
         # The first expected outputs take this long (a slow preparation), unless close() ends the wait: then they fail
         self.prepare_s = prepare_s
         self.closed = threading.Event()
@@ -276,6 +281,9 @@ class FakeExecutor:
             reasons = [Reason(code=ReasonCode.UNWRITTEN_OUTPUT, case=case.name, detail="3 of 50 timed launches left "
                               "output elements unwritten")] if "unwritten" in marks or (
                 "unwritten-on-retime" in marks and self.aborted) else []
+            if "two-paced" in marks or (self.two_paced_baseline and "latency_us" not in marks):
+                samples = samples[:37] + [x * 1.16 for x in samples[37:]]
+                reasons += shape_reasons(shape_of(samples), case.name)
             stats = summarize(samples)
             timings.append(CaseTiming(case=case.name, passed=not reasons, stats=stats, samples_ms=samples,
                                       launches=50, achieved_gbps=100.0, achieved_tflops=1.0, reasons=reasons,

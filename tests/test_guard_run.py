@@ -88,6 +88,18 @@ def test_a_kernel_that_fails_its_own_timing_is_incorrect(tmp_path):
     assert any(c.name == "timing of the candidate" and "unwritten_output" in c.reasons[0] for c in result.checks)
 
 
+def test_a_baseline_at_two_paces_is_a_yardstick_and_a_kernel_at_two_paces_is_incorrect(tmp_path):
+    store, key = new_store(tmp_path)
+    add_approval(store, key, "softmax", "softmax_f32", 40)
+    add_approval(store, key, "paced", "softmax_f32", 40, marker="two-paced")
+    two_paced = lambda task, timing: FakeExecutor(task, two_paced_baseline=True)  # noqa: E731
+    result = guard_approval(load_approval(store, "softmax"), two_paced, QUICK)
+    assert [v.verdict for v in result.verdicts] == [Verdict.PASS] * 2, result.checks
+    result = guard_approval(load_approval(store, "paced"), two_paced, QUICK)
+    assert {v.verdict for v in result.verdicts} == {Verdict.INCORRECT}
+    assert any(c.name == "timing of the candidate" and "timing_modes" in c.reasons[0] for c in result.checks)
+
+
 def test_a_kernel_compiled_onto_units_its_task_forbids_is_incorrect_and_not_timed(tmp_path):
     store, key = new_store(tmp_path)
     add_approval(store, key, "matmul", "matmul_f32", 50)

@@ -48,6 +48,14 @@ class HoldoutFailsHere(FakeExecutor):
         return super()._source(kernel) + "\n// fake: wrong-holdout\n"
 
 
+class TwoPacedHere(FakeExecutor):
+    """Every kernel with a latency marker (the run's best, not the baseline) runs at two paces on this GPU."""
+
+    def _source(self, kernel):
+        source = super()._source(kernel)
+        return source + "\n// fake: two-paced\n" if "latency_us" in source else source
+
+
 class BreaksDuringTiming(FakeExecutor):
     def time(self, kernel, cases):
         raise RuntimeError("worker error on case square-256: the driver went away")
@@ -184,6 +192,17 @@ def test_a_best_that_is_the_baseline_is_no_go_for_every_repeat(tmp_path):
     assert code == 1
     assert [r.split(":")[0] for r in document["reasons"]] == ["repeat 1", "repeat 2"]
     assert all("is within noise, where GO needs faster beyond noise" in r for r in document["reasons"])
+
+
+def test_a_baseline_at_two_paces_is_timed_as_measured_and_a_best_at_two_paces_is_no_go(tmp_path):
+    two_paced = lambda task, timing: FakeExecutor(task, two_paced_baseline=True)  # noqa: E731
+    code, document, out = replayed(make_run(tmp_path / "a", kernel("latency_us=50")), two_paced, repeats=1)
+    assert code == 0 and document["decision"] == "GO", out
+    code, document, _ = replayed(make_run(tmp_path / "b", kernel("latency_us=50")),
+                                 lambda task, timing: TwoPacedHere(task), repeats=1)
+    assert code == 1 and "the candidate failed its timing: timing_modes" in document["reasons"][0]
+    _, document, _ = replayed(make_run(tmp_path / "c"), two_paced, repeats=1)  # the best is the task's own kernel
+    assert document["repeats"][0]["speedup"] and "timing_modes" not in json.dumps(document["reasons"])
 
 
 def test_a_failure_inside_the_referee_is_no_go_and_keeps_what_was_checked(good_run):
