@@ -9,7 +9,8 @@ is signed with a key the store trusts, so a store never holds an approval its ow
 Each case's accepted ratio (the kernel's latency over its baseline's, which the guard holds later runs to) is
 measured here, on this machine's GPU, as the guard measures a run's: `--ratio-rounds` interleaved rounds (32)
 through the guard step's own timing (guard/measure.py, guard/accepted.py), their interval counting the shift
-between jobs. `--from-run` takes the run's own timing instead (two jobs per kernel, merged: an interval that
+between jobs, in four sittings, each a fresh guard step with its checks first (guard/sittings.py): the shift
+between executors weighed as the guard's runs meet it. `--from-run` takes the run's own timing instead (two jobs per kernel, merged: an interval that
 leaves that shift out); the approval records which (`ratio_measurement`).
 """
 
@@ -29,7 +30,8 @@ from guard import accepted
 from guard.approval import (BASELINE_FILE, KERNEL_FILE, TASK_FOLDER, AcceptedRatio, Approval, ApprovedKernel,
                             CaseLatency, Provenance, RatioMeasurement, ReplayDecision, Statement, TaskCopy)
 from guard.fingerprint import referee_fingerprint, run_fingerprint
-from guard.measure import LABELS, GuardStep, GuardSubject, TimingRefused, local_executor
+from guard.measure import GuardStep, GuardSubject, TimingRefused, local_executor
+from guard.sittings import SittingFailed, Sittings
 from guard.run_evidence import RecordedReplay, RunEvidence, read_run, replay_gpu
 from guard.signing import ApprovalKeyError, key_id, load_private, sign, trusted_keys
 from guard.store import approval_dir, keys_dir, write_approval
@@ -200,14 +202,12 @@ def _measured_ratios(evidence: RunEvidence, options: ApproveOptions,
     subject = GuardSubject(name=options.name, task=record.task, kernel=record.kernel, baseline=record.baseline,
                            timing=record.settings.timing)
     say = lambda message: print(message, file=out)  # noqa: E731
+    cases = [c.name for c in record.task.performance_cases]
     try:
-        with GuardStep(subject, make, say) as step:
-            if set(step.kernels) != set(LABELS):
-                raise Refused("the kernels do not compile here to measure the accepted ratio: "
-                              + "; ".join(r for c in step.compile_failures for r in c.reasons)[:500])
-            ratios = accepted.measure(step.round, step.performance_cases, options.ratio_rounds, say=say)
-    except Refused:
-        raise
+        with Sittings.for_rounds(lambda: GuardStep(subject, make, say), options.ratio_rounds) as sittings:
+            ratios = accepted.measure(sittings, cases, options.ratio_rounds, say=say)
+    except SittingFailed as failed:
+        raise Refused(f"measuring the accepted ratio: {failed}") from None
     except TimingRefused as refused:
         raise Refused(f"measuring the accepted ratio: {refused}") from None
     except accepted.RatioUnmeasured as short:
@@ -218,11 +218,12 @@ def _measured_ratios(evidence: RunEvidence, options: ApproveOptions,
         log.debug("the accepted ratio could not be measured", exc_info=True)
         raise Refused(f"the accepted ratio could not be measured, its executor failed: {type(failed).__name__}: "
                       f"{one_line(failed)}; or approve with --from-run") from None
+    environment, cost = sittings.environment, sittings.cost
     measurement = RatioMeasurement(
         source="guard-rounds", rounds=max((r.rounds for r in ratios.values()), default=None),
-        gpu=step.environment.get("gpu"),
-        gpu_uuid=step.environment.get("gpu_uuid"), measured_at=now_iso(),
-        why=f"{step.cost.rounds} rounds of the guard's timing, {step.cost.timing_s:.1f} s of it")
+        gpu=environment.get("gpu"), gpu_uuid=environment.get("gpu_uuid"), measured_at=now_iso(),
+        why=f"{cost.rounds} rounds of the guard's timing in {sittings.sittings} guard steps (a fresh executor each, "
+            f"its checks first), {cost.timing_s:.1f} s of it")
     return measurement, ratios
 
 
