@@ -9,9 +9,10 @@ is signed with a key the store trusts, so a store never holds an approval its ow
 Each case's accepted ratio (the kernel's latency over its baseline's, which the guard holds later runs to) is
 measured here, on this machine's GPU, as the guard measures a run's: `--ratio-rounds` interleaved rounds (32)
 through the guard step's own timing (guard/measure.py, guard/accepted.py), their interval counting the shift
-between jobs, in four sittings, each a fresh guard step with its checks first (guard/sittings.py): the shift
-between executors weighed as the guard's runs meet it. `--from-run` takes the run's own timing instead (two jobs per kernel, merged: an interval that
-leaves that shift out); the approval records which (`ratio_measurement`).
+between jobs, in four sittings, each a fresh guard step with its checks first, on one GPU (guard/sittings.py):
+the shift between executors weighed as the guard's runs meet it. `--from-run` takes the run's own timing
+instead (two jobs per kernel, merged: an interval that leaves that shift out); the approval records which
+(`ratio_measurement`).
 """
 
 from __future__ import annotations
@@ -203,8 +204,14 @@ def _measured_ratios(evidence: RunEvidence, options: ApproveOptions,
                            timing=record.settings.timing)
     say = lambda message: print(message, file=out)  # noqa: E731
     cases = [c.name for c in record.task.performance_cases]
+    pin = options.make_executor is None and options.gpu is None  # later sittings on the first one's GPU
+
+    def open_step(first_gpu: str | None) -> GuardStep:
+        placed = local_executor(options.name, options.confine, first_gpu) if pin and first_gpu else make
+        return GuardStep(subject, placed, say)
+
     try:
-        with Sittings.for_rounds(lambda: GuardStep(subject, make, say), options.ratio_rounds) as sittings:
+        with Sittings.for_rounds(open_step, options.ratio_rounds) as sittings:
             ratios = accepted.measure(sittings, cases, options.ratio_rounds, say=say)
     except SittingFailed as failed:
         raise Refused(f"measuring the accepted ratio: {failed}") from None

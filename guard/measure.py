@@ -113,6 +113,13 @@ class GuardSubject:
     baseline: Subject
     timing: TimingSettings
 
+    @property
+    def own_kernel(self) -> bool:
+        """The approved kernel is the task's own (its baseline's source, options and launch), whatever attempt
+        number it carries: a yardstick, exempt from the shape and the physical limit as in a run."""
+        kernel, baseline = self.kernel, self.baseline
+        return (kernel.source, kernel.options, kernel.launch) == (baseline.source, baseline.options, baseline.launch)
+
 
 def subject_of(loaded: LoadedApproval) -> GuardSubject:
     """The step's subject from a verified approval (guard/store.py): its files are those it signed."""
@@ -206,7 +213,7 @@ class GuardStep:
             for label in order:
                 began = time.monotonic()
                 report = self.executor.time(self.kernels[label], cases)
-                if label == "baseline" or self.subject.kernel.attempt == 0:  # yardsticks, as in the run
+                if label == "baseline" or self.subject.own_kernel:  # yardsticks, as in the run
                     report = shape_waived(report)
                 self.cost = self.cost.model_copy(update={"timing_s": self.cost.timing_s + time.monotonic() - began})
                 if not report.passed:
@@ -226,9 +233,9 @@ class GuardStep:
 
     def physical_limit_checks(self) -> list[CheckResult]:
         """The kernel's medians over every round against this device's physical limits (server/suspicion.py); the
-        task's own kernel (attempt 0) is exempt, as in a run. A failed check per case beyond them."""
+        task's own kernel is exempt, as in a run. A failed check per case beyond them."""
         samples = self.stats["candidate"]
-        if self.subject.kernel.attempt == 0 or not samples:
+        if self.subject.own_kernel or not samples:
             return []
         stats = {case: summarize(values).model_dump(mode="json") for case, values in samples.items() if values}
         mix = self.executor.compile(self.subject.kernel.source, self.subject.kernel.options).mix

@@ -11,23 +11,30 @@ checks run before its first round), so the approval times the kernel in the stat
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
+from contextlib import ExitStack
 
 from guard.measure import LABELS, GuardStep, StepCost
 from guard.verdict import TimingRound
 
 SITTINGS = 4  # the accepted ratio's default 32 rounds as four guard steps of 8, the guard's own minimum
 
+log = logging.getLogger(__name__)
+
 
 class SittingFailed(Exception):
-    """A sitting's kernels did not compile, or the kernel failed its checks there: no ratio is measured."""
+    """A sitting's kernels did not compile, the kernel failed its checks there, or it ran on another GPU than the
+    first sitting: no ratio is measured."""
 
 
 class Sittings:
-    """A round callable (guard/accepted.py `measure`) that opens a fresh guard step every `rounds_each` rounds."""
+    """A round callable (guard/accepted.py `measure`) that opens a fresh guard step every `rounds_each` rounds.
+    `open_step(gpu_uuid)` makes a sitting's step: the first's GPU UUID is given for every later one (None for the
+    first), and a sitting on another GPU is refused."""
 
-    def __init__(self, open_step: Callable[[], GuardStep], rounds_each: int):
+    def __init__(self, open_step: Callable[[str | None], GuardStep], rounds_each: int):
         if rounds_each < 1:
             raise ValueError(f"a sitting takes at least one round, not {rounds_each}")
         self.open_step, self.rounds_each = open_step, rounds_each
@@ -37,14 +44,24 @@ class Sittings:
         self.cost = StepCost()  # every sitting's, summed
 
     @classmethod
-    def for_rounds(cls, open_step: Callable[[], GuardStep], rounds: int, sittings: int = SITTINGS) -> Sittings:
-        return cls(open_step, max(1, math.ceil(rounds / sittings)))
+    def for_rounds(cls, open_step: Callable[[str | None], GuardStep], rounds: int,
+                   sittings: int = SITTINGS) -> Sittings:
+        """Sittings of an even number of rounds (a guard step puts either kernel first in turn, so each does so
+        equally often in every sitting), as many as take `rounds`."""
+        each = max(2, math.ceil(rounds / sittings))
+        return cls(open_step, each + each % 2)
 
     def __enter__(self) -> Sittings:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self._close()
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            self._close()
+            return
+        try:  # an error already on its way out is the one told
+            self._close()
+        except Exception:  # noqa: BLE001
+            log.warning("a sitting's guard step did not close cleanly", exc_info=True)
 
     def __call__(self, only: list[str] | None) -> dict[str, TimingRound]:
         if self.step is None or self.taken >= self.rounds_each:
@@ -54,10 +71,20 @@ class Sittings:
 
     def _next(self) -> None:
         self._close()
-        step = self.open_step()
-        step.__enter__()
+        step = self.open_step(self.environment.get("gpu_uuid"))
+        with ExitStack() as stack:
+            stack.callback(self._add_cost, step)  # after the step closes, where admitting it fails
+            stack.enter_context(step)
+            self.sittings += 1
+            self._admit(step)
+            stack.pop_all()
         self.step, self.taken = step, 0
-        self.sittings += 1
+
+    def _admit(self, step: GuardStep) -> None:
+        first, here = self.environment.get("gpu_uuid"), step.environment.get("gpu_uuid")
+        if self.environment and first != here:
+            raise SittingFailed(f"sitting {self.sittings} ran on GPU {here}, the first on {first}: one ratio's rounds "
+                                "are taken on one GPU")
         if not self.environment:
             self.environment = dict(step.environment)
         if set(step.kernels) != set(LABELS):
@@ -75,7 +102,10 @@ class Sittings:
         try:
             step.__exit__(None, None, None)
         finally:
-            done, mine = self.cost, step.cost
-            self.cost = StepCost(start_s=done.start_s + mine.start_s, checks_s=done.checks_s + mine.checks_s,
-                                 timing_s=done.timing_s + mine.timing_s, total_s=done.total_s + mine.total_s,
-                                 rounds=done.rounds + mine.rounds)
+            self._add_cost(step)
+
+    def _add_cost(self, step: GuardStep) -> None:
+        done, mine = self.cost, step.cost
+        self.cost = StepCost(start_s=done.start_s + mine.start_s, checks_s=done.checks_s + mine.checks_s,
+                             timing_s=done.timing_s + mine.timing_s, total_s=done.total_s + mine.total_s,
+                             rounds=done.rounds + mine.rounds)

@@ -14,7 +14,7 @@ from harness.settings import CompiledKernel
 from harness.stats import LatencyStats, summarize
 from harness.task_model import Case
 from harness.results import CaseTiming, Reason, TimingReport
-from harness.timing_shape import shape_waived
+from harness.timing_shape import WAIVED, shape_waived
 
 
 class TimingFailed(Exception):
@@ -35,6 +35,8 @@ class SideBySide:
     audited: dict[str, dict[str, int]] = field(default_factory=dict)
     # [timed launches, audited launches] of every fresh-input job, per kernel label and case
     audit_jobs: dict[str, dict[str, list[list[int]]]] = field(default_factory=dict)
+    # per kernel label and case: the shape reasons of the yardstick timings taken as measured (shape_waived)
+    waived: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
     def stats(self) -> dict[str, dict[str, LatencyStats]]:
         """The statistics of the merged samples, per label and case."""
@@ -62,8 +64,12 @@ def time_side_by_side(time: Callable[[CompiledKernel, list[Case]], TimingReport]
             if round_index == 0 and before_first is not None:
                 before_first(label)
             report = time(kernel, cases)
-            if label not in judged:
-                report = shape_waived(report)
+            if label not in judged and (waived := shape_waived(report)) is not report:
+                for case in waived.cases:
+                    notes = [w for w in case.warnings if w.startswith(WAIVED)]
+                    if notes:
+                        timed.waived.setdefault(label, {}).setdefault(case.case, []).extend(notes)
+                report = waived
             if not report.passed:
                 raise TimingFailed(label, report.reasons)
             for case in report.cases:

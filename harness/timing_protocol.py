@@ -68,15 +68,16 @@ class TimingProtocol:
                 rule.add(sample)
             if rule.is_finished() or len(rule.samples) + s.iterations > rule.max_samples:
                 break
+        refused: list[Reason] = []
         if shape_reasons(shape_of(rule.samples), case.name):
-            # Launches in distinct modes, or spread beyond honest kernels': one more job decides, judged alone, so
-            # that a GPU that changed pace between jobs is not mistaken for a kernel that changes pace per launch.
-            again = self._time_batch(timed, make_job, worker, audits)
+            # Modes, or a spread wider than honest kernels': one more job decides, judged alone (a GPU whose pace
+            again = self._time_batch(timed, make_job, worker, audits)  # changed between jobs is no kernel that does)
             refused = again.reasons or shape_reasons(shape_of(again.samples_ms), case.name)
-            if refused:
-                return again.model_copy(update={"passed": False, "reasons": refused, "batches": len(batches) + 1})
-            batches = [again.model_copy(update={"warnings": again.warnings + [_MEASURED_AGAIN]})]
+            batches = batches if refused else [again.model_copy(update={"warnings": [*again.warnings, _AGAIN]})]
         watch = judge(before, self.nvml.read(), self._our_pids()) if self.nvml and before else None
+        if refused:  # with NVML's readings: a yardstick taken as measured (shape_waived) is still seen disturbed
+            update = {"passed": False, "reasons": refused, "batches": len(batches) + 1}
+            return again.model_copy(update=update | {"gpu": watch.model_dump(mode="json") if watch else None})
         return self._merged(case, batches, watch)
 
     def _timed_case(self, case: Case) -> _TimedCase:
@@ -368,7 +369,7 @@ class TimingProtocol:
         return stale
 
 
-_MEASURED_AGAIN = ("measured again in one more job: the first jobs' launches fell into distinct modes or spread "
+_AGAIN = ("measured again in one more job: the first jobs' launches fell into distinct modes or spread "
                    "wide (harness/timing_shape.py), this job's did not")
 
 

@@ -50,7 +50,7 @@ SPREAD_JITTER_MS = 0.002
 MIDDLE_SPREAD_MAX = 0.20
 
 SHAPE_CODES = frozenset({ReasonCode.TIMING_MODES, ReasonCode.TIMING_SPREAD})
-WAIVED = "its launches' shape is not judged (the task's own kernel, or a kernel judged before): "
+WAIVED = "its launches' shape is not judged (a yardstick, not the kernel being judged): "
 
 
 class TimingShape(BaseModel):

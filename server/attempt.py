@@ -241,6 +241,9 @@ def _fill_timing(run: Run, entry: AttemptRecord, timing: SideBySide) -> None:
             row.update(baseline_stats=_dump(baseline[name]), best_stats=_dump(best[name]),
                        speedup_vs_baseline=_dump(speedup(baseline[name], mine[name])),
                        speedup_vs_best=_dump(speedup(best[name], mine[name])))
+        waived = {label: notes for label, per_case in timing.waived.items() if (notes := per_case.get(name))}
+        if waived:
+            row["shape_waived"] = waived
         rows[name] = row
     entry.timing = rows
     if baseline is not None:

@@ -158,6 +158,8 @@ class CaseTimingRecord(Record):
     best_stats: StatsRecord | None = None
     speedup_vs_baseline: SpeedupRecord | None = None
     speedup_vs_best: SpeedupRecord | None = None
+    # by kernel label: why a yardstick's timing (the baseline, the best) was taken as measured, its shape alone refused
+    shape_waived: dict[str, list[str]] | None = None
 
     @property
     def median_ms(self) -> Number | None:

@@ -15,7 +15,7 @@ Markers (in a comment anywhere in the source):
   fake: blocked        profile() answers the register-blocked matmul's recorded CSV (else the naive one's)
   fake: two-paced      a quarter of the timed launches 16% slower: the timing refused for its shape (timing_modes),
                        as the protocol refuses it twice; FakeExecutor(two_paced_baseline=True) times every kernel
-                       without a latency_us marker (the baseline) so
+                       without a latency_us marker (the baseline) at two paces too
   fake: spin_s=N       every launch on a performance case takes N seconds (in real time), bounded as the
                        referee bounds it: past the case's launch limit, too_slow (the check stops there);
                        past the call's deadline, OutOfTime

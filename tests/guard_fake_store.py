@@ -45,11 +45,15 @@ def new_store(root: Path) -> tuple[Path, Path]:
 
 
 def add_approval(store: Path, key: Path, name: str, task_name: str, accepted_us: float, now_us: float | None = None,
-                 marker: str | None = None, fingerprint: Fingerprint | None = None) -> None:
+                 marker: str | None = None, fingerprint: Fingerprint | None = None, attempt: int = 1,
+                 own_kernel: bool = False) -> None:
     """Approve the task's initial kernel accepted at `accepted_us` beside the shipped initial kernel (the fake's
-    default 100 us); the approved source's marker makes it run at `now_us` (default: as accepted), plus `marker`."""
+    default 100 us); the approved source's marker makes it run at `now_us` (default: as accepted), plus `marker`.
+    With `own_kernel`, the approved source is the baseline's itself; `attempt` is the number it is recorded as."""
     markers = " ".join(m for m in (f"latency_us={now_us or accepted_us:g}", marker) if m)
-    files = {"kernel.cu": kernel_with(task_name, markers).encode(), "baseline.cu": kernel_with(task_name, None).encode()}
+    baseline_source = kernel_with(task_name, None)
+    files = {"kernel.cu": (baseline_source if own_kernel else kernel_with(task_name, markers)).encode(),
+             "baseline.cu": baseline_source.encode()}
     task_dir = CASES / task_name
     for path in sorted(p for p in task_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
         files[f"task/{path.relative_to(task_dir).as_posix()}"] = path.read_bytes()
@@ -65,7 +69,7 @@ def add_approval(store: Path, key: Path, name: str, task_name: str, accepted_us:
     approval = Approval(
         name=name, task=TaskCopy(name=task.name, files=task_files, sha256=hashlib.sha256("".join(
             f"{k} {v}\n" for k, v in sorted(task_files.items())).encode()).hexdigest()),
-        kernel=ApprovedKernel(file="kernel.cu", sha256=digests["kernel.cu"], attempt=1, launch=launch),
+        kernel=ApprovedKernel(file="kernel.cu", sha256=digests["kernel.cu"], attempt=attempt, launch=launch),
         baseline=ApprovedKernel(file="baseline.cu", sha256=digests["baseline.cu"], attempt=0, launch=launch),
         cases=cases, timing=FAST_TIMING.model_dump(mode="json"), timing_rounds=2,
         fingerprint=fingerprint or fake_fingerprint(task_name),

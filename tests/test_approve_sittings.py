@@ -12,6 +12,7 @@ from guard.sittings import SittingFailed, Sittings
 from guard.step import guard_approval
 from guard.store import approval_dir, load_approval, load_store
 from guard.verdict import Verdict, VerdictSettings
+from server.decision import CheckResult
 from harness.stats import summarize
 from server.replay import replay
 from tests.approval_support import NAME, approved, fake, fresh_run, run_dir  # noqa: F401 - fixtures
@@ -86,40 +87,75 @@ def test_a_kernel_that_fails_its_checks_in_a_sitting_is_not_approved(fresh_run, 
     assert len(made) == 1 and "time" not in made[0].calls  # refused before any round
 
 
-def test_sittings_close_each_step_and_sum_their_costs():
-    opened, closed = [], []
+class Step:
+    """A stand-in guard step on GPU `gpu`, its kernels compiled (unless `compiled` is false) and checked (failing
+    where `fails`); each made one is kept in `opened`, each closed one in `closed`."""
 
-    class Step:
-        def __init__(self):
-            self.kernels, self.compile_failures = dict.fromkeys(LABELS), []
-            self.environment, self.cost = {"gpu": f"G{len(opened)}"}, StepCost(timing_s=1.0, rounds=0)
+    def __init__(self, opened: list, closed: list, gpu: str = "GPU-0", compiled: bool = True, fails: bool = False):
+        self.opened, self.closed, self.fails = opened, closed, fails
+        self.kernels, self.compile_failures = (dict.fromkeys(LABELS) if compiled else {}), []
+        self.environment, self.cost = {"gpu": "G", "gpu_uuid": gpu}, StepCost(timing_s=1.0)
 
-        def __enter__(self):
-            opened.append(self)
-            return self
+    def __enter__(self):
+        self.opened.append(self)
+        return self
 
-        def __exit__(self, *exc):
-            closed.append(self)
+    def __exit__(self, *exc):
+        self.closed.append(self)
 
-        def checks(self):
-            return []
+    def checks(self):
+        return [CheckResult(name="replay odd", kind="replay", passed=not self.fails, reasons=["mismatch: 3"])]
 
-        def round(self, only):
-            self.cost = self.cost.model_copy(update={"rounds": self.cost.rounds + 1})
-            return {}
+    def round(self, only):
+        self.cost = self.cost.model_copy(update={"rounds": self.cost.rounds + 1})
+        return {}
 
-    with Sittings.for_rounds(Step, rounds=10, sittings=4) as sittings:  # 3 rounds a sitting
+
+def test_sittings_close_each_step_sum_their_costs_and_take_even_rounds():
+    opened, closed, asked = [], [], []
+
+    def open_step(first_gpu):
+        asked.append(first_gpu)
+        return Step(opened, closed)
+
+    with Sittings.for_rounds(open_step, rounds=10, sittings=4) as sittings:  # 3 a sitting, made even: 4
         for _ in range(10):
             sittings(None)
-        assert len(opened) == 4 and len(closed) == 3
-    assert closed == opened and sittings.sittings == 4 and sittings.environment == {"gpu": "G0"}
-    assert (sittings.cost.rounds, sittings.cost.timing_s) == (10, 4.0)
+        assert len(opened) == 3 and len(closed) == 2
+    assert closed == opened and sittings.sittings == 3 and sittings.environment["gpu_uuid"] == "GPU-0"
+    assert asked == [None, "GPU-0", "GPU-0"]  # every later sitting asked for the first one's GPU
+    assert (sittings.cost.rounds, sittings.cost.timing_s) == (10, 3.0)
+    assert Sittings.for_rounds(open_step, rounds=32).rounds_each == 8
     with pytest.raises(ValueError):
-        Sittings(Step, 0)
-    with pytest.raises(SittingFailed, match="do not compile"):
-        Sittings(lambda: _without_kernels(Step()), 1)(None)
+        Sittings(open_step, 0)
 
 
-def _without_kernels(step):
-    step.kernels = {}
-    return step
+@pytest.mark.parametrize("second, why", [
+    ({"gpu": "GPU-1"}, "sitting 2 ran on GPU GPU-1, the first on GPU-0"),
+    ({"compiled": False}, "the kernels do not compile here"),
+    ({"fails": True}, "the kernel fails its checks in sitting 2: replay odd: mismatch: 3")])
+def test_a_sitting_refused_is_closed_and_counted(second, why):
+    opened, closed = [], []
+    made = iter([Step(opened, closed), Step(opened, closed, **second)])
+    with pytest.raises(SittingFailed) as failed:
+        with Sittings(lambda first_gpu: next(made), 2) as sittings:
+            for _ in range(4):
+                sittings(None)
+    assert why in str(failed.value)
+    assert closed == opened and len(opened) == 2 and sittings.cost.timing_s == 2.0
+
+
+def test_an_executor_that_fails_to_start_in_a_later_sitting_refuses_the_approval(fresh_run, tmp_path, capsys):
+    assert replay(fresh_run, io.StringIO(), repeats=1, make_executor=fake) == 0
+    made = []
+
+    def make(task, timing):
+        if made:
+            raise RuntimeError("no device left")
+        made.append(Paced(task))
+        return made[-1]
+
+    code, store, _, _ = approved(tmp_path, fresh_run, make_executor=make)
+    assert code == 1 and not approval_dir(store, NAME).exists()
+    assert "its executor failed: RuntimeError: no device left" in capsys.readouterr().err
+    assert made[0].closed.is_set()

@@ -2,16 +2,21 @@
 before, the vendor library, an approval's baseline) whose timing is refused for its shape alone is taken as
 measured, and any other refusal stands."""
 
+import io
+
 import anyio
 import pytest
 
-from harness.results import CaseTiming, Reason, ReasonCode, TimingReport
+from harness.results import CaseTiming, CheckReport, Reason, ReasonCode, TimingReport
 from harness.side_by_side import TimingFailed, time_side_by_side
 from harness.stats import summarize
 from harness.task import load_task
 from harness.vendor_yardstick import time_vendor
+from harness.worker_side.nvrtc import compile_kernel
+from server.check import _check_and_time, targets_for
 from harness.timing_shape import WAIVED, shape_of, shape_reasons, shape_waived
 from server.records import Verdict
+from server.run import RunSettings
 from tests.server_support import MATMUL, client, kernel, new_run, ok, read_json
 
 
@@ -75,6 +80,7 @@ def test_side_by_side_judges_the_candidates_shape_and_takes_the_yardsticks_as_me
     timed = time_side_by_side(_timer({"b", "best"}), {"baseline": "b", "best": "best", "candidate": "k"}, CASES, 2)
     assert len(timed.samples["baseline"]["square-4096"]) == 80 and len(timed.samples["best"]["square-4096"]) == 80
     assert timed.cases["baseline"]["square-4096"].warnings[0].startswith(WAIVED)
+    assert {label: len(per["square-4096"]) for label, per in timed.waived.items()} == {"baseline": 2, "best": 2}
     with pytest.raises(TimingFailed) as failed:
         time_side_by_side(_timer({"k"}), {"baseline": "b", "candidate": "k"}, CASES, 2)
     assert failed.value.label == "candidate" and failed.value.reasons[0].code is ReasonCode.TIMING_MODES
@@ -102,6 +108,11 @@ def test_a_run_whose_baseline_runs_at_two_paces_starts_and_judges_its_attempts(t
     history = read_json(run.dir / "history.json")
     baseline = history[0] if isinstance(history, list) else history["attempts"][0]
     assert baseline["verdict"] == Verdict.BASELINE.value
+    attempts = history if isinstance(history, list) else history["attempts"]
+    for row in baseline["timing"].values():  # recorded as measured, and said so
+        assert list(row["shape_waived"]) == ["candidate"] and row["shape_waived"]["candidate"][0].startswith(WAIVED)
+    for row in attempts[1]["timing"].values():
+        assert set(row["shape_waived"]) == {"baseline"} and len(row["shape_waived"]["baseline"]) == RunSettings().timing_rounds
     assert answers["probe"]["speedup_vs_baseline"]["ratio"] > 2, answers["probe"]
     fast, paced = answers["fast"], answers["paced"]
     assert fast["verdict"] == Verdict.VALID_FASTER.value, fast
@@ -126,3 +137,25 @@ def test_the_vendor_library_is_a_yardstick_its_shape_not_held_against_it():
         Reason(code=ReasonCode.UNWRITTEN_OUTPUT, case=name, detail="3 launches left elements unwritten")]})
     report = time_vendor(Referee(unwritten), cases)
     assert not report.timing.passed and "failed the protocol" in report.notes[0] and report.medians_ms == {}
+
+
+def test_check_takes_the_tasks_own_kernels_as_measured_and_judges_a_kernel_it_is_given(tmp_path):
+    task = load_task(MATMUL)
+
+    class Executor:
+        referee = type("Referee", (), {"device_off": None})()
+
+        def check(self, kernel, cases):
+            return CheckReport(passed=True, cases=[])
+
+        def time(self, kernel, cases):
+            return TimingReport(passed=False, cases=[_two_paced(c.name) for c in cases])
+
+    given = tmp_path / "mine.cu"
+    given.write_text(task.source("initial"))
+    targets = targets_for(task, None, None) + targets_for(task, given, None)
+    for target in targets:
+        target.compiled = compile_kernel(target.source, task.kernel_name, arch="sm_90")
+        _check_and_time(task, Executor(), target, io.StringIO())
+    assert [t.passed for t in targets] == [True, True, False]
+    assert targets[-1].timing.cases[0].reasons[0].code is ReasonCode.TIMING_MODES

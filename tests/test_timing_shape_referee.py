@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.nvml import GpuState, GpuWatch
 from harness.results import ReasonCode
 from harness.timing_shape import shape_of
 from tests.test_referee_cpu import _time, referee, reference_worker, task  # noqa: F401 - fixtures
@@ -35,3 +36,23 @@ def test_modes_in_the_first_job_only_are_timed_on_the_job_measured_again(referee
     assert first.stats.median_ms < 0.06  # the honest job's 0.05 ms, none of the padded 0.075 ms launches
     assert any("measured again in one more job" in w for w in first.warnings), first.warnings
     assert all(not any("measured again" in w for w in case.warnings) for case in others)
+
+
+class BusyGpu:
+    """NVML's readings around a timing: other processes (pids 4242 on) on the GPU, more than the referee's own."""
+
+    def read(self):
+        return GpuState(sm_clock_mhz=1980, max_sm_clock_mhz=1980, processes=list(range(4242, 4250)))
+
+
+@pytest.mark.parametrize("referee", ["two_mode_timing"], indirect=True)
+def test_a_case_refused_for_its_shape_keeps_nvmls_readings(referee, task):
+    """A yardstick refused for its shape alone is taken as measured (shape_waived): the readings go with it, so a
+    guard round timed beside another process is still set aside."""
+    referee.settings = referee.settings.model_copy(update={"max_iterations": 40})
+    referee.nvml = BusyGpu()
+    timing = _time(referee, task)
+    assert not timing.passed
+    for case in timing.cases:
+        assert [r.code for r in case.reasons] == [ReasonCode.TIMING_MODES]
+        assert case.gpu is not None and 4242 in GpuWatch.model_validate(case.gpu).other_processes, case.gpu
