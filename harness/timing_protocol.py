@@ -370,7 +370,7 @@ class TimingProtocol:
 
 
 _AGAIN = ("measured again in one more job: the first jobs' launches fell into distinct modes or spread "
-                   "wide (harness/timing_shape.py), this job's did not")
+          "wide (harness/timing_shape.py), this job's did not")
 
 
 @dataclass
