@@ -33,7 +33,7 @@ from harness.settings import CompiledKernel, TimingSettings
 from harness.stats import summarize
 from harness.task import load_task
 from harness.task_model import LaunchSpec, Task
-from harness.timing_shape import shape_waived
+from harness.timing_shape import shape_waived, shape_waivers
 from server import suspicion
 from server.decision import CheckResult
 from harness.gpus import Placement, list_gpus, placement_for
@@ -148,6 +148,8 @@ class GuardStep:
         self.cost = StepCost()
         self.lease_waits: list[LeaseWait] = []
         self.stats: dict[str, dict[str, list[float]]] = {label: {} for label in LABELS}  # every round's samples
+        # per kernel and case, the shape reasons of the yardstick timings taken as measured (one per round)
+        self.waived: dict[str, dict[str, list[str]]] = {}
         self._began = time.monotonic()
 
     def __enter__(self) -> GuardStep:
@@ -214,6 +216,8 @@ class GuardStep:
                 began = time.monotonic()
                 report = self.executor.time(self.kernels[label], cases)
                 if label == "baseline" or self.subject.own_kernel:  # yardsticks, as in the run
+                    for case, reasons in shape_waivers(report).items():
+                        self.waived.setdefault(label, {}).setdefault(case, []).extend(reasons)
                     report = shape_waived(report)
                 self.cost = self.cost.model_copy(update={"timing_s": self.cost.timing_s + time.monotonic() - began})
                 if not report.passed:

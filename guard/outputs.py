@@ -33,6 +33,8 @@ class ApprovalResult(BaseModel):
     node: str | None = None  # the fleet's node, when fanned out
     seconds: float | None = None
     lease_waits: list[LeaseWait] = []  # the step's waits for the GPU's lease, naming who held it
+    # per kernel and case, the shape reasons of the yardstick timings taken as measured (one per round)
+    shape_waived: dict[str, dict[str, list[str]]] = {}
     trend_svg: str | None = None  # the trend picture's files, relative to the report's folder
     trend_png: str | None = None
 

@@ -151,7 +151,7 @@ def _recorded(store: Path, result: StepResult, accepted: bool, time: str,
     return outputs.ApprovalResult(approval=result.approval, verdicts=result.verdicts, diff=diff,
                                   environment_changes=result.environment_changes, fingerprint=result.fingerprint,
                                   node=result.node, seconds=result.cost.total_s, lease_waits=result.lease_waits,
-                                  **pictures), svg
+                                  shape_waived=result.shape_waived, **pictures), svg
 
 
 def _accept_key(options: GuardOptions) -> Path | None:
@@ -167,6 +167,10 @@ def print_results(report: outputs.GuardReport, results: list[StepResult], out: T
         for check in result.checks:
             if not check.passed:
                 print(f"  FAIL {check.name}: {'; '.join(check.reasons)[:300]}", file=out)
+        for label, per_case in result.shape_waived.items():
+            for case, reasons in per_case.items():
+                print(f"  {case}: the {label}'s timing taken as measured though its launches' shape was refused, "
+                      f"in {len(reasons)} round(s) (a yardstick): {reasons[0][:200]}", file=out)
         if result.environment_changes:
             print(f"  environment differs from the approval's: {'; '.join(result.environment_changes)}", file=out)
 

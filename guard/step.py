@@ -45,6 +45,8 @@ class StepResult(BaseModel):
     lease_waits: list[LeaseWait] = []
     # Every round's samples summarised, per kernel ("candidate", "baseline") and case: what --accept signs
     latencies: dict[str, dict[str, LatencyStats]] = {}
+    # per kernel and case, the shape reasons of the yardstick timings taken as measured (harness/timing_shape.py)
+    shape_waived: dict[str, dict[str, list[str]]] = {}
 
     @property
     def passed(self) -> bool:
@@ -77,7 +79,7 @@ def guard_approval(loaded: LoadedApproval, make_executor: MakeExecutor, settings
             verdicts = [decide(case, [], _correctness(checks), settings) for case in inputs]
     return StepResult(approval=loaded.name, node=socket.gethostname(), fingerprint=now,
                           environment_changes=[str(d) for d in changes], checks=checks, verdicts=verdicts,
-                          cost=step.cost, lease_waits=step.lease_waits,
+                          cost=step.cost, lease_waits=step.lease_waits, shape_waived=step.waived,
                           latencies={label: {case: summarize(samples) for case, samples in per_case.items() if samples}
                                      for label, per_case in step.stats.items()})
 

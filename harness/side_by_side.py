@@ -14,7 +14,7 @@ from harness.settings import CompiledKernel
 from harness.stats import LatencyStats, summarize
 from harness.task_model import Case
 from harness.results import CaseTiming, Reason, TimingReport
-from harness.timing_shape import WAIVED, shape_waived
+from harness.timing_shape import shape_waived, shape_waivers
 
 
 class TimingFailed(Exception):
@@ -64,12 +64,10 @@ def time_side_by_side(time: Callable[[CompiledKernel, list[Case]], TimingReport]
             if round_index == 0 and before_first is not None:
                 before_first(label)
             report = time(kernel, cases)
-            if label not in judged and (waived := shape_waived(report)) is not report:
-                for case in waived.cases:
-                    notes = [w for w in case.warnings if w.startswith(WAIVED)]
-                    if notes:
-                        timed.waived.setdefault(label, {}).setdefault(case.case, []).extend(notes)
-                report = waived
+            if label not in judged and (waivers := shape_waivers(report)):
+                for case, reasons in waivers.items():
+                    timed.waived.setdefault(label, {}).setdefault(case, []).extend(reasons)
+                report = shape_waived(report)
             if not report.passed:
                 raise TimingFailed(label, report.reasons)
             for case in report.cases:

@@ -146,13 +146,23 @@ def shape_waived(report: TimingReport) -> TimingReport:
     other timing as it is. For a yardstick, not a verdict: the task's own kernel (softmax_f32's reference reads
     a quarter of its launches 16% slower on an H100 at times, bench/recorded/h100-2026-12-07-c) and a best judged
     when it was recorded. A refused case's samples are its last job's, judged on its own like every job."""
-    if report.passed:
-        return report
-    refused = [c for c in report.cases if not c.passed]
-    if any(c.stats is None or not c.reasons or any(r.code not in SHAPE_CODES for r in c.reasons) for c in refused):
+    waivers = shape_waivers(report)
+    if not waivers:
         return report
     cases = [c if c.passed else c.model_copy(update={
         "passed": True, "reasons": [], "warnings": c.warnings + [WAIVED + r.detail for r in c.reasons]})
         for c in report.cases]
     return report.model_copy(update={"passed": True, "cases": cases,
                                      "score_ms": geometric_mean([c.stats.median_ms for c in cases])})
+
+
+def shape_waivers(report: TimingReport) -> dict[str, list[str]]:
+    """Per case, the shape reasons (`code: detail`) that shape_waived takes a yardstick's timing past; empty where
+    it takes none: a timing that passed, or one refused for any other reason as well."""
+    if report.passed:
+        return {}
+    refused = [c for c in report.cases if not c.passed]
+    if not refused or any(c.stats is None or not c.reasons or any(r.code not in SHAPE_CODES for r in c.reasons)
+                          for c in refused):
+        return {}
+    return {c.case: [f"{r.code.value}: {r.detail}" for r in c.reasons] for c in refused}

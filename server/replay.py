@@ -137,9 +137,12 @@ def _repeat(executor: Executor, record: RunRecord, kernel: CompiledKernel, basel
     pairs = {c.name: (stats["baseline"][c.name], stats["candidate"][c.name]) for c in cases}
     result = RepeatResult(repeat=number, speedup=geomean_speedup(list(pairs.values())),
                           cases={name: speedup(*pair) for name, pair in pairs.items()})
-    return result, {"stats": {label: {case: s.model_dump(mode="json") for case, s in per_case.items()}
-                              for label, per_case in stats.items()},
-                    "samples_ms": timed.samples}
+    extra = {"stats": {label: {case: s.model_dump(mode="json") for case, s in per_case.items()}
+                       for label, per_case in stats.items()},
+             "samples_ms": timed.samples}
+    if timed.waived:  # the yardsticks' timings taken as measured, their shape reasons kept (as in history.json)
+        extra["shape_waived"] = timed.waived
+    return result, extra
 
 
 def _physical_limit(record: RunRecord, environment: dict, timed: tuple[RepeatResult, dict],
@@ -280,6 +283,9 @@ def print_report(document: dict, out: TextIO) -> None:
             f"{s['ratio']:.3g}x [{s['low']:.3g}, {s['high']:.3g}] over the baseline, "
             + significance(s["low"], s["high"], s["beyond_noise"]))
         print(f"repeat {r['repeat']}: {said}", file=out)
+        for label, per_case in (r.get("shape_waived") or {}).items():
+            print(f"  the {label}'s timing taken as measured though its launches' shape was refused "
+                  f"({', '.join(per_case)}): a yardstick, not the kernel being judged", file=out)
     differences = document["environment"]["differences"]
     print("environment: " + ("matches the run's" if not differences else "differs from the run's: " + "; ".join(
         f"{d['field']} {d['run']!r} -> {d['now']!r}" for d in differences)), file=out)

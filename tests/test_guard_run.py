@@ -99,9 +99,33 @@ def test_a_baseline_at_two_paces_is_a_yardstick_and_a_kernel_at_two_paces_is_inc
     two_paced = lambda task, timing: FakeExecutor(task, two_paced_baseline=True)  # noqa: E731
     result = guard_approval(load_approval(store, "passes"), two_paced, QUICK)
     assert [v.verdict for v in result.verdicts] == [Verdict.PASS] * 2, result.checks
+    waived = {"baseline", "candidate"} if passes.get("own_kernel") else {"baseline"}
+    assert set(result.shape_waived) == waived  # what was taken past is kept, once per round and case
+    for label in waived:
+        assert set(result.shape_waived[label]) == {v.case for v in result.verdicts}
+        for verdict in result.verdicts:
+            reasons = result.shape_waived[label][verdict.case]
+            assert len(reasons) == verdict.rounds and all(r.startswith("timing_modes: ") for r in reasons)
     result = guard_approval(load_approval(store, "fails"), two_paced, QUICK)
     assert {v.verdict for v in result.verdicts} == {Verdict.INCORRECT}
     assert any(c.name == "timing of the candidate" and "timing_modes" in c.reasons[0] for c in result.checks)
+
+
+def test_a_yardstick_taken_past_its_shape_is_said_and_kept_in_the_json(tmp_path):
+    store, key = new_store(tmp_path)
+    add_approval(store, key, "softmax", "softmax_f32", 40)
+    two_paced = lambda approval: lambda task, timing: FakeExecutor(task, two_paced_baseline=True)  # noqa: E731
+    report = tmp_path / "out" / "guard.json"
+    code, out = guard(store, json=report, make_executor=two_paced)
+    assert code == 0, out
+    document = json.loads(report.read_text())
+    waived = document["results"][0]["shape_waived"]
+    assert list(waived) == ["baseline"] and len(waived["baseline"]) == 2  # both performance cases
+    said = [line for line in out.splitlines() if "the baseline's timing taken as measured" in line]
+    assert len(said) == 2 and all("timing_modes: " in line for line in said), out
+    code, out = guard(store, json=report)  # an even baseline: nothing taken past, nothing said
+    assert code == 0 and json.loads(report.read_text())["results"][0]["shape_waived"] == {}
+    assert "taken as measured" not in out
 
 
 def test_a_kernel_compiled_onto_units_its_task_forbids_is_incorrect_and_not_timed(tmp_path):

@@ -198,11 +198,16 @@ def test_a_baseline_at_two_paces_is_timed_as_measured_and_a_best_at_two_paces_is
     two_paced = lambda task, timing: FakeExecutor(task, two_paced_baseline=True)  # noqa: E731
     code, document, out = replayed(make_run(tmp_path / "a", kernel("latency_us=50")), two_paced, repeats=1)
     assert code == 0 and document["decision"] == "GO", out
+    waived = document["repeats"][0]["shape_waived"]  # the baseline's shape, taken past, is on the record
+    assert "the baseline's timing taken as measured though its launches' shape was refused" in out
+    assert list(waived) == ["baseline"] and all(r.startswith("timing_modes: ") for rs in waived["baseline"].values()
+                                                for r in rs)
     code, document, _ = replayed(make_run(tmp_path / "b", kernel("latency_us=50")),
                                  lambda task, timing: TwoPacedHere(task), repeats=1)
     assert code == 1 and "the candidate failed its timing: timing_modes" in document["reasons"][0]
     _, document, _ = replayed(make_run(tmp_path / "c"), two_paced, repeats=1)  # the best is the task's own kernel
     assert document["repeats"][0]["speedup"] and "timing_modes" not in json.dumps(document["reasons"])
+    assert set(document["repeats"][0]["shape_waived"]) == {"baseline", "candidate"}  # both the task's own kernel
 
 
 def test_a_failure_inside_the_referee_is_no_go_and_keeps_what_was_checked(good_run):

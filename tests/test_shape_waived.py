@@ -14,7 +14,7 @@ from harness.task import load_task
 from harness.vendor_yardstick import time_vendor
 from harness.worker_side.nvrtc import compile_kernel
 from server.check import _check_and_time, targets_for
-from harness.timing_shape import WAIVED, shape_of, shape_reasons, shape_waived
+from harness.timing_shape import WAIVED, shape_of, shape_reasons, shape_waived, shape_waivers
 from server.records import Verdict
 from server.run import RunSettings
 from tests.server_support import MATMUL, client, kernel, new_run, ok, read_json
@@ -55,6 +55,17 @@ def test_any_other_reason_stands_beside_a_shape_refusal(other):
         assert shape_waived(report) is report
 
 
+def test_shape_waivers_names_per_refused_case_what_the_waiver_takes_past_and_nothing_else():
+    report = TimingReport(passed=False, cases=[_even("a", 0.5), _two_paced("b")])
+    waivers = shape_waivers(report)
+    assert list(waivers) == ["b"] and len(waivers["b"]) == 1 and waivers["b"][0].startswith("timing_modes: ")
+    shaped = _two_paced("b")
+    mixed = shaped.model_copy(update={"reasons": shaped.reasons + [Reason(code=ReasonCode.TIMEOUT, case="b", detail="x")]})
+    assert shape_waivers(TimingReport(passed=False, cases=[mixed])) == {}
+    assert shape_waivers(TimingReport(passed=True, cases=[_even("a", 0.5)], score_ms=0.5)) == {}
+    assert shape_waivers(TimingReport(passed=False, cases=[])) == {}
+
+
 def test_a_refusal_without_samples_or_reasons_stands_and_a_passed_timing_is_returned_as_it_is():
     bare = TimingReport(passed=False, cases=[CaseTiming(case="a", passed=False)])
     assert shape_waived(bare) is bare
@@ -63,6 +74,9 @@ def test_a_refusal_without_samples_or_reasons_stands_and_a_passed_timing_is_retu
     assert shape_waived(no_stats) is no_stats
     passed = TimingReport(passed=True, cases=[_even("a", 0.5)], score_ms=0.5)
     assert shape_waived(passed) is passed
+    whole = TimingReport(passed=False, cases=[_even("a", 0.5)],  # refused as a whole, no case refused
+                         reasons=[Reason(code=ReasonCode.TIMEOUT, detail="the worker stopped answering")])
+    assert shape_waived(whole) is whole
 
 
 def _timer(two_paced: set[str]):
@@ -81,6 +95,7 @@ def test_side_by_side_judges_the_candidates_shape_and_takes_the_yardsticks_as_me
     assert len(timed.samples["baseline"]["square-4096"]) == 80 and len(timed.samples["best"]["square-4096"]) == 80
     assert timed.cases["baseline"]["square-4096"].warnings[0].startswith(WAIVED)
     assert {label: len(per["square-4096"]) for label, per in timed.waived.items()} == {"baseline": 2, "best": 2}
+    assert all(r.startswith("timing_modes: ") and "two groups" in r for r in timed.waived["baseline"]["square-4096"])
     with pytest.raises(TimingFailed) as failed:
         time_side_by_side(_timer({"k"}), {"baseline": "b", "candidate": "k"}, CASES, 2)
     assert failed.value.label == "candidate" and failed.value.reasons[0].code is ReasonCode.TIMING_MODES
@@ -110,7 +125,8 @@ def test_a_run_whose_baseline_runs_at_two_paces_starts_and_judges_its_attempts(t
     assert baseline["verdict"] == Verdict.BASELINE.value
     attempts = history if isinstance(history, list) else history["attempts"]
     for row in baseline["timing"].values():  # recorded as measured, and said so
-        assert list(row["shape_waived"]) == ["candidate"] and row["shape_waived"]["candidate"][0].startswith(WAIVED)
+        assert list(row["shape_waived"]) == ["candidate"]
+        assert row["shape_waived"]["candidate"][0].startswith("timing_modes: ")  # its code, then what was seen
     for row in attempts[1]["timing"].values():
         assert set(row["shape_waived"]) == {"baseline"} and len(row["shape_waived"]["baseline"]) == RunSettings().timing_rounds
     assert answers["probe"]["speedup_vs_baseline"]["ratio"] > 2, answers["probe"]
