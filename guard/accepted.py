@@ -17,6 +17,7 @@ ratio, else the older reading from the run's medians and speedup interval (an ap
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from guard.approval import AcceptedRatio, CaseLatency
@@ -45,8 +46,9 @@ def from_rounds(case: str, rounds: Sequence[TimingRound],
     ratio = verdict.ratio
     if ratio is None:
         return None
+    waived = Counter(label for timed in rounds for label in timed.shape_waived)
     return AcceptedRatio(estimate=ratio.estimate, low=ratio.low, high=ratio.high, confidence=ratio.confidence,
-                         rounds=verdict.rounds_kept, set_aside=verdict.set_aside)
+                         rounds=verdict.rounds_kept, set_aside=verdict.set_aside, shape_waived=dict(waived))
 
 
 def measure(round_: Rounds, cases: list[str], rounds: int = DEFAULT_ROUNDS, settings: VerdictSettings | None = None,

@@ -61,6 +61,9 @@ class AcceptedRatio(_Frozen):
     confidence: float = Field(gt=0.0, lt=1.0)
     rounds: int = Field(ge=1)  # the rounds kept, each one job of the kernel and one of its baseline
     set_aside: dict[str, int] = {}  # rounds not counted, by reason (another process, throttling)
+    # per kernel ("baseline"; "candidate" where it is the task's own), the rounds (set-aside ones among them) whose
+    # timing of it was taken as measured though its launches' shape was refused (a yardstick's, timing_shape.py)
+    shape_waived: dict[str, int] = {}
 
 
 class RatioMeasurement(_Frozen):

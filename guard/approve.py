@@ -106,6 +106,9 @@ def approve(options: ApproveOptions, out: TextIO) -> int:
         held = case.ratio
         rounds = (f"; accepted ratio {held.estimate:.4g} [{held.low:.4g}, {held.high:.4g}] over {held.rounds} "
                   "rounds" if held else "; accepted ratio from the run's timing")
+        if held and held.shape_waived:
+            rounds += " (taken as measured though their launches' shape was refused: " + ", ".join(
+                f"the {label}'s in {count}" for label, count in held.shape_waived.items()) + ")"
         print(f"  {case.case}: median {case.kernel.median_ms:.4g} ms [{case.kernel.ci_low_ms:.4g}, "
               f"{case.kernel.ci_high_ms:.4g}]{ratio}{rounds}", file=out)
     return EXIT_APPROVED

@@ -210,13 +210,14 @@ class GuardStep:
         number = self.cost.rounds
         order = LABELS if number % 2 == 0 else LABELS[::-1]
         cases = [c for c in self.subject.task.performance_cases if only is None or c.name in only]
-        reports = {}
+        reports, waived = {}, {label: {} for label in LABELS}
         with held(getattr(self.executor, "gpu_lease", None)):
             for label in order:
                 began = time.monotonic()
                 report = self.executor.time(self.kernels[label], cases)
                 if label == "baseline" or self.subject.own_kernel:  # yardsticks, as in the run
-                    for case, reasons in shape_waivers(report).items():
+                    waived[label] = shape_waivers(report)
+                    for case, reasons in waived[label].items():
                         self.waived.setdefault(label, {}).setdefault(case, []).extend(reasons)
                     report = shape_waived(report)
                 self.cost = self.cost.model_copy(update={"timing_s": self.cost.timing_s + time.monotonic() - began})
@@ -232,7 +233,8 @@ class GuardStep:
             watches = [GpuWatch.model_validate(reports[label][case.name].gpu) for label in order
                        if reports[label][case.name].gpu]
             rounds[case.name] = TimingRound(candidate_ms=timed["candidate"].samples_ms,
-                                            baseline_ms=timed["baseline"].samples_ms, watch=merged_watch(watches))
+                                            baseline_ms=timed["baseline"].samples_ms, watch=merged_watch(watches),
+                                            shape_waived=[label for label in LABELS if case.name in waived[label]])
         return rounds
 
     def physical_limit_checks(self) -> list[CheckResult]:

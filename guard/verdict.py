@@ -79,6 +79,9 @@ class TimingRound(BaseModel):
     candidate_ms: list[float] = Field(min_length=1)
     baseline_ms: list[float] = Field(min_length=1)
     watch: GpuWatch | None = None  # the GPU's readings around the round, where NVML answers
+    # the kernels ("baseline", or both where the kernel is the task's own) whose timing was taken as measured
+    # though its launches' shape was refused: yardsticks (harness/timing_shape.py shape_waived)
+    shape_waived: list[str] = []
 
 
 class Correctness(BaseModel):

@@ -11,7 +11,8 @@ Pure: samples in, statistics and reasons out. The timing protocol (harness/timin
 a case again in one more job when its shape is refused, and refuses the case only if that job's shape is
 refused too. The thresholds come from honest kernels timed on an H100 (bench/spreads.py; docs/timing.md,
 "Timing shapes"). The shape judges the kernel being judged only: `shape_waived` takes a yardstick's timing
-(the task's own kernel, a best judged before) as measured where its shape alone was refused.
+(the task's own kernel, a best judged before, the vendor library, an approval's baseline under the guard) as
+measured where its shape alone was refused, and `shape_waivers` names what it took past, for the record.
 """
 
 from __future__ import annotations
@@ -144,8 +145,9 @@ def shape_reasons(shape: TimingShape, case: str) -> list[Reason]:
 def shape_waived(report: TimingReport) -> TimingReport:
     """A timing refused for its launches' shape alone, passed as measured, each shape reason kept as a warning; any
     other timing as it is. For a yardstick, not a verdict: the task's own kernel (softmax_f32's reference reads
-    a quarter of its launches 16% slower on an H100 at times, bench/recorded/h100-2026-12-07-c) and a best judged
-    when it was recorded. A refused case's samples are its last job's, judged on its own like every job."""
+    a quarter of its launches 16% slower on an H100 at times, bench/recorded/h100-2026-12-07-c), a best judged
+    when it was recorded, the vendor library. A refused case's samples are its last job's, judged on its own like
+    every job."""
     waivers = shape_waivers(report)
     if not waivers:
         return report

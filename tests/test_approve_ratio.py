@@ -61,6 +61,18 @@ def test_approve_measures_each_cases_accepted_ratio_in_32_interleaved_rounds(fre
     assert result.passed, [(v.case, v.verdict, v.message) for v in result.verdicts]
 
 
+def test_a_baseline_taken_past_its_shape_is_counted_in_the_approval_and_said(fresh_run, tmp_path):
+    two_paced = lambda task, timing: FakeExecutor(task, two_paced_baseline=True)  # noqa: E731
+    code, store, _, out = approved(tmp_path, fresh_run, make_executor=two_paced)
+    assert code == 0, out
+    for case in load_store(store)[0].approval.cases:
+        assert case.ratio.rounds == 32 and case.ratio.shape_waived == {"baseline": 32}
+    assert out.count("(taken as measured though their launches' shape was refused: the baseline's in 32)") == 2
+    code, store, _, out = approved(tmp_path / "even", fresh_run)  # an even baseline: nothing counted or said
+    assert code == 0 and all(c.ratio.shape_waived == {} for c in load_store(store)[0].approval.cases)
+    assert "taken as measured" not in out
+
+
 def test_the_rounds_are_asked_for_by_number_and_never_fewer_than_8(fresh_run, tmp_path, capsys):
     code, store, key, _ = approved(tmp_path / "a", fresh_run, ratio_rounds=12)
     assert code == 0
