@@ -1,0 +1,58 @@
+"""A yardstick at two paces, on the GPU: a task whose own kernel pads about 45% of its launches (the two-mode
+exploit kernel at the task's 16 x 16 launch) still makes a run. Its timing is taken as measured, the shape's reason
+kept in history.json (`shape_waived`); an honest attempt is timed beside it; the same kernel sent as an attempt,
+the kernel being judged, is refused for its shape."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.settings import TimingSettings
+from harness.task import load_task
+from server.attempt import record_attempt
+from server.executor import GpuExecutor
+from server.lifecycle import new_run
+from server.run import RunSettings
+from tests.test_cli import MATMUL
+
+pytestmark = pytest.mark.gpu
+EXPLOITS = Path(__file__).parents[1] / "exploits"
+TILED32 = {"grid": ["ceil_div(n, 32)", "ceil_div(m, 32)"], "block": [32, 32]}
+
+
+def test_a_two_paced_task_kernel_is_a_yardstick_and_the_same_kernel_as_an_attempt_is_refused(tmp_path):
+    task_dir = tmp_path / "matmul_two_paced"
+    shutil.copytree(MATMUL, task_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    two_paced = (EXPLOITS / "two_mode_timing.cu").read_text().replace("#define TILE 32", "#define TILE 16")
+    assert "#define TILE 16" in two_paced
+    (task_dir / "initial.cu").write_text(two_paced)
+    timing = TimingSettings(warmups=5, iterations=40, run_deadline_s=5)
+    executor = GpuExecutor(load_task(task_dir), timing, compile_deadline_s=10)
+    settings = RunSettings(max_attempts=3, compiles_per_minute=10_000, timing=timing)
+    try:
+        run = new_run(task_dir, tmp_path / "results", settings, executor)  # before: refused, timing_modes
+        try:
+            honest = record_attempt(run, run.candidate(None, (EXPLOITS / "correct_control.cu").read_text(), None,
+                                                       TILED32), "honest 32 x 32 tiles", None, None)
+            paced = record_attempt(run, run.candidate(None, two_paced), "the task's own kernel as an attempt",
+                                   None, None)
+        finally:
+            run.close()
+    finally:
+        executor.close()
+
+    attempts = json.loads((run.dir / "history.json").read_text())["attempts"]
+    baseline = attempts[0]
+    assert baseline["verdict"] == "baseline"
+    waived = [row["shape_waived"]["candidate"] for row in baseline["timing"].values() if row.get("shape_waived")]
+    assert waived, baseline["timing"]  # its two paces were seen, and taken as measured
+    assert all(r.startswith("timing_modes: ") and "two groups" in r for reasons in waived for r in reasons), waived
+    assert honest.verdict in ("valid-faster", "valid-not-faster"), honest.reasons
+    assert not {r.code.value for r in honest.reasons} & {"timing_modes", "timing_spread"}, honest.reasons
+    beside = [row["shape_waived"]["baseline"] for row in attempts[1]["timing"].values() if row.get("shape_waived")]
+    assert beside and all(r.startswith("timing_modes: ") for reasons in beside for r in reasons), attempts[1]
+    assert paced.verdict == "rejected", paced
+    assert {r.code.value for r in paced.reasons} <= {"timing_modes", "uneven_launches"}, paced.reasons
+    assert paced.reasons, paced
