@@ -248,7 +248,8 @@ class Bench:
 
         def trial(first: tuple[str, CompiledKernel], second: tuple[str, CompiledKernel]) -> tuple[float, bool, bool]:
             """(median of B / median of A, B slower beyond noise, B faster beyond noise)."""
-            timed = time_side_by_side(executor.time, dict([first, second]), [DISCRIMINATION_CASE], rounds)
+            timed = time_side_by_side(executor.time, dict([first, second]), [DISCRIMINATION_CASE], rounds,
+                                      judged=("A", "B"))  # both kernels are judged: neither is a yardstick
             a, b = (summarize(timed.samples[label][DISCRIMINATION_CASE.name]) for label in ("A", "B"))
             return b.median_ms / a.median_ms, speedup(b, a).beyond_noise, speedup(a, b).beyond_noise
 

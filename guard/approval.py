@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from guard.fingerprint import Fingerprint
 from harness.stats import LatencyStats, Speedup
@@ -64,6 +64,15 @@ class AcceptedRatio(_Frozen):
     # per kernel ("baseline"; "candidate" where it is the task's own), the rounds (set-aside ones among them) whose
     # timing of it was taken as measured though its launches' shape was refused (a yardstick's, timing_shape.py)
     shape_waived: dict[str, int] = {}
+
+    @model_serializer(mode="wrap")
+    def _waivers_where_any(self, handler):
+        """`shape_waived` is written only where a round took one: an approval without it stays readable by a guard
+        that predates the field (the models forbid unknown fields)."""
+        data = handler(self)
+        if not data.get("shape_waived"):
+            data.pop("shape_waived", None)
+        return data
 
 
 class RatioMeasurement(_Frozen):

@@ -55,7 +55,10 @@ def _approval(result: ApprovalResult, svg: str | None) -> Safe:
     rows = [("node", result.node or "this machine"),
             ("GPU", result.fingerprint.gpu if result.fingerprint else None),
             ("driver", result.fingerprint.driver if result.fingerprint else None),
-            ("seconds", f"{result.seconds:.1f}" if result.seconds is not None else None)]
+            ("seconds", f"{result.seconds:.1f}" if result.seconds is not None else None),
+            ("taken as measured past their launches' shape (yardsticks)", "; ".join(
+                f"the {label}'s on {case} in {len(reasons)} round(s)" for label, per_case in result.shape_waived.items()
+                for case, reasons in per_case.items()) or None)]
     changes = (tag("ul", join(tag("li", c) for c in result.environment_changes)) if result.environment_changes
                else tag("p", "the same environment as the approval", class_="muted"))
     diff = tag("pre", "\n".join(d.text for d in result.diff), class_="text") if result.diff else Safe("")

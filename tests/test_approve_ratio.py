@@ -16,7 +16,7 @@ from guard import accepted
 from guard.cli import main
 from guard.run import GuardOptions, run_guard
 from guard.step import guard_approval
-from guard.store import approval_dir, load_approval, load_store
+from guard.store import READABLE, approval_dir, load_approval, load_store
 from guard.verdict import TimingRound, Verdict, VerdictSettings
 from harness.nvml import GpuState, GpuWatch
 from server.replay import replay
@@ -71,6 +71,8 @@ def test_a_baseline_taken_past_its_shape_is_counted_in_the_approval_and_said(fre
     code, store, _, out = approved(tmp_path / "even", fresh_run)  # an even baseline: nothing counted or said
     assert code == 0 and all(c.ratio.shape_waived == {} for c in load_store(store)[0].approval.cases)
     assert "taken as measured" not in out
+    # nor written: an approval without waivers reads as one made before the field (the models forbid unknown ones)
+    assert "shape_waived" not in (approval_dir(store, NAME) / READABLE).read_text()
 
 
 def test_the_rounds_are_asked_for_by_number_and_never_fewer_than_8(fresh_run, tmp_path, capsys):

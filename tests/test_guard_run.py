@@ -123,6 +123,10 @@ def test_a_yardstick_taken_past_its_shape_is_said_and_kept_in_the_json(tmp_path)
     assert list(waived) == ["baseline"] and len(waived["baseline"]) == 2  # both performance cases
     said = [line for line in out.splitlines() if "the baseline's timing taken as measured" in line]
     assert len(said) == 2 and all("timing_modes: " in line for line in said), out
+    code, out = guard(store, html=tmp_path / "out" / "guard.html", make_executor=two_paced)
+    page = (tmp_path / "out" / "guard.html").read_text()
+    assert "taken as measured past their launches&#x27; shape (yardsticks)" in page  # escaped, as every value
+    assert page.count("the baseline&#x27;s on ") == 2 and "in 8 round(s)" in page
     code, out = guard(store, json=report)  # an even baseline: nothing taken past, nothing said
     assert code == 0 and json.loads(report.read_text())["results"][0]["shape_waived"] == {}
     assert "taken as measured" not in out
