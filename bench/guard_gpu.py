@@ -81,8 +81,8 @@ def step(store: Path, name: str, confine: bool, settings: VerdictSettings) -> St
 
 
 def summary_of(results: list[StepResult]) -> dict:
-    """Exit statuses, verdicts per case, rounds, slowdowns measured, the step's cost over its timing and the steps
-    each board (GPU UUID) measured."""
+    """Exit statuses, verdicts per case, rounds, slowdowns measured, the step's cost over its timing, the steps
+    each board (GPU UUID) measured and the yardstick timings taken past their shape."""
     later = [r.cost.ratio for r in results[1:] if r.cost.ratio is not None]
     return {"runs": len(results), "exit_status": dict(Counter(exit_status(r.verdicts) for r in results)),
             "verdicts": {case: dict(Counter(v.verdict.value for r in results for v in r.verdicts if v.case == case))
@@ -91,7 +91,10 @@ def summary_of(results: list[StepResult]) -> dict:
             "change": [{v.case: v.change.estimate for v in r.verdicts if v.change} for r in results],
             "cost_ratio_after_first": {"median": statistics.median(later), "max": max(later)} if later else None,
             "seconds": [round(r.cost.total_s, 2) for r in results],
-            "boards": dict(Counter(str(r.fingerprint.gpu_uuid) for r in results))}
+            "boards": dict(Counter(str(r.fingerprint.gpu_uuid) for r in results)),
+            # per kernel: the rounds whose timing of it, a yardstick's, was taken past its launches' shape
+            "shape_waived": dict(Counter(label for r in results for label, per_case in r.shape_waived.items()
+                                         for reasons in per_case.values() for _ in reasons))}
 
 
 def slower_copy(store: Path, key: Path, name: str, confine: bool, settings: VerdictSettings) -> tuple[str, dict]:
@@ -289,7 +292,9 @@ def print_summary(document: dict) -> None:
         cost = shown["cost_ratio_after_first"]
         print(f"  {label}: {shown['runs']} runs; exit {shown['exit_status']}; verdicts {shown['verdicts']}; rounds "
               f"{min(shown['rounds'])}-{max(shown['rounds'])}"
-              + (f"; step / timing median {cost['median']:.2f}, max {cost['max']:.2f}" if cost else ""))
+              + (f"; step / timing median {cost['median']:.2f}, max {cost['max']:.2f}" if cost else "")
+              + "".join(f"; the {label}'s shape taken past in {n} case-round(s)"
+                        for label, n in shown.get("shape_waived", {}).items()))
 
 
 if __name__ == "__main__":

@@ -54,6 +54,16 @@ def test_the_summary_counts_verdicts_and_the_cost_after_the_first_run():
     assert shown["cost_ratio_after_first"] == {"median": 1.65, "max": 1.8}  # the first run's 6x is left out
     assert shown["change"][0] == {"x": 1.03, "y": 1.03}
     assert shown["boards"] == {"GPU-1": 2, "GPU-2": 1}
+    assert shown["shape_waived"] == {}
+
+
+def test_the_summary_counts_the_yardstick_timings_taken_past_their_shape(capsys):
+    waived = result(Verdict.PASS, 12, 8).model_copy(update={"shape_waived": {
+        "baseline": {"x": ["timing_modes: two groups"] * 3, "y": ["timing_spread: wide"]}}})
+    shown = guard_gpu.summary_of([result(Verdict.PASS, 30, 5), waived, waived])
+    assert shown["shape_waived"] == {"baseline": 8}  # 4 case-rounds in each of two steps
+    guard_gpu.print_summary({"gpu": "G", "runs": 3, "complete": True, "seconds": 1.0, "scenarios": {"s": shown}})
+    assert "the baseline's shape taken past in 8 case-round(s)" in capsys.readouterr().out
 
 
 def test_rounds_cut_by_an_interrupt_keep_every_step_measured_so_far():
