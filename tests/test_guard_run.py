@@ -124,6 +124,7 @@ def test_a_yardstick_taken_past_its_shape_is_said_and_kept_in_the_json(tmp_path)
     said = [line for line in out.splitlines() if "the baseline's timing taken as measured" in line]
     assert len(said) == 2 and all("timing_modes: " in line for line in said), out
     code, out = guard(store, html=tmp_path / "out" / "guard.html", make_executor=two_paced)
+    assert code == 0, out
     page = (tmp_path / "out" / "guard.html").read_text()
     assert "taken as measured past their launches&#x27; shape (yardsticks)" in page  # escaped, as every value
     assert page.count("the baseline&#x27;s on ") == 2 and "in 8 round(s)" in page
