@@ -58,6 +58,10 @@ def junit_tree(report: GuardReport) -> ET.ElementTree:
         properties = ET.SubElement(suite, "properties")
         for change in result.environment_changes:
             ET.SubElement(properties, "property", name="environment_change", value=_text(change))
+        for label, per_case in result.shape_waived.items():  # yardstick timings taken past their launches' shape
+            for case_name, reasons in per_case.items():
+                ET.SubElement(properties, "property", name="shape_waived",
+                              value=_text(f"the {label}'s on {case_name} in {len(reasons)} round(s): {reasons[0]}"))
         if result.fingerprint and result.fingerprint.gpu:
             ET.SubElement(properties, "property", name="gpu", value=_text(result.fingerprint.gpu))
         for verdict in result.verdicts:

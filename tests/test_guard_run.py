@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -128,6 +129,11 @@ def test_a_yardstick_taken_past_its_shape_is_said_and_kept_in_the_json(tmp_path)
     page = (tmp_path / "out" / "guard.html").read_text()
     assert "taken as measured past their launches&#x27; shape (yardsticks)" in page  # escaped, as every value
     assert page.count("the baseline&#x27;s on ") == 2 and "in 8 round(s)" in page
+    code, out = guard(store, junit=tmp_path / "out" / "guard.xml", make_executor=two_paced)
+    assert code == 0, out
+    said = [p.get("value") for p in ET.parse(tmp_path / "out" / "guard.xml").iter("property")
+            if p.get("name") == "shape_waived"]
+    assert len(said) == 2 and all(v.startswith("the baseline's on ") and "timing_modes: " in v for v in said), said
     code, out = guard(store, json=report)  # an even baseline: nothing taken past, nothing said
     assert code == 0 and json.loads(report.read_text())["results"][0]["shape_waived"] == {}
     assert "taken as measured" not in out
