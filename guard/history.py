@@ -42,13 +42,17 @@ class CaseEntry(BaseModel):
     latency_ms: float | None = None
     latency_change: Interval | None = None
     rounds: int = 0
+    # per kernel ("baseline", "candidate"): the rounds whose yardstick timing was taken past its launches' shape
+    shape_waived: dict[str, int] = {}
 
     @classmethod
-    def of(cls, verdict: CaseVerdict) -> CaseEntry:
+    def of(cls, verdict: CaseVerdict, waived: dict[str, dict[str, list[str]]] | None = None) -> CaseEntry:
+        taken = {label: len(per_case[verdict.case]) for label, per_case in (waived or {}).items()
+                 if per_case.get(verdict.case)}
         return cls(case=verdict.case, verdict=verdict.verdict.value,
                    reason=verdict.reason.value if verdict.reason else None, threshold=verdict.threshold,
                    change=verdict.change, ratio=verdict.ratio, latency_ms=verdict.latency_ms,
-                   latency_change=verdict.latency_change, rounds=verdict.rounds)
+                   latency_change=verdict.latency_change, rounds=verdict.rounds, shape_waived=taken)
 
 
 class HistoryRecord(BaseModel):
@@ -74,11 +78,13 @@ def now_iso() -> str:
 
 
 def record_of(approval: str, verdicts: list[CaseVerdict], fingerprint: Fingerprint, *, accepted: bool = False,
-              exit_status: int | None = None, time: str | None = None) -> HistoryRecord:
+              exit_status: int | None = None, time: str | None = None,
+              shape_waived: dict[str, dict[str, list[str]]] | None = None) -> HistoryRecord:
+    """`shape_waived`: per kernel and case, the reasons of the yardstick timings taken past their shape."""
     changes = sorted({c for v in verdicts for c in v.environment_changes})
     return HistoryRecord(time=time or now_iso(), approval=approval, fingerprint=fingerprint,
                          environment_changes=changes, accepted=accepted, exit_status=exit_status,
-                         cases=[CaseEntry.of(v) for v in verdicts])
+                         cases=[CaseEntry.of(v, shape_waived) for v in verdicts])
 
 
 def append(store: Path, record: HistoryRecord) -> Path:

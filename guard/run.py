@@ -141,7 +141,8 @@ def _recorded(store: Path, result: StepResult, accepted: bool, time: str,
     earlier = history.read(store, result.approval)
     diff = history.compact_diff(result.approval, result.verdicts, earlier)
     record = history.record_of(result.approval, result.verdicts, result.fingerprint, accepted=accepted,
-                               exit_status=exit_status(result.verdicts), time=time)
+                               exit_status=exit_status(result.verdicts), time=time,
+                               shape_waived=result.shape_waived)
     history.append(store, record)
     pictures: dict[str, str] = {}
     svg = None

@@ -134,8 +134,11 @@ def test_a_yardstick_taken_past_its_shape_is_said_and_kept_in_the_json(tmp_path)
     said = [p.get("value") for p in ET.parse(tmp_path / "out" / "guard.xml").iter("property")
             if p.get("name") == "shape_waived"]
     assert len(said) == 2 and all(v.startswith("the baseline's on ") and "timing_modes: " in v for v in said), said
+    runs = history.read(store, "softmax")
+    assert [c.shape_waived for c in runs[-1].cases] == [{"baseline": 8}] * 2  # every round of both cases
     code, out = guard(store, json=report)  # an even baseline: nothing taken past, nothing said
     assert code == 0 and json.loads(report.read_text())["results"][0]["shape_waived"] == {}
+    assert [c.shape_waived for c in history.read(store, "softmax")[-1].cases] == [{}, {}]
     assert "taken as measured" not in out
 
 
