@@ -1,7 +1,7 @@
 """A yardstick at two paces, on the GPU: a task whose own kernel pads about 45% of its launches (the two-mode
-exploit kernel at the task's 16 x 16 launch) still makes a run. Its timing is taken as measured, the shape's reason
-kept in history.json (`shape_waived`); an honest attempt is timed beside it; the same kernel sent as an attempt,
-the kernel being judged, is refused for its shape."""
+exploit kernel at the task's 16 x 16 launch, its pads halved) still makes a run. Its timing is taken as measured,
+the shape's reason kept in history.json (`shape_waived`); an honest attempt is timed beside it; the same kernel
+sent as an attempt, the kernel being judged, is refused for its shape."""
 
 import json
 import shutil
@@ -26,8 +26,12 @@ SHAPE = {"timing_modes", "timing_spread"}  # two groups, or spread wider than ho
 def test_a_two_paced_task_kernel_is_a_yardstick_and_the_same_kernel_as_an_attempt_is_refused(tmp_path):
     task_dir = tmp_path / "matmul_two_paced"
     shutil.copytree(MATMUL, task_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    two_paced = (EXPLOITS / "two_mode_timing.cu").read_text().replace("#define TILE 32", "#define TILE 16")
-    assert "#define TILE 16" in two_paced
+    # At 16 x 16 tiles a pad of six tenths of a block's work makes a padded launch about 2.1 times a fast one
+    # (H100, 2026-12-07), and the mean passes 1.5 times the median: uneven_launches, which no yardstick is taken
+    # past. Three tenths keep the two paces parted well beyond MODE_GAP and the mean well under 1.5 times the median.
+    source = (EXPLOITS / "two_mode_timing.cu").read_text()
+    two_paced = source.replace("#define TILE 32", "#define TILE 16").replace("worked * 6 / 10", "worked * 3 / 10")
+    assert "#define TILE 16" in two_paced and "worked * 3 / 10" in two_paced
     (task_dir / "initial.cu").write_text(two_paced)
     timing = TimingSettings(warmups=5, iterations=40, run_deadline_s=5)
     executor = GpuExecutor(load_task(task_dir), timing, compile_deadline_s=10)
