@@ -24,7 +24,7 @@ from anyio.abc import TaskGroup
 from harness.gpu_lease import ServingClaim
 from harness.placement import GpuInfo
 from harness.task import load_task
-from server.report_files import write_end_report
+from server.report_files import report_cut_short, write_end_report
 from server.run import RunSettings
 from service import live as lives
 from service.auth import RunTokenVerifier, TokenStore
@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 # How often a running run that waits for the GPU it began on (held by another process) is tried again: each try
 # places an actor on its node, so not at every step.
 WAITING_RETRY_S = 10.0
+REPORT_UNWRITTEN = ("its attempts are over, but its report could not be written and signed (the service's log says "
+                    "why): tried again every {retry:g} s; the run is shown finished once it is written")
 
 
 class LimitReached(Exception):
@@ -320,7 +322,7 @@ class Service:
         """`_settle` in the service's task group for a run that is over, unless it is under way already: a report
         to render or a call still ending holds up no other run's admission or end."""
         update = _settled_state(live)
-        if update is None or record.id in self._settling:
+        if update is None or record.id in self._settling or time.monotonic() < self._retry_at.get(record.id, 0.0):
             return
         self._settling.add(record.id)
 
@@ -344,8 +346,23 @@ class Service:
             log.exception("closing the executor of run %s failed", record.id)
         if update["state"] is RunState.FINISHED:  # shown finished with its report written and signed, not before
             await anyio.to_thread.run_sync(write_end_report, live.run)
-        self.registry.update(record.id, finished_at=now_iso(), **update)
+            if await anyio.to_thread.run_sync(report_cut_short, live.run.dir, live.run.key):
+                self._report_unwritten(record, live)
+                return
+        self._retry_at.pop(record.id, None)
+        self.registry.update(record.id, finished_at=now_iso(), waiting=None, **update)
         self._release(record.id)
+
+    def _report_unwritten(self, record: RunRecord, live: LiveRun) -> None:
+        """A run whose report failed (a full disk, an unreadable file): still running, the reason on its record,
+        tried again later. Its GPU is let go at once, since writing a report needs none."""
+        live.run.report_due = True
+        self._retry_at[record.id] = time.monotonic() + WAITING_RETRY_S
+        self._release(record.id)
+        reason = REPORT_UNWRITTEN.format(retry=WAITING_RETRY_S)
+        if record.waiting != reason:
+            log.warning("run %s: its report could not be written; tried again in %g s", record.id, WAITING_RETRY_S)
+            self.registry.update(record.id, waiting=reason)
 
     def _release(self, run_id: str) -> None:
         claim = self.claims.pop(run_id, None)

@@ -47,7 +47,8 @@ class RunRecord(BaseModel):
     finished_at: str | None = None
     gpu_uuid: str | None = None        # the GPU whose serving claim it holds (or held)
     error: str | None = None
-    waiting: str | None = None         # why a running run is not served now (its GPU held elsewhere); None: served
+    # why a running run is not served now (its GPU held elsewhere) or not shown finished yet (its report unwritten)
+    waiting: str | None = None
 
 
 class TokenRecord(BaseModel):
