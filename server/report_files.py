@@ -58,12 +58,30 @@ def write_end_report(run) -> None:
     before it shows the run finished. The run's mutex is held, so the folder's files stay as they are while they
     are read; a failure is logged and the report is no longer due (`kernel-referee report RUN` writes it again)."""
     with run.exclusive():
-        if not run.report_due:
-            return
-        try:
-            write_report_files(run.dir)
-        finally:
-            run.report_due = False
+        _write_due(run)
+
+
+def end_report_whole(run) -> bool:
+    """`write_end_report`, then whether the report stands whole (`report_whole`), under one hold of the run's mutex:
+    no replay or report written meanwhile is read half done."""
+    with run.exclusive():
+        _write_due(run)
+        return report_whole(run.dir, run.key)
+
+
+def report_whole(run_dir: Path, key: keys.RunKey | None) -> bool:
+    """report.html there, and no report file missing or changed against derived.json: what a run shown finished
+    by the audit service holds."""
+    return (run_dir / REPORT_NAME).is_file() and not report_cut_short(run_dir, key)
+
+
+def _write_due(run) -> None:
+    if not run.report_due:
+        return
+    try:
+        write_report_files(run.dir)
+    finally:
+        run.report_due = False
 
 
 def report_cut_short(run_dir: Path, key: keys.RunKey | None) -> bool:

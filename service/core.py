@@ -24,11 +24,12 @@ from anyio.abc import TaskGroup
 from harness.gpu_lease import ServingClaim
 from harness.placement import GpuInfo
 from harness.task import load_task
-from server.report_files import report_cut_short, write_end_report
+from server.report_files import end_report_whole, write_end_report
 from server.run import RunSettings
 from service import live as lives
 from service.auth import RunTokenVerifier, TokenStore
 from service.live import LiveRun, MakeExecutor
+from service.pending_reports import PendingReports, finish_pending
 from service.records import Role, RunRecord, RunState, now_iso
 from service.registry import Registry
 from service.settings import ServiceSettings
@@ -37,8 +38,6 @@ log = logging.getLogger(__name__)
 # How often a running run that waits for the GPU it began on (held by another process) is tried again: each try
 # places an actor on its node, so not at every step.
 WAITING_RETRY_S = 10.0
-REPORT_UNWRITTEN = ("its attempts are over, but its report could not be written and signed (the service's log says "
-                    "why): tried again every {retry:g} s; the run is shown finished once it is written")
 
 
 class LimitReached(Exception):
@@ -77,6 +76,7 @@ class Service:
         self._retry_at: dict[str, float] = {}  # run id -> when a waiting run is tried again (time.monotonic)
         self._admitting: set[str] = set()  # runs whose admission goes on in a task of its own
         self._settling: set[str] = set()  # runs let go in a task of their own (executor closed, report written)
+        self.reports = PendingReports()  # runs over whose report could not be written yet
         self.task_group: TaskGroup | None = None
         self._settle_interrupted()
 
@@ -196,7 +196,9 @@ class Service:
         self._refresh_slots()
         for record in self.registry.in_state(RunState.RUNNING):
             live = self.live.get(record.id)
-            if live is None or not live.admitted:
+            if self.reports.pending(record):
+                self._report_behind(record)
+            elif live is None or not live.admitted:
                 self._admit_behind(record)
             else:
                 self._settle_behind(record, live)
@@ -322,7 +324,7 @@ class Service:
         """`_settle` in the service's task group for a run that is over, unless it is under way already: a report
         to render or a call still ending holds up no other run's admission or end."""
         update = _settled_state(live)
-        if update is None or record.id in self._settling or time.monotonic() < self._retry_at.get(record.id, 0.0):
+        if update is None or record.id in self._settling:
             return
         self._settling.add(record.id)
 
@@ -345,24 +347,29 @@ class Service:
         except Exception:  # noqa: BLE001 - the run ends all the same; its workers end with the service at worst
             log.exception("closing the executor of run %s failed", record.id)
         if update["state"] is RunState.FINISHED:  # shown finished with its report written and signed, not before
-            await anyio.to_thread.run_sync(write_end_report, live.run)
-            if await anyio.to_thread.run_sync(report_cut_short, live.run.dir, live.run.key):
-                self._report_unwritten(record, live)
+            if not await anyio.to_thread.run_sync(end_report_whole, live.run):
+                self._release(record.id)  # writing a report needs no GPU
+                self.registry.note(record.id, report_pending=True, waiting=self.reports.add(record.id))
                 return
-        self._retry_at.pop(record.id, None)
-        self.registry.update(record.id, finished_at=now_iso(), waiting=None, **update)
+        self.registry.update(record.id, finished_at=now_iso(), **update)
         self._release(record.id)
 
-    def _report_unwritten(self, record: RunRecord, live: LiveRun) -> None:
-        """A run whose report failed (a full disk, an unreadable file): still running, the reason on its record,
-        tried again later. Its GPU is let go at once, since writing a report needs none."""
-        live.run.report_due = True
-        self._retry_at[record.id] = time.monotonic() + WAITING_RETRY_S
-        self._release(record.id)
-        reason = REPORT_UNWRITTEN.format(retry=WAITING_RETRY_S)
-        if record.waiting != reason:
-            log.warning("run %s: its report could not be written; tried again in %g s", record.id, WAITING_RETRY_S)
-            self.registry.update(record.id, waiting=reason)
+    def _report_behind(self, record: RunRecord) -> None:
+        """A run whose report is pending, tried again when due in a task of its own, with no GPU."""
+        if record.id in self._settling or not self.reports.due(record.id):
+            return
+        self._settling.add(record.id)
+        run = live.run if (live := self.live.get(record.id)) else None
+
+        async def write() -> None:
+            try:
+                await anyio.to_thread.run_sync(finish_pending, self.registry, self.reports, record.id, run)
+            except Exception:  # noqa: BLE001 - as a failed step: logged, and tried again when due
+                log.exception("the report of run %s failed", record.id)
+            finally:
+                self._settling.discard(record.id)
+
+        self.task_group.start_soon(write, name=f"report {record.id}")
 
     def _release(self, run_id: str) -> None:
         claim = self.claims.pop(run_id, None)

@@ -4,6 +4,7 @@ RunRecord). The registry is the only writer of state.json; every change is one a
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 import shutil
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from service.records import RunRecord, RunState, now_iso, read_record, write_atomic
 
+log = logging.getLogger(__name__)
 RUN_ID = re.compile(r"r[0-9a-f]{12}")
 STATE = "state.json"
 
@@ -85,6 +87,18 @@ class Registry:
         with self._lock:
             record = self.get(run_id).model_copy(update=changes)
             write_atomic(self.folder(run_id) / STATE, record)
+            self._records[run_id] = record
+            return record
+
+    def note(self, run_id: str, **changes) -> RunRecord:
+        """`update` for what explains a state rather than changes it (a reason): kept in memory where the disk
+        refuses it (a full disk, the very cause it may explain), so the API still says it; logged."""
+        with self._lock:
+            record = self.get(run_id).model_copy(update=changes)
+            try:
+                write_atomic(self.folder(run_id) / STATE, record)
+            except OSError as exc:
+                log.warning("run %s: its state could not be written (%s); kept in memory", run_id, exc)
             self._records[run_id] = record
             return record
 

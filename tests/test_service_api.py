@@ -22,9 +22,7 @@ from service.auth import ADMIN_TOKEN_ENV
 from service.openapi import ROUTES, describe, route_operations
 from service.registry import Registry
 from service.settings import ServiceSettings, TeamLimits
-from server import report_files
 from server.attempt import record_attempt
-from service import core
 from tests.fake_executor import FAKE_GPU_UUID, FakeExecutor, fake_gpus
 from tests.server_support import kernel
 from tests.service_support import ADMIN, MATMUL
@@ -229,37 +227,6 @@ def test_a_finished_run_closes_its_executor_before_the_next_run_gets_its_gpu(tmp
             time.sleep(0.05)
         assert not service.live[second].run.executor.closed.is_set()
         assert _wait_state(client, first, "finished")["run"]["finished_at"]
-
-
-def test_a_run_whose_report_fails_stays_running_with_the_reason_lets_its_gpu_go_and_finishes_once_written(
-        tmp_path, monkeypatch):
-    failing = {"left": 2}
-    written = report_files.write_report
-
-    def write_report(run_dir, *args):  # the first two tries fail, as on a full disk
-        if failing["left"]:
-            failing["left"] -= 1
-            raise OSError(28, "No space left on device")
-        return written(run_dir, *args)
-
-    monkeypatch.setattr(report_files, "write_report", write_report)
-    monkeypatch.setattr(core, "WAITING_RETRY_S", 0.3)
-    with _client(tmp_path, gpus=1) as client:
-        first, second = (_run(client, ADMIN, max_attempts=1)["run"]["id"] for _ in range(2))
-        service = client.app.state.service
-        run = _admitted(client, first)
-        record_attempt(run, run.candidate(None, kernel("latency_us=50")), "the one attempt", None, None)
-        deadline = time.monotonic() + 60
-        while service.registry.get(first).waiting is None:
-            assert time.monotonic() < deadline and service.registry.get(first).state.value == "running"
-            time.sleep(0.02)
-        view = client.get(f"/api/runs/{first}", headers=_auth(ADMIN)).json()["run"]
-        assert view["state"] == "running" and "report could not be written" in view["waiting"], view
-        assert not (run.dir / "report.html").exists()
-        assert _wait_state(client, second, "running")["run"]["gpu_uuid"] == FAKE_GPU_UUID  # its GPU let go
-        view = _wait_state(client, first, "finished")["run"]
-        assert view["waiting"] is None and view["finished_at"] and failing["left"] == 0
-        assert (run.dir / "report.html").is_file() and not report_files.report_cut_short(run.dir, run.key)
 
 
 def test_team_limits_refuse_with_their_cause(tmp_path):
