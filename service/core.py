@@ -28,6 +28,7 @@ from server.report_files import end_report_whole, write_end_report
 from server.run import RunSettings
 from service import live as lives
 from service.auth import RunTokenVerifier, TokenStore
+from service.limits import limit_refusal
 from service.live import LiveRun, MakeExecutor
 from service.pending_reports import PendingReports, finish_pending
 from service.records import Role, RunRecord, RunState, now_iso
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 # How often a running run that waits for the GPU it began on (held by another process) is tried again: each try
 # places an actor on its node, so not at every step.
 WAITING_RETRY_S = 10.0
+CLOSE_WAIT_S = 60.0  # how long a stop waits for a run being let go or admitted to get there
 
 
 class LimitReached(Exception):
@@ -77,15 +79,14 @@ class Service:
         self._admitting: set[str] = set()  # runs whose admission goes on in a task of its own
         self._settling: set[str] = set()  # runs let go in a task of their own (executor closed, report written)
         self.reports = PendingReports()  # runs over whose report could not be written yet
+        self.closing = False
         self.task_group: TaskGroup | None = None
         self._settle_interrupted()
 
     def _settle_interrupted(self) -> None:
         """What a kill -9 leaves between a submission's steps, settled before anything is served: its intake folder
-        (swept), a run folder without its state file (its task half copied: no run, swept), and a run registered but
-        never queued. That last one is failed with the cause, not queued: the kill came before the answer that shows
-        its agent token, so no agent could ever drive it, and queued it would hold a GPU for good. Failed before it
-        had a GPU, it counts against no team limit (`check_limits`)."""
+        and a run folder without its state file (swept), and a run registered but never queued: failed with the
+        cause, since no agent ever saw its token (queued it would hold a GPU for good); it counts against no limit."""
         shutil.rmtree(self.settings.intake_dir, ignore_errors=True)
         for folder in self.registry.unregistered_folders():
             log.warning("removing %s: a run folder whose registration a stop cut short", folder)
@@ -115,17 +116,9 @@ class Service:
 
     def check_limits(self, team: str, budget: int) -> None:
         """LimitReached where a new run of `budget` attempts for `team` would pass one of its limits."""
-        limits = self.settings.limits
-        mine = [r for r in self.registry.all() if r.team == team]
-        queued = sum(r.state in (RunState.CREATED, RunState.QUEUED) for r in mine)
-        mine = [r for r in mine if not (r.state is RunState.FAILED and r.started_at is None)]  # never had a GPU
-        if queued >= limits.max_queued_runs:
-            raise LimitReached(f"team {team!r} has {queued} runs waiting (at most {limits.max_queued_runs})")
-        now = datetime.now().astimezone()
-        today = sum(r.max_attempts for r in mine if (now - datetime.fromisoformat(r.created)).total_seconds() < 86400)
-        if today + budget > limits.max_attempts_per_day:
-            raise LimitReached(f"team {team!r} has {today} attempts budgeted in the last 24 hours; {budget} more "
-                               f"would pass its {limits.max_attempts_per_day} a day")
+        refusal = limit_refusal(self.registry.all(), self.settings.limits, team, budget)
+        if refusal:
+            raise LimitReached(refusal)
 
     def place(self, run_id: str) -> QueuePlace:
         queue = [r.id for r in self.registry.queued()]
@@ -172,6 +165,11 @@ class Service:
             return live
 
     async def close(self) -> None:
+        """The scheduler starts nothing more; what it began (a run let go, a report) ends first, then every run."""
+        self.closing = True
+        with anyio.move_on_after(CLOSE_WAIT_S):
+            while self._settling or self._admitting:
+                await anyio.sleep(0.05)
         for live in self.live.values():
             live.stop.set()
         for run_id, live in list(self.live.items()):
@@ -193,6 +191,8 @@ class Service:
         """Running runs taken back after a restart, finished ones let go, then queued runs admitted in order while
         a GPU is free. Each admission goes on in a task of its own (`_admit_behind`), so one that takes long (a
         resumed run's workers starting, on a cluster its actor waiting for a placement) holds up no other run."""
+        if self.closing:
+            return
         self._refresh_slots()
         for record in self.registry.in_state(RunState.RUNNING):
             live = self.live.get(record.id)
@@ -349,7 +349,7 @@ class Service:
         if update["state"] is RunState.FINISHED:  # shown finished with its report written and signed, not before
             if not await anyio.to_thread.run_sync(end_report_whole, live.run):
                 self._release(record.id)  # writing a report needs no GPU
-                self.registry.note(record.id, report_pending=True, waiting=self.reports.add(record.id))
+                self.registry.note(record.id, report_pending_since=now_iso(), waiting=self.reports.failed(record.id))
                 return
         self.registry.update(record.id, finished_at=now_iso(), **update)
         self._release(record.id)

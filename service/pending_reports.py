@@ -1,10 +1,11 @@
 """Runs whose attempts are over but whose report could not be written whole (a full disk, an unreadable file).
 
 The service shows a run finished only once its report is written and signed (docs/service.md). Such a run lets its
-GPU go at once and stays running, `report_pending` and the reason (`waiting`) on its record. Its report is tried
-again every RETRY_S, with no GPU claimed and no executor started: through its live side where this process holds
-one, else from its folder, held as `kernel-referee report` holds it (after a restart). It is shown finished once
-the report stands whole, `finished_at` the moment its GPU was let go.
+GPU go at once and stays running, `report_pending_since` (when its GPU was let go) and the reason (`waiting`) on
+its record. Its report is tried again after RETRY_S, then twice as long after each failure, up to RETRY_MAX_S,
+with no GPU claimed and no executor started: through its live side where this process holds one, else from its
+folder, held as `kernel-referee report` holds it (after a restart). It is shown finished once the report stands
+whole, `finished_at` the moment its GPU was let go.
 """
 
 from __future__ import annotations
@@ -24,37 +25,37 @@ from service.registry import Registry
 log = logging.getLogger(__name__)
 
 RETRY_S = 10.0
+RETRY_MAX_S = 300.0
 REASON = ("its attempts are over, but its report could not be written and signed (the service's log says why): "
-          "tried again every {retry:g} s; the run is shown finished once it is written")
+          "tried again after {retry:g} s, then less often while it fails (at most {most:g} s apart); the run is "
+          "shown finished once it is written")
 
 
 class PendingReports:
-    """The runs of this process whose report is pending: when each let its GPU go, and when it is tried next."""
+    """When each pending report of this process is tried next, and how many tries have failed."""
 
     def __init__(self) -> None:
-        self._released: dict[str, str] = {}    # run id -> when its GPU was let go (ISO 8601)
         self._next_try: dict[str, float] = {}  # run id -> time.monotonic() of its next try
+        self._failed: dict[str, int] = {}
 
-    def pending(self, record: RunRecord) -> bool:
-        return record.report_pending or record.id in self._released
+    @staticmethod
+    def pending(record: RunRecord) -> bool:
+        return record.report_pending_since is not None
 
     def due(self, run_id: str) -> bool:
         return time.monotonic() >= self._next_try.get(run_id, 0.0)
 
-    def add(self, run_id: str) -> str:
-        """A run whose report failed at its end, tried again in RETRY_S; returns the reason its record shows."""
-        log.warning("run %s: its report could not be written; tried again in %g s", run_id, RETRY_S)
-        self._released.setdefault(run_id, now_iso())
-        self.tried(run_id)
-        return REASON.format(retry=RETRY_S)
+    def failed(self, run_id: str) -> str:
+        """A try that failed (the first at the run's end); returns the reason the run's record shows."""
+        tries = self._failed[run_id] = self._failed.get(run_id, 0) + 1
+        wait = min(RETRY_S * 2 ** (tries - 1), RETRY_MAX_S)
+        self._next_try[run_id] = time.monotonic() + wait
+        log.warning("run %s: its report could not be written (%d tries); tried again in %g s", run_id, tries, wait)
+        return REASON.format(retry=RETRY_S, most=RETRY_MAX_S)
 
-    def tried(self, run_id: str) -> None:
-        self._next_try[run_id] = time.monotonic() + RETRY_S
-
-    def done(self, run_id: str) -> str:
-        """Forget the run; returns its `finished_at`: when its GPU was let go (now, for a run of an earlier start)."""
+    def done(self, run_id: str) -> None:
         self._next_try.pop(run_id, None)
-        return self._released.pop(run_id, None) or now_iso()
+        self._failed.pop(run_id, None)
 
 
 def write_pending(run: Run | None, run_dir: Path) -> bool:
@@ -73,10 +74,14 @@ def write_pending(run: Run | None, run_dir: Path) -> bool:
 
 def finish_pending(registry: Registry, reports: PendingReports, run_id: str, run: Run | None) -> bool:
     """The pending report tried again; where it now stands whole, the run shown finished. Whether it was."""
-    reports.tried(run_id)
     run_dir = run.dir if run is not None else registry.run_dir(run_id)
+    if run_dir is None:
+        log.warning("run %s: its report is pending but its run folder is gone", run_id)
     if run_dir is None or not write_pending(run, run_dir):
+        registry.note(run_id, waiting=reports.failed(run_id))
         return False
-    registry.update(run_id, state=RunState.FINISHED, finished_at=reports.done(run_id), report_pending=False,
+    released = registry.get(run_id).report_pending_since
+    registry.update(run_id, state=RunState.FINISHED, finished_at=released or now_iso(), report_pending_since=None,
                     waiting=None)
+    reports.done(run_id)
     return True

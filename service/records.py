@@ -49,8 +49,8 @@ class RunRecord(BaseModel):
     error: str | None = None
     # why a running run is not served now (its GPU held elsewhere) or not shown finished yet (its report unwritten)
     waiting: str | None = None
-    # its attempts are over and its GPU let go, but its report is not yet written whole (service/pending_reports.py)
-    report_pending: bool = False
+    # when its GPU was let go, its attempts over but its report not yet written whole (service/pending_reports.py)
+    report_pending_since: str | None = None
 
 
 class TokenRecord(BaseModel):

@@ -46,7 +46,8 @@ class FullDisk:
             return written(run_dir, *args)
 
         monkeypatch.setattr(report_files, "write_report", write_report)
-        monkeypatch.setattr(pending_reports, "RETRY_S", 0.2)
+        monkeypatch.setattr(pending_reports, "RETRY_S", 0.1)
+        monkeypatch.setattr(pending_reports, "RETRY_MAX_S", 0.2)
 
 
 def _client(tmp_path, make_executor=lambda task, timing, gpu: FakeExecutor(task, placed=gpu)) -> TestClient:
@@ -58,7 +59,7 @@ def _client(tmp_path, make_executor=lambda task, timing, gpu: FakeExecutor(task,
 
 def _pending(client: TestClient, run_id: str) -> dict:
     deadline = time.monotonic() + 60
-    while not (view := client.get(f"/api/runs/{run_id}", headers=_auth(ADMIN)).json()["run"])["report_pending"]:
+    while not (view := client.get(f"/api/runs/{run_id}", headers=_auth(ADMIN)).json()["run"])["report_pending_since"]:
         assert time.monotonic() < deadline and view["state"] == "running", view
         time.sleep(0.02)
     return view
@@ -78,6 +79,7 @@ def test_a_run_whose_report_fails_lets_its_gpu_go_stays_running_with_the_reason_
         first, second = (_run(client, ADMIN, max_attempts=1)["run"]["id"] for _ in range(2))
         run = _finish(client, first)
         view = _pending(client, first)
+        released = view["report_pending_since"]
         assert "its report could not be written" in view["waiting"] and not view["finished_at"], view
         page = client.get(f"/ui/runs/{first}", headers=_auth(ADMIN)).text
         assert '<td id="waiting">its attempts are over, but its report could not be written' in page
@@ -88,8 +90,8 @@ def test_a_run_whose_report_fails_lets_its_gpu_go_stays_running_with_the_reason_
         assert not (run.dir / "report.html").exists()
         disk.freed.set()
         view = _wait_state(client, first, "finished")["run"]
-        assert view["waiting"] is None and not view["report_pending"]
-        assert view["finished_at"] <= started  # when its GPU was let go, not when its report was written
+        assert view["waiting"] is None and view["report_pending_since"] is None
+        assert view["finished_at"] == released <= started  # when its GPU was let go, not when its report was written
         assert report_whole(run.dir, run.key) and verify_run(run.dir).ok
         assert 'id="waiting"' not in client.get(f"/ui/runs/{first}", headers=_auth(ADMIN)).text
 
@@ -102,7 +104,7 @@ def test_a_run_left_with_its_report_pending_by_a_stop_is_finished_after_the_rest
         run_dir = _finish(client, first).dir
         _pending(client, first)
     left = Registry(tmp_path / "service").get(first)
-    assert left.state.value == "running" and left.report_pending and not (run_dir / "report.html").exists()
+    assert left.state.value == "running" and left.report_pending_since and not (run_dir / "report.html").exists()
 
     disk.freed.set()
     made = []
@@ -115,7 +117,8 @@ def test_a_run_left_with_its_report_pending_by_a_stop_is_finished_after_the_rest
         view = _wait_state(client, first, "finished")["run"]
         assert client.app.state.service.claims == {}  # no GPU claimed for it
     assert made == []  # nor any executor started
-    assert view["waiting"] is None and not view["report_pending"] and view["finished_at"]
+    assert view["waiting"] is None and view["report_pending_since"] is None
+    assert view["finished_at"] == left.report_pending_since  # the release before the stop, kept across it
     assert report_whole(run_dir, run_key(run_dir)) and verify_run(run_dir).ok
 
 
@@ -133,3 +136,21 @@ def test_a_reason_the_disk_refuses_is_kept_in_memory_and_a_change_of_state_is_no
         registry.update(record.id, state=RunState.QUEUED)
     assert registry.get(record.id).state is RunState.CREATED
     assert Registry(tmp_path / "service").get(record.id).waiting is None  # what a restart reads: nothing written
+
+
+def test_a_report_that_keeps_failing_is_tried_less_often_up_to_the_most_apart(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(pending_reports.time, "monotonic", lambda: now[0])
+    reports = pending_reports.PendingReports()
+    waits = []
+    for _ in range(7):
+        reason = reports.failed("r0123456789ab")
+        assert not reports.due("r0123456789ab")
+        low = now[0]
+        while not reports.due("r0123456789ab"):
+            now[0] += 1.0
+        waits.append(now[0] - low)
+    assert waits == [10, 20, 40, 80, 160, 300, 300]
+    assert "after 10 s" in reason and "at most 300 s apart" in reason
+    reports.done("r0123456789ab")
+    assert reports.due("r0123456789ab")  # forgotten: a later run of that id starts afresh
