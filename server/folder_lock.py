@@ -64,8 +64,12 @@ class FolderLock:
             os.close(fd)  # locked a file its last holder removed on release: lock the one at the path now
         stamp = {"pid": os.getpid(), "what": what, "command": " ".join(sys.argv)[:1000],
                  "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(stamp).encode() + b"\n", 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(stamp).encode() + b"\n", 0)
+        except BaseException:  # a full disk: the lock let go, not held for ever by a lost descriptor
+            os.close(fd)
+            raise
         return cls(run_dir, fd)
 
     def release(self) -> None:

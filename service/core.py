@@ -364,8 +364,8 @@ class Service:
         async def write() -> None:
             try:
                 await anyio.to_thread.run_sync(finish_pending, self.registry, self.reports, record.id, run)
-            except Exception:  # noqa: BLE001 - as a failed step: logged, and tried again when due
-                log.exception("the report of run %s failed", record.id)
+            except Exception:  # noqa: BLE001 - as a failed try: logged, and tried again when due
+                log.exception("the report of run %s failed: %s", record.id, self.reports.failed(record.id))
             finally:
                 self._settling.discard(record.id)
 

@@ -67,7 +67,7 @@ def write_pending(run: Run | None, run_dir: Path) -> bool:
         with FolderLock.take(run_dir, "report"):
             write_report_files(run_dir)  # a failure is logged there
             return report_whole(run_dir, run_key(run_dir))
-    except (FolderHeld, SigningKeyError) as exc:
+    except (FolderHeld, SigningKeyError, OSError) as exc:
         log.warning("the report of %s cannot be written now: %s", run_dir, exc)
         return False
 

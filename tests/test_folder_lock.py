@@ -157,3 +157,15 @@ def test_a_torn_last_line_is_no_broken_chain(tmp_path):
     run.close()
     assert [e["kind"] for e in events(run.dir)][-2:] == ["log_repaired", "run_resumed"]
     assert verify_run(run.dir).ok
+
+
+def test_a_lock_whose_stamp_the_disk_refuses_is_let_go_not_held_by_a_lost_descriptor(tmp_path, monkeypatch):
+    def full(fd, data, offset):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(OSError):
+        FolderLock.take(tmp_path, "report")
+    monkeypatch.undo()
+    held = FolderLock.take(tmp_path, "report")  # not FolderHeld: the failed take holds nothing
+    held.release()

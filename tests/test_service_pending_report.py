@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from starlette.testclient import TestClient
@@ -16,7 +17,7 @@ from server.attempt import record_attempt
 from server.report_files import report_whole
 from server.signed_log import run_key
 from server.verify import verify_run
-from service import pending_reports
+from service import core, pending_reports
 from service.app import build_app
 from service.auth import ADMIN_TOKEN_ENV
 from service import registry as registry_module
@@ -85,7 +86,9 @@ def test_a_run_whose_report_fails_lets_its_gpu_go_stays_running_with_the_reason_
         assert '<td id="waiting">its attempts are over, but its report could not be written' in page
         started = _wait_state(client, second, "running")["run"]["started_at"]  # the one GPU, let go
         assert client.app.state.service.registry.get(first).state.value == "running"
+        deadline = time.monotonic() + 60
         while disk.tries < 2:  # tried again, and failed again
+            assert time.monotonic() < deadline, disk.tries
             time.sleep(0.02)
         assert not (run.dir / "report.html").exists()
         disk.freed.set()
@@ -140,7 +143,7 @@ def test_a_reason_the_disk_refuses_is_kept_in_memory_and_a_change_of_state_is_no
 
 def test_a_report_that_keeps_failing_is_tried_less_often_up_to_the_most_apart(monkeypatch):
     now = [1000.0]
-    monkeypatch.setattr(pending_reports.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(pending_reports, "time", SimpleNamespace(monotonic=lambda: now[0]))  # this module's clock
     reports = pending_reports.PendingReports()
     waits = []
     for _ in range(7):
@@ -154,3 +157,22 @@ def test_a_report_that_keeps_failing_is_tried_less_often_up_to_the_most_apart(mo
     assert "after 10 s" in reason and "at most 300 s apart" in reason
     reports.done("r0123456789ab")
     assert reports.due("r0123456789ab")  # forgotten: a later run of that id starts afresh
+
+
+def test_a_try_that_raises_backs_off_as_one_that_fails(tmp_path, monkeypatch):
+    calls = []
+
+    def raising(run):
+        calls.append(time.monotonic())
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(core, "end_report_whole", lambda run: False)  # the report fails at the run's end
+    monkeypatch.setattr(pending_reports, "end_report_whole", raising)  # and every try after it raises
+    monkeypatch.setattr(pending_reports, "RETRY_S", 0.2)
+    with _client(tmp_path) as client:
+        first = _run(client, ADMIN, max_attempts=1)["run"]["id"]
+        _finish(client, first)
+        _pending(client, first)
+        time.sleep(1.5)  # 30 scheduler steps: tries at about 0.2, 0.6 and 1.4 s
+        assert 1 <= len(calls) <= 4, len(calls)
+        assert client.app.state.service.registry.get(first).state.value == "running"
