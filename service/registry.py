@@ -91,8 +91,8 @@ class Registry:
             return record
 
     def note(self, run_id: str, **changes) -> RunRecord:
-        """`update` for what explains a state rather than changes it (a reason): kept in memory where the disk
-        refuses it (a full disk, the very cause it may explain), so the API still says it; logged."""
+        """`update` for a reason or a mark this process goes on acting on (a pending report): kept in memory where
+        the disk refuses it (a full disk, the very cause it may explain), so the API still says it; logged."""
         with self._lock:
             record = self.get(run_id).model_copy(update=changes)
             try:
